@@ -1,0 +1,38 @@
+# Sa2VA-RL developer entry points. Every target is idempotent: `make test` on a fresh clone
+# creates .venv, installs the pinned stack, provisions offline WordNet and runs pytest.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.stack-installed
+NLTK_DATA ?= $(CURDIR)/.cache/nltk_data
+export NLTK_DATA
+# torch >= 2.6 loads checkpoints weights-only by default; MMEngine/xtuner resume needs full pickles
+# of our own checkpoints (environment.md fact 18).
+export TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD := 1
+PYTEST_ARGS ?= -q
+
+.PHONY: setup test demo clean-venv gpu-wheels
+
+setup: $(STAMP) $(NLTK_DATA)/corpora/wordnet/lexnames
+
+$(STAMP): requirements/stack.txt setup.py
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip wheel setuptools
+	$(BIN)/pip install -q -r requirements/stack.txt
+	# xtuner pins bitsandbytes 0.45.0, which imports the removed triton.ops and breaks every peft
+	# LoRA wrap (bitsandbytes#1492); nothing here uses 8-bit optimizers, so drop it.
+	$(BIN)/pip uninstall -y -q bitsandbytes || true
+	# sam2 is an sdist that needs torch at build time; CUDA ops are optional (hole filling only).
+	SAM2_BUILD_CUDA=0 $(BIN)/pip install -q --no-build-isolation sam2==1.1.0
+	$(BIN)/pip install -q --no-deps -e .
+	touch $@
+
+# Offline WordNet for nltk METEOR: from Debian's wordnet packages (no network beyond registries).
+$(NLTK_DATA)/corpora/wordnet/lexnames: tools/provision_wordnet.py | $(STAMP)
+	$(BIN)/python tools/provision_wordnet.py --target $(NLTK_DATA)
+
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS) tests
+
+clean-venv:
+	rm -rf $(VENV)
