@@ -1,0 +1,239 @@
+"""Sampling and teacher-forced scoring for any transformers causal LM fed with ``inputs_embeds``.
+
+Two functions carry the RL policy's text side:
+
+* :func:`sample_completions` — the reference decode loop (prefill + one token per step with a
+  ``DynamicCache``). It is deliberately plain so that a faster decoder can be checked against it.
+* :func:`completion_logprobs` — one teacher-forced forward over ``prompt + completion`` that returns
+  the per-token log-probabilities and, optionally, the final-norm hidden states that Sa2VA turns
+  into ``[SEG]`` prompts (``docs/architecture.md``, sa2va.md §8.4).
+
+Both run the LM's decoder body and its output head separately, so logits are computed only where
+a token is scored (never over the whole prompt). They work on a bare ``*ForCausalLM`` and on a
+peft-wrapped one (LoRA layers live inside the body, so ``disable_adapter()`` applies as usual).
+Neither switches train/eval mode: call ``lm.eval()`` for dropout-free rollouts.
+
+Layout: prompts are LEFT padded (``prompt_attention[:, -1]`` all True), completions RIGHT padded
+(``completion_mask`` is True on a prefix of each row). Position ids are ``cumsum(attention) - 1``
+with padded positions clamped to 0 (they are masked out of attention anyway).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import DynamicCache, TopPLogitsWarper
+
+
+@dataclass
+class Completions:
+    """A batch of sampled completions.
+
+    Attributes:
+        ids: ``[N, T]`` long; the sampled tokens, ``pad_token_id`` after a row's stop token.
+        completion_mask: ``[N, T]`` bool; True up to and including the stop token.
+        is_truncated: ``[N]`` bool; True where no stop token came within ``max_new_tokens``.
+        token_logp: ``[N, T]`` float32; ``log softmax(logits / temperature)`` of each sampled token
+            as computed by the cached decode (before top-p filtering), 0 where masked. Diagnostic:
+            a policy-gradient ratio should use :func:`completion_logprobs`, which recomputes it
+            with the same kernel as the training forward.
+    """
+
+    ids: torch.Tensor
+    completion_mask: torch.Tensor
+    is_truncated: torch.Tensor
+    token_logp: torch.Tensor
+
+
+def position_ids_from_attention(attention_mask: torch.Tensor) -> torch.Tensor:
+    """``position_ids = clamp(cumsum(attention_mask) - 1, min=0)`` per row; ``[N, L]`` → ``[N, L]``."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def decoder_and_head(lm: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """The decoder body (returns final-norm ``last_hidden_state``) and the output head of ``lm``.
+
+    ``get_decoder()`` exists on the transformers LMs Sa2VA uses (Qwen2, Llama, Phi3) and passes
+    through a peft wrapper; remote-code LMs without it fall back to their ``.model`` attribute.
+    """
+    body = lm.get_decoder() if hasattr(lm, "get_decoder") else getattr(lm, "model", None)
+    head = lm.get_output_embeddings()
+    if body is None or head is None:
+        raise TypeError(
+            f"generation: {type(lm).__name__} exposes no decoder body (get_decoder() / .model) or no "
+            "output head (get_output_embeddings()); pass a transformers *ForCausalLM (optionally "
+            "peft-wrapped)."
+        )
+    return body, head
+
+
+def _check_prompt(inputs_embeds: torch.Tensor, attention_mask: torch.Tensor, name: str) -> None:
+    if inputs_embeds.dim() != 3 or attention_mask.shape != inputs_embeds.shape[:2]:
+        raise ValueError(
+            f"generation: {name} embeddings must be [N, L, D] with an attention mask [N, L]; got "
+            f"{tuple(inputs_embeds.shape)} and {tuple(attention_mask.shape)}."
+        )
+    if not bool(attention_mask[:, -1].all()):
+        raise ValueError(
+            f"generation: {name} attention mask is not left padded (some rows end with padding); "
+            "tokenize prompts with padding_side='left' (Sa2VAProcessor.tokenize_prompts does)."
+        )
+
+
+def _next_token(
+    logits: torch.Tensor,
+    *,
+    do_sample: bool,
+    top_p: float,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
+    """Pick one token per row from temperature-scaled logits ``[N, V]`` → ``[N]``.
+
+    Greedy = argmax; sampling = multinomial over ``softmax(top_p_filter(logits))``, with the
+    nucleus filter taken from transformers (``TopPLogitsWarper``) so it matches ``generate``.
+    """
+    if not do_sample:
+        return logits.argmax(-1)
+    if top_p < 1.0:
+        logits = TopPLogitsWarper(top_p)(None, logits)
+    probs = logits.softmax(-1)  # [N, V]
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # [N]
+
+
+@torch.no_grad()
+def sample_completions(
+    lm: nn.Module,
+    inputs_embeds: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    do_sample: bool = True,
+    stop_token_ids: list[int] | tuple[int, ...],
+    pad_token_id: int = 0,
+    generator: torch.Generator | None = None,
+    stop_check_interval: int = 8,
+) -> Completions:
+    """Decode up to ``max_new_tokens`` tokens per row with a KV cache.
+
+    Step t: ``logits_t = head(body(e_t | cache))[:, -1] / temperature``; the next token is the
+    argmax (``do_sample=False``) or a draw from the top-p-filtered softmax. A row is finished
+    once it emits a token in ``stop_token_ids``; afterwards it keeps feeding ``pad_token_id``
+    (masked out of ``completion_mask``). ``all finished`` is checked on the host only every
+    ``stop_check_interval`` steps, and the output is trimmed to the longest row.
+
+    Args:
+        lm: a transformers causal LM, possibly peft-wrapped.
+        inputs_embeds: ``[N, L, D]`` prompt embeddings (e.g. ``Sa2VAModel.embed_inputs``).
+        attention_mask: ``[N, L]``, LEFT padded.
+        generator: RNG for the multinomial draws (seeded rollouts).
+    """
+    if max_new_tokens < 1 or temperature <= 0 or not 0 < top_p <= 1 or stop_check_interval < 1:
+        raise ValueError(
+            "sample_completions: need max_new_tokens >= 1, temperature > 0, 0 < top_p <= 1 and "
+            f"stop_check_interval >= 1; got max_new_tokens={max_new_tokens}, temperature={temperature}, "
+            f"top_p={top_p}, stop_check_interval={stop_check_interval}."
+        )
+    if len(stop_token_ids) == 0:
+        raise ValueError("sample_completions: stop_token_ids is empty; pass the template's stop ids.")
+    _check_prompt(inputs_embeds, attention_mask, "prompt")
+    body, head = decoder_and_head(lm)
+    embed_tokens = lm.get_input_embeddings()
+    N, L, _ = inputs_embeds.shape
+    device = inputs_embeds.device
+    stop_ids = torch.as_tensor(list(stop_token_ids), device=device)
+
+    cache = DynamicCache()
+    attention = attention_mask.long()  # [N, L + t]
+    position_ids = position_ids_from_attention(attention)  # [N, L] at prefill, then [N, 1]
+    step_embeds = inputs_embeds  # [N, L, D] at prefill, then [N, 1, D]
+    is_finished = torch.zeros(N, dtype=torch.bool, device=device)
+    ids, logps, actives = [], [], []
+    for step in range(max_new_tokens):
+        hidden = body(
+            inputs_embeds=step_embeds, attention_mask=attention, position_ids=position_ids,
+            past_key_values=cache, use_cache=True,
+        ).last_hidden_state[:, -1]  # [N, D]
+        if step == 0 and cache.get_seq_length() != L:
+            raise RuntimeError(
+                "sample_completions: the LM did not fill the KV cache (gradient checkpointing in "
+                "train mode turns use_cache off); call lm.eval() before sampling."
+            )
+        logits = head(hidden).float() / temperature  # [N, V]
+        token = _next_token(logits, do_sample=do_sample, top_p=top_p, generator=generator)  # [N]
+        is_active = ~is_finished
+        token = torch.where(is_active, token, torch.full_like(token, pad_token_id))
+        token_logp = logits.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)  # [N]
+        ids.append(token)
+        logps.append(token_logp.masked_fill(~is_active, 0.0))
+        actives.append(is_active)
+        is_finished = is_finished | (is_active & torch.isin(token, stop_ids))
+        if (step + 1) % stop_check_interval == 0 and bool(is_finished.all()):
+            break
+        attention = torch.cat([attention, attention.new_ones(N, 1)], dim=1)  # [N, L + t + 1]
+        position_ids = position_ids[:, -1:] + 1  # [N, 1]
+        step_embeds = embed_tokens(token)[:, None].to(inputs_embeds.dtype)  # [N, 1, D]
+
+    completion_mask = torch.stack(actives, dim=1)  # [N, T_run]
+    T = int(completion_mask.sum(-1).max())  # rows are prefix-masked, so this is the longest row
+    return Completions(
+        ids=torch.stack(ids, dim=1)[:, :T],
+        completion_mask=completion_mask[:, :T],
+        is_truncated=~is_finished,
+        token_logp=torch.stack(logps, dim=1)[:, :T],
+    )
+
+
+def completion_logprobs(
+    lm: nn.Module,
+    prompt_embeds: torch.Tensor,
+    prompt_attention: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    return_hidden: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Teacher-forced ``log π(c_t | prompt, c_<t)`` for every completion token, in one forward.
+
+    With the sequence ``x = [prompt (L, left padded) | completion (T, right padded)]`` and final-
+    norm hidden states ``h``: ``token_logp[:, t] = log_softmax(head(h[:, L-1+t]) / temperature)
+    [completion_ids[:, t]]`` (position ``L-1+t`` predicts token t), computed as
+    ``logit[c_t] - logsumexp(logits)``; 0 where ``completion_mask`` is False.
+    ``hidden[:, t] = h[:, L+t]``, the state at the position whose *input* is ``c_t`` — Sa2VA's
+    ``[SEG]`` embedding when ``c_t`` is ``[SEG]`` (its own log-prob comes from ``L-1+t``).
+
+    Args:
+        prompt_embeds: ``[N, L, D]``; prompt_attention: ``[N, L]`` LEFT padded.
+        completion_ids: ``[N, T]`` long; completion_mask: ``[N, T]`` bool, True on a prefix.
+
+    Returns:
+        ``token_logp [N, T]`` float32 (differentiable), and ``hidden [N, T, D]`` if ``return_hidden``.
+    """
+    _check_prompt(prompt_embeds, prompt_attention, "prompt")
+    if completion_ids.dim() != 2 or completion_ids.shape != completion_mask.shape or \
+            completion_ids.shape[0] != prompt_embeds.shape[0]:
+        raise ValueError(
+            "completion_logprobs: completion_ids and completion_mask must both be [N, T] with N = "
+            f"{prompt_embeds.shape[0]} prompts; got {tuple(completion_ids.shape)} and "
+            f"{tuple(completion_mask.shape)}."
+        )
+    if temperature <= 0:
+        raise ValueError(f"completion_logprobs: temperature must be > 0, got {temperature}.")
+    body, head = decoder_and_head(lm)
+    L, T = prompt_embeds.shape[1], completion_ids.shape[1]
+    completion_embeds = lm.get_input_embeddings()(completion_ids).to(prompt_embeds.dtype)  # [N, T, D]
+    embeds = torch.cat([prompt_embeds, completion_embeds], dim=1)  # [N, L + T, D]
+    attention = torch.cat([prompt_attention.long(), completion_mask.long()], dim=1)  # [N, L + T]
+    h = body(
+        inputs_embeds=embeds, attention_mask=attention,
+        position_ids=position_ids_from_attention(attention), use_cache=False,
+    ).last_hidden_state  # [N, L + T, D]
+    logits = head(h[:, L - 1:L + T - 1]).float() / temperature  # [N, T, V]
+    token_logp = logits.gather(-1, completion_ids[..., None]).squeeze(-1) - logits.logsumexp(-1)  # [N, T]
+    token_logp = token_logp.masked_fill(~completion_mask.bool(), 0.0)
+    if return_hidden:
+        return token_logp, h[:, L:L + T]  # hidden [N, T, D]
+    return token_logp
