@@ -1,0 +1,95 @@
+"""model/lora.py: LoRA wrap, adapter-disabled reference log-probs, the trainable set."""
+import pytest
+import torch
+from transformers import Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from projects.llava_sam2.rl_train.model.generation import completion_logprobs
+from projects.llava_sam2.rl_train.model.lora import (
+    LORA_TARGET_MODULES, apply_lora, configure_trainable, default_target_modules, trainable_parameters)
+
+
+def tiny_qwen2(seed=0):
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, initializer_range=0.2)).eval()
+
+
+def tiny_phi3(seed=0):
+    torch.manual_seed(seed)
+    return Phi3ForCausalLM(Phi3Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, pad_token_id=0)).eval()
+
+
+def score(lm, seed=5):
+    """Teacher-forced log-probs of a fixed 2-row batch (prompt 6, completion 4)."""
+    g = torch.Generator().manual_seed(seed)
+    prompt_ids = torch.randint(1, 64, (2, 6), generator=g)
+    completion_ids = torch.randint(1, 64, (2, 4), generator=g)
+    attention = torch.ones(2, 6, dtype=torch.long)
+    attention[1, :2] = 0  # row 1 is left padded
+    prompt_embeds = lm.get_input_embeddings()(prompt_ids)
+    return completion_logprobs(lm, prompt_embeds, attention, completion_ids, torch.ones(2, 4, dtype=torch.bool))
+
+
+def perturb_lora_b(peft_lm):
+    """LoRA B starts at zero (adapter = identity); give it values so the adapter matters."""
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, p in peft_lm.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+
+
+@pytest.mark.parametrize("make, arch", [(tiny_qwen2, "Qwen2ForCausalLM"), (tiny_phi3, "Phi3ForCausalLM")])
+def test_default_targets_wrap_every_projection(make, arch):
+    lm = make()
+    peft_lm = apply_lora(lm, r=4, lora_alpha=8, lora_dropout=0.0)
+    wrapped = {n.split(".")[-2] for n, _ in peft_lm.named_modules() if n.endswith("lora_A")}
+    assert wrapped == set(LORA_TARGET_MODULES[arch])
+    assert peft_lm.peft_config["default"].r == 4 and peft_lm.peft_config["default"].lora_alpha == 8
+    assert all(not p.requires_grad for n, p in peft_lm.named_parameters() if "lora_" not in n)
+
+
+def test_unknown_architecture_names_itself_and_the_fix():
+    class MysteryForCausalLM(torch.nn.Module):
+        pass
+
+    with pytest.raises(ValueError, match="MysteryForCausalLM.*target_modules"):
+        default_target_modules(MysteryForCausalLM())
+    peft_lm = apply_lora(tiny_qwen2(), r=2, lora_alpha=4, target_modules=["q_proj"])
+    assert {n.split(".")[-2] for n, _ in peft_lm.named_modules() if n.endswith("lora_A")} == {"q_proj"}
+
+
+def test_double_wrap_and_bad_rank_are_rejected():
+    peft_lm = apply_lora(tiny_qwen2(), r=2, lora_alpha=4)
+    with pytest.raises(ValueError, match="already peft-wrapped"):
+        apply_lora(peft_lm)
+    with pytest.raises(ValueError, match="r >= 1"):
+        apply_lora(tiny_qwen2(), r=0)
+
+
+@pytest.mark.parametrize("make", [tiny_qwen2, tiny_phi3])
+def test_disabled_adapter_is_the_base_model_bit_for_bit(make):
+    lm = make()
+    with torch.no_grad():
+        base = score(lm)
+    peft_lm = apply_lora(lm, r=4, lora_alpha=8, lora_dropout=0.05).eval()
+    perturb_lora_b(peft_lm)
+    with torch.no_grad():
+        policy = score(peft_lm)
+        with peft_lm.disable_adapter():
+            reference = score(peft_lm)
+    assert (policy - base).abs().max() > 1e-3  # the adapter really changes the policy
+    assert torch.equal(reference, base)
+
+
+def test_lora_tensors_get_nonzero_grads_from_completion_logprobs():
+    peft_lm = apply_lora(tiny_qwen2(), r=4, lora_alpha=8, lora_dropout=0.0)
+    perturb_lora_b(peft_lm)
+    score(peft_lm).sum().backward()
+    lora = {n: p for n, p in peft_lm.named_parameters() if "lora_" in n}
+    assert len(lora) == 2 * 7 * 2  # A and B, 7 projections, 2 layers
+    for name, p in lora.items():
+        assert p.grad is not None and p.grad.abs().sum() > 0, f"no gradient reached {name}"
