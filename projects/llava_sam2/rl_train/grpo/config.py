@@ -1,0 +1,142 @@
+"""GRPO knobs for the dual-loop trainer: TRL's names and meanings where they match, ours where they do not.
+
+Defaults follow TRL ``GRPOConfig`` (huggingface/trl 1.10.0.dev0, ``trl/trainer/grpo_config.py``) except:
+
+* ``max_completion_length`` 128 (TRL 512): region captions are a few sentences; raise it for detailed-caption
+  data such as DLC.
+* ``beta`` 0.04 (TRL 0.0 since v0.20): DESIGN §3 keeps a KL to the reference policy, which costs no extra
+  model copy here (``WeightSets.reference``); 0.04 is DeepSeekMath's value and TRL's former default.
+* ``reward_weights`` maps reward *names* to weights (TRL: a list parallel to ``reward_funcs``), because the two
+  loops score with different reward sets.
+* ``scale_rewards`` takes only the strings (TRL also accepts True/False for group/none).
+
+The remaining knobs are ours: the two loop weights, the EMA partner's decay and the mask policy.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .advantages import SCALE_REWARDS
+from .losses import LOSS_AGGREGATIONS
+from .mask_policy import MASK_POLICIES, MultimaskPolicy
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(f"GRPOConfig: {message}")
+
+
+@dataclass
+class GRPOConfig:
+    """All GRPO knobs; validated on construction (``__post_init__``), derived values filled there once."""
+
+    # ---- rollout -------------------------------------------------------------------------------------------
+    num_generations: int = 8
+    """G, rollouts per prompt in each loop; >= 2 for a baseline (G = 2 makes std-scaled advantages +-0.707)."""
+    max_completion_length: int = 128
+    """Most tokens sampled per caption (loop 1 and the partner's loop-2 captions); dr_grpo's constant T_max."""
+    temperature: float = 1.0
+    """Sampling temperature of caption tokens; the loss scores tokens at the same temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling mass in (0, 1]; 1.0 keeps every token."""
+    generation_chunk_size: int | None = None
+    """Rollouts per sampling call (memory knob), a multiple of num_generations; None samples all B * G at once."""
+    mask_truncated_completions: bool = False
+    """Drop captions that hit max_completion_length from the loss (DAPO: truncation noise, not bad captions)."""
+
+    # ---- loss ----------------------------------------------------------------------------------------------
+    loss_type: str = "dapo"
+    """Loss normalisation, a key of LOSS_AGGREGATIONS: grpo | bnpo | dr_grpo | dapo (see losses.py)."""
+    beta: float = 0.04
+    """Weight of the k3 KL to the reference (SFT) policy; 0 skips the reference pass."""
+    epsilon: float = 0.2
+    """Lower clip range: the probability ratio is clipped at 1 - epsilon."""
+    epsilon_high: float | None = None
+    """Upper clip range (ratio <= 1 + epsilon_high); None reuses epsilon, DAPO's clip-higher uses 0.28."""
+    num_iterations: int = 1
+    """mu, optimisation passes over each batch of rollouts; 1 keeps the ratio at 1 in value."""
+
+    # ---- rewards and advantages ----------------------------------------------------------------------------
+    scale_rewards: str = "group"
+    """Advantage divisor: group (std per prompt, GRPO) | batch (batch std, Lite PPO) | none (Dr. GRPO)."""
+    reward_weights: dict[str, float] | None = None
+    """Reward name -> weight, overriding each reward's own weight; None keeps them."""
+    mask_to_caption_weight: float = 1.0
+    """Weight of loop 1's loss (mask -> caption -> mask', reward IoU) in the step's total loss; 0 turns it off."""
+    caption_to_mask_weight: float = 1.0
+    """Weight of loop 2's loss (caption -> mask -> caption', METEOR + judge) in the total loss; 0 turns it off."""
+
+    # ---- partner -------------------------------------------------------------------------------------------
+    ema_decay: float = 0.999
+    """EMA partner: partner = decay * partner + (1 - decay) * policy after each optimizer step."""
+
+    # ---- mask policy (loop 2 action) -----------------------------------------------------------------------
+    mask_policy: str = "bernoulli"
+    """Stochastic mask policy, a key of MASK_POLICIES: bernoulli | gaussian_seg | multimask (mask_policy.py)."""
+    mask_temperature: float = 1.0
+    """tau of bernoulli (logits / tau) and multimask (scores / tau); < 1 is closer to greedy decoding."""
+    mask_pool: int = 4
+    """bernoulli: sample on the low-res grid pooled k x k (larger: coherent blocks, less variance, coarser)."""
+    seg_noise_std: float = 0.1
+    """gaussian_seg: sigma of the noise added to the 256-d [SEG] prompt embedding, in its units."""
+    multimask_score: str = "logit_iou"
+    """multimask: categorical scores from the IoU head, iou (raw) | logit_iou (logit of the predicted IoU)."""
+
+    def __post_init__(self) -> None:
+        self._validate_rollout()
+        self._validate_loss()
+        self._validate_rewards()
+        _require(0 < self.ema_decay < 1,
+                 f"ema_decay={self.ema_decay}; it must lie in (0, 1), e.g. 0.999 (MMEngine momentum 0.001).")
+        self._validate_mask_policy()
+        # Derived once (TRL): the upper clip range defaults to the lower one.
+        if self.epsilon_high is None:
+            self.epsilon_high = self.epsilon
+
+    def _validate_rollout(self) -> None:
+        G = self.num_generations
+        _require(isinstance(G, int) and G >= 2,
+                 f"num_generations={G!r}; GRPO needs at least 2 rollouts per prompt for a group baseline "
+                 "(>= 8 recommended). Set num_generations >= 2.")
+        _require(self.generation_chunk_size is None or (self.generation_chunk_size > 0
+                                                        and self.generation_chunk_size % G == 0),
+                 f"generation_chunk_size={self.generation_chunk_size} is not a positive multiple of "
+                 f"num_generations={G}; a prompt's G rollouts must share one sampling call. Use a multiple of "
+                 f"{G} or None.")
+        _require(self.max_completion_length >= 1,
+                 f"max_completion_length={self.max_completion_length}; it must be >= 1 token.")
+        _require(self.temperature > 0, f"temperature={self.temperature}; it must be > 0 (sampling needs it).")
+        _require(0 < self.top_p <= 1, f"top_p={self.top_p}; it must lie in (0, 1], 1.0 disables nucleus sampling.")
+
+    def _validate_loss(self) -> None:
+        _require(self.loss_type in LOSS_AGGREGATIONS,
+                 f"loss_type={self.loss_type!r} is not one of {sorted(LOSS_AGGREGATIONS)}; pick one of them "
+                 "('dapo' is TRL's default).")
+        _require(self.beta >= 0, f"beta={self.beta}; the KL weight must be >= 0 (0 disables the reference pass).")
+        _require(0 < self.epsilon < 1, f"epsilon={self.epsilon}; the clip range must lie in (0, 1), e.g. 0.2.")
+        _require(self.epsilon_high is None or self.epsilon_high > 0,
+                 f"epsilon_high={self.epsilon_high}; it must be > 0 (DAPO uses 0.28) or None to reuse epsilon.")
+        _require(isinstance(self.num_iterations, int) and self.num_iterations >= 1,
+                 f"num_iterations={self.num_iterations!r}; it must be an integer >= 1.")
+
+    def _validate_rewards(self) -> None:
+        _require(self.scale_rewards in SCALE_REWARDS,
+                 f"scale_rewards={self.scale_rewards!r} is not one of {sorted(SCALE_REWARDS)}; use 'group', "
+                 "'batch' or 'none' (strings, not True/False).")
+        for name, weight in (self.reward_weights or {}).items():
+            _require(math.isfinite(weight), f"reward_weights[{name!r}]={weight}; weights must be finite numbers.")
+        loop_weights = (self.mask_to_caption_weight, self.caption_to_mask_weight)
+        _require(min(loop_weights) >= 0 and max(loop_weights) > 0,
+                 f"mask_to_caption_weight={loop_weights[0]}, caption_to_mask_weight={loop_weights[1]}; both must be "
+                 ">= 0 and at least one > 0 (0 switches that loop's loss off).")
+
+    def _validate_mask_policy(self) -> None:
+        _require(self.mask_policy in MASK_POLICIES,
+                 f"mask_policy={self.mask_policy!r} is not one of {sorted(MASK_POLICIES)}.")
+        _require(self.mask_temperature > 0, f"mask_temperature={self.mask_temperature}; it must be > 0.")
+        _require(isinstance(self.mask_pool, int) and self.mask_pool >= 1,
+                 f"mask_pool={self.mask_pool!r}; it must be an integer >= 1 (1 = no pooling).")
+        _require(self.seg_noise_std > 0, f"seg_noise_std={self.seg_noise_std}; it must be > 0.")
+        _require(self.multimask_score in MultimaskPolicy.SCORES,
+                 f"multimask_score={self.multimask_score!r} is not one of {sorted(MultimaskPolicy.SCORES)}.")
