@@ -93,3 +93,48 @@ def test_lora_tensors_get_nonzero_grads_from_completion_logprobs():
     assert len(lora) == 2 * 7 * 2  # A and B, 7 projections, 2 layers
     for name, p in lora.items():
         assert p.grad is not None and p.grad.abs().sum() > 0, f"no gradient reached {name}"
+
+
+def tiny_sa2va():
+    from projects.llava_sam2.rl_train.model.presets import build_preset
+    from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
+    from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer
+
+    torch.manual_seed(0)
+    return Sa2VAModel(build_preset("tiny", vocab_size=len(load_tiny_tokenizer())))
+
+
+def test_trainable_set_of_a_tiny_sa2va_model():
+    model = tiny_sa2va()
+    with pytest.raises(ValueError, match="apply_lora"):
+        configure_trainable(model)
+    model.language_model = apply_lora(model.language_model, r=4, lora_alpha=8)
+    params = configure_trainable(model)
+    assert params.keys() == trainable_parameters(model).keys()
+    groups = {
+        "lora": [n for n in params if "lora_" in n],
+        "mlp1": [n for n in params if n.startswith("mlp1.")],
+        "decoder": [n for n in params if n.startswith("grounding_encoder.sam2_model.sam_mask_decoder.")],
+        "fcs": [n for n in params if n.startswith("text_hidden_fcs.")],
+    }
+    assert sum(map(len, groups.values())) == len(params)  # nothing else is trainable
+    assert len(groups["lora"]) == 2 * 7 * model.config.llm_config.num_hidden_layers
+    assert len(groups["mlp1"]) == 6 and len(groups["fcs"]) == 4
+    decoder = model.grounding_encoder.sam2_model.sam_mask_decoder
+    assert len(groups["decoder"]) == len(list(decoder.parameters()))
+    assert not any(p.requires_grad for p in model.vision_model.parameters())
+    assert not any(p.requires_grad for p in model.grounding_encoder.sam2_model.image_encoder.parameters())
+    assert not model.get_input_embeddings().weight.requires_grad
+
+
+def test_train_embeddings_and_checkpointing_input_grads():
+    model = tiny_sa2va()
+    model.language_model = apply_lora(model.language_model, r=4, lora_alpha=8)
+    params = configure_trainable(model, train_embeddings=True)
+    assert model.get_input_embeddings().weight.requires_grad and model.get_output_embeddings().weight.requires_grad
+    assert sum("embed_tokens" in n or "lm_head" in n for n in params) == 2
+    model.language_model.gradient_checkpointing_enable()
+    configure_trainable(model)
+    assert not model.get_input_embeddings().weight.requires_grad
+    ids = torch.tensor([[3, 4, 5]])
+    assert model.get_input_embeddings()(ids).requires_grad  # the hook re-enables grads at the input
