@@ -1,0 +1,214 @@
+"""SAM2 grounding head from the ``sam2`` package classes (reference/sa2va.md §1.7, §2.2, §4.3).
+
+``GroundingEncoder.sam2_model`` is a ``SAM2Base`` with the SAM 2.0 Hiera-L flags Sa2VA builds from
+``sam2_hiera_l.yaml`` (sizes from ``config.grounding``), so its state-dict keys match
+``grounding_encoder.sam2_model.*`` of the HF checkpoints (``.gamma`` ↔ ``.g_weight`` aside, see
+checkpoint.py). Only the single-frame path is used here: image encoder once per image, then the
+prompt encoder + mask decoder per ``[SEG]``; the memory modules are built so checkpoints load.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from sam2.modeling.backbones.hieradet import Hiera
+from sam2.modeling.backbones.image_encoder import FpnNeck, ImageEncoder
+from sam2.modeling.memory_attention import MemoryAttention, MemoryAttentionLayer
+from sam2.modeling.memory_encoder import CXBlock, Fuser, MaskDownSampler, MemoryEncoder
+from sam2.modeling.position_encoding import PositionEmbeddingSine
+from sam2.modeling.sam2_base import SAM2Base
+from sam2.modeling.sam.transformer import RoPEAttention
+from torch import nn
+from transformers.modeling_utils import no_init_weights
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass
+class GroundingFeatures:
+    """Frozen SAM2 image features of B images, computed once per image per step.
+
+    image_embed: [B, C, e, e] level-2 FPN map + ``no_mem_embed`` (C = SAM2 hidden, e = S_sam / 16).
+    high_res_feats: raw FPN levels 0 and 1, [B, C, 4e, 4e] and [B, C, 2e, 2e]; the trainable
+        ``conv_s0`` / ``conv_s1`` skips are applied inside ``decode_masks``.
+    """
+
+    image_embed: torch.Tensor
+    high_res_feats: list[torch.Tensor]
+
+    @property
+    def num_images(self) -> int:
+        return self.image_embed.shape[0]
+
+
+@dataclass
+class MaskDecoderOutput:
+    """SAM2 decoder output for M prompts (multimask on, as upstream for a prompt without points).
+
+    low_res_logits: [M, 3, h, w] float32 (h = 4e); iou_scores: [M, 3] (sigmoid); best_index: [M]
+    argmax of iou_scores; best_logits: [M, h, w] = low_res_logits[m, best_index[m]];
+    object_score_logits: [M, 1] (computed, not used to blank masks, as in Sa2VA).
+    """
+
+    low_res_logits: torch.Tensor
+    iou_scores: torch.Tensor
+    best_index: torch.Tensor
+    best_logits: torch.Tensor
+    object_score_logits: torch.Tensor
+
+
+def _sine(num_pos_feats: int) -> PositionEmbeddingSine:
+    return PositionEmbeddingSine(num_pos_feats=num_pos_feats, normalize=True, scale=None, temperature=10000)
+
+
+def _memory_attention(g: dict[str, Any]) -> MemoryAttention:
+    hidden, feat = g["hidden_dim"], g["image_size"] // g["backbone_stride"]
+    ma = g["memory_attention"]
+
+    def rope(**extra: Any) -> RoPEAttention:
+        return RoPEAttention(rope_theta=10000.0, feat_sizes=[feat, feat], embedding_dim=hidden, num_heads=1,
+                             downsample_rate=1, dropout=0.1, **extra)
+
+    layer = MemoryAttentionLayer(
+        activation="relu", cross_attention=rope(rope_k_repeat=True, kv_in_dim=g["mem_dim"]), d_model=hidden,
+        dim_feedforward=ma["dim_feedforward"], dropout=0.1, pos_enc_at_attn=False,
+        pos_enc_at_cross_attn_keys=True, pos_enc_at_cross_attn_queries=False, self_attention=rope(),
+    )
+    return MemoryAttention(d_model=hidden, pos_enc_at_input=True, layer=layer, num_layers=ma["num_layers"])
+
+
+def build_sam2(g: dict[str, Any]) -> SAM2Base:
+    """SAM2Base with the SAM 2.0 Hiera-L flags of Sa2VA, sized by the resolved grounding dict.
+
+    Under a meta default device the module is built on CPU without weight init and moved to meta:
+    Hiera calls ``.item()`` and RoPEAttention moves tables to CUDA while constructing, which meta
+    tensors do not allow.
+    """
+    if torch.empty(0).device.type == "meta":
+        with torch.device("cpu"), no_init_weights():
+            return _build_sam2(g).to("meta")
+    return _build_sam2(g)
+
+
+def _build_sam2(g: dict[str, Any]) -> SAM2Base:
+    t, hidden, mem_dim = g["trunk"], g["hidden_dim"], g["mem_dim"]
+    trunk = Hiera(embed_dim=t["embed_dim"], num_heads=t["num_heads"], stages=t["stages"],
+                  global_att_blocks=t["global_att_blocks"],
+                  window_pos_embed_bkg_spatial_size=t["window_pos_embed_bkg_spatial_size"],
+                  window_spec=t["window_spec"])
+    neck = FpnNeck(position_encoding=_sine(hidden), d_model=hidden, backbone_channel_list=trunk.channel_list,
+                   fpn_top_down_levels=[2, 3], fpn_interp_model="nearest")
+    memory_attention = _memory_attention(g)
+    memory_encoder = MemoryEncoder(
+        out_dim=mem_dim, position_encoding=_sine(mem_dim),
+        mask_downsampler=MaskDownSampler(embed_dim=hidden, kernel_size=3, stride=2, padding=1),
+        fuser=Fuser(CXBlock(dim=hidden, kernel_size=7, padding=3, layer_scale_init_value=1e-6, use_dwconv=True),
+                    num_layers=g["memory_encoder"]["fuser_layers"]),
+        in_dim=hidden,
+    )
+    return SAM2Base(
+        image_encoder=ImageEncoder(trunk=trunk, neck=neck, scalp=1), memory_attention=memory_attention,
+        memory_encoder=memory_encoder, num_maskmem=g["num_maskmem"], image_size=g["image_size"],
+        backbone_stride=g["backbone_stride"], sigmoid_scale_for_mem_enc=20.0, sigmoid_bias_for_mem_enc=-10.0,
+        use_mask_input_as_output_without_sam=True, directly_add_no_mem_embed=True,
+        use_high_res_features_in_sam=True, multimask_output_in_sam=True, iou_prediction_use_sigmoid=True,
+        use_obj_ptrs_in_encoder=True, add_tpos_enc_to_obj_ptrs=False, only_obj_ptrs_in_the_past_for_eval=True,
+        pred_obj_scores=True, pred_obj_scores_mlp=True, fixed_no_obj_ptr=True, multimask_output_for_tracking=True,
+        use_multimask_token_for_obj_ptr=True, multimask_min_pt_num=0, multimask_max_pt_num=1,
+        use_mlp_for_obj_ptr_proj=True, compile_image_encoder=False,
+        sam_mask_decoder_extra_args={"dynamic_multimask_via_stability": True,
+                                     "dynamic_multimask_stability_delta": 0.05,
+                                     "dynamic_multimask_stability_thresh": 0.98},
+    )
+
+
+def no_prompt_embeddings(sam: SAM2Base, M: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """What ``sam_prompt_encoder`` returns for "no points, no box, no mask" (SAM2's
+    ``_forward_sam_heads`` with ``point_inputs=None``): one label −1 point plus the pad point, both
+    embedded as ``not_a_point_embed``, and ``no_mask_embed`` broadcast over the e×e grid.
+
+    Built from the two embeddings directly so that it also runs in bf16 without autocast (the
+    encoder's Fourier features would mix fp32 coordinates with bf16 weights); a test checks it
+    equals the prompt encoder output in fp32.
+    """
+    enc = sam.sam_prompt_encoder
+    C = enc.embed_dim
+    h, w = enc.image_embedding_size
+    sparse = enc.not_a_point_embed.weight.reshape(1, 1, C).expand(M, 2, C)  # [M, 2, C]
+    dense = enc.no_mask_embed.weight.reshape(1, C, 1, 1).expand(M, C, h, w)  # [M, C, e, e]
+    return sparse, dense
+
+
+class GroundingEncoder(nn.Module):
+    """Holds ``sam2_model`` so keys read ``grounding_encoder.sam2_model.*`` as upstream."""
+
+    def __init__(self, grounding: dict[str, Any]):
+        super().__init__()
+        self.sam2_model = build_sam2(grounding)
+
+    def preprocess(self, g_pixel_values: torch.Tensor) -> torch.Tensor:
+        """0..255 RGB [B, 3, S, S] → (x / 255 − mean) / std in the encoder's dtype."""
+        dtype = self.sam2_model.no_mem_embed.dtype
+        x = g_pixel_values.to(dtype) / 255.0
+        mean = torch.tensor(IMAGENET_MEAN, dtype=dtype, device=x.device).view(1, 3, 1, 1)
+        std = torch.tensor(IMAGENET_STD, dtype=dtype, device=x.device).view(1, 3, 1, 1)
+        return (x - mean) / std
+
+    @torch.no_grad()
+    def encode(self, g_pixel_values: torch.Tensor) -> GroundingFeatures:
+        sam = self.sam2_model
+        size = sam.image_size
+        if g_pixel_values.ndim != 4 or tuple(g_pixel_values.shape[1:]) != (3, size, size):
+            raise ValueError(
+                f"g_pixel_values must be [B, 3, {size}, {size}] with 0..255 values, got {tuple(g_pixel_values.shape)}"
+            )
+        fpn = sam.image_encoder(self.preprocess(g_pixel_values))["backbone_fpn"]  # 3 levels, high-res first
+        B, C = fpn[-1].shape[:2]
+        image_embed = fpn[-1] + sam.no_mem_embed.view(1, C, 1, 1)  # [B, C, e, e]
+        return GroundingFeatures(image_embed=image_embed, high_res_feats=[fpn[0], fpn[1]])
+
+    def decode(self, prompt: torch.Tensor, features: GroundingFeatures, image_index: torch.Tensor) -> MaskDecoderOutput:
+        """Sparse prompt = [not_a_point, pad point, e] with e = the [SEG] prompt; dense = no_mask_embed."""
+        sam = self.sam2_model
+        M = prompt.shape[0]
+        if prompt.ndim != 2 or prompt.shape[1] != sam.hidden_dim:
+            raise ValueError(f"prompt must be [M, {sam.hidden_dim}], got {tuple(prompt.shape)}")
+        image_index = torch.as_tensor(image_index, dtype=torch.long, device=prompt.device).reshape(-1)
+        if image_index.numel() != M:
+            raise ValueError(f"image_index has {image_index.numel()} entries for {M} prompts")
+        if M and (image_index.min() < 0 or image_index.max() >= features.num_images):
+            raise ValueError(f"image_index {image_index.tolist()} out of range for {features.num_images} images")
+        decoder = sam.sam_mask_decoder
+        s0 = decoder.conv_s0(features.high_res_feats[0])[image_index]  # [M, C/8, 4e, 4e]
+        s1 = decoder.conv_s1(features.high_res_feats[1])[image_index]  # [M, C/4, 2e, 2e]
+        image_embed = features.image_embed[image_index]  # [M, C, e, e]
+        sparse, dense = no_prompt_embeddings(sam, M)  # [M, 2, C], [M, C, e, e]
+        sparse = torch.cat([sparse, prompt[:, None].to(sparse.dtype)], dim=1)  # [M, 3, C]
+        logits, iou, _, obj = decoder(
+            image_embeddings=image_embed, image_pe=sam.sam_prompt_encoder.get_dense_pe(),
+            sparse_prompt_embeddings=sparse, dense_prompt_embeddings=dense, multimask_output=True,
+            repeat_image=False, high_res_features=[s0, s1],
+        )
+        logits = logits.float()  # [M, 3, h, w]
+        best = iou.argmax(dim=-1)  # [M]
+        best_logits = logits[torch.arange(M, device=logits.device), best]  # [M, h, w]
+        return MaskDecoderOutput(logits, iou, best, best_logits, obj)
+
+
+def logits_to_masks(best_logits: torch.Tensor, sizes: list[tuple[int, int]], sam_image_size: int) -> list[torch.Tensor]:
+    """Released chain: bilinear h→S_sam, bilinear S_sam→(H, W) (align_corners False), sigmoid > 0.5.
+
+    best_logits [M, h, w]; sizes: M pairs (H, W) → M bool masks [H, W].
+    """
+    if len(sizes) != best_logits.shape[0]:
+        raise ValueError(f"logits_to_masks got {best_logits.shape[0]} logits but {len(sizes)} sizes")
+    masks = []
+    for logit, (H, W) in zip(best_logits.float(), sizes):
+        up = F.interpolate(logit[None, None], size=(sam_image_size, sam_image_size), mode="bilinear",
+                           align_corners=False)  # [1, 1, S_sam, S_sam]
+        up = F.interpolate(up, size=(int(H), int(W)), mode="bilinear", align_corners=False)  # [1, 1, H, W]
+        masks.append(up[0, 0].sigmoid() > 0.5)
+    return masks

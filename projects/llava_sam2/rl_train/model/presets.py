@@ -1,0 +1,179 @@
+"""Size presets as data: ``build_preset(name, vocab_size=None) -> Sa2VAConfig``.
+
+Real presets follow reference/sa2va.md §1.3-§1.8 (InternViT-300M-448px-V2_5 + Qwen2.5-0.5B / Qwen2.5-3B /
+InternLM2.5-7B + SAM 2.0 Hiera-L). They are for shapes (layouts, memory plans, benchmarks with random
+weights); a real checkpoint always brings its own config.json, which wins. Values not confirmed against
+a released config.json (rope_theta, rms_norm_eps, max_position_embeddings) are InternVL2.5 defaults
+[verify]. ``tiny`` is the CPU test model of /tmp/tiny_spec.md.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from .configuration import Sa2VAConfig
+
+_HF_EXTRA = {
+    "architectures": ["Sa2VAChatModel"],
+    "auto_map": {
+        "AutoConfig": "configuration_sa2va_chat.Sa2VAChatConfig",
+        "AutoModel": "modeling_sa2va_chat.Sa2VAChatModel",
+        "AutoModelForCausalLM": "modeling_sa2va_chat.Sa2VAChatModel",
+    },
+    "torch_dtype": "bfloat16",
+}
+
+_INTERNVIT_300M = {
+    "architectures": ["InternVisionModel"],
+    "model_type": "intern_vit_6b",
+    "image_size": 448,
+    "patch_size": 14,
+    "num_channels": 3,
+    "hidden_size": 1024,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 16,
+    "intermediate_size": 4096,
+    "qkv_bias": True,
+    "qk_normalization": False,
+    "norm_type": "layer_norm",
+    "layer_norm_eps": 1e-6,
+    "hidden_act": "gelu",
+    "initializer_factor": 1.0,
+    "use_flash_attn": True,
+}
+
+_TOP_LEVEL_448 = {
+    "force_image_size": 448,
+    "downsample_ratio": 0.5,
+    "dynamic_image_size": True,
+    "use_thumbnail": True,
+    "ps_version": "v2",
+    "min_dynamic_patch": 1,
+    "max_dynamic_patch": 12,
+    "select_layer": -1,
+}
+
+
+def _qwen2(hidden: int, layers: int, heads: int, kv_heads: int, ffn: int) -> dict[str, Any]:
+    return {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "intermediate_size": ffn,
+        "hidden_act": "silu",
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "use_sliding_window": False,
+        "tie_word_embeddings": False,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+        "vocab_size": 151679,
+    }
+
+
+_INTERNLM2_7B = {
+    "architectures": ["InternLM2ForCausalLM"],
+    "model_type": "internlm2",
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 14336,
+    "hidden_act": "silu",
+    "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 1000000.0,
+    "rope_scaling": {"type": "dynamic", "factor": 2.0},
+    "bias": False,
+    "tie_word_embeddings": False,
+    "attn_implementation": "eager",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 2,
+    "vocab_size": 92558,
+}
+
+_TINY_VISION = {
+    "architectures": ["InternVisionModel"],
+    "model_type": "intern_vit_6b",
+    "image_size": 224,
+    "patch_size": 14,
+    "num_channels": 3,
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 128,
+    "qkv_bias": True,
+    "qk_normalization": False,
+    "norm_type": "layer_norm",
+    "layer_norm_eps": 1e-6,
+    "hidden_act": "gelu",
+    "initializer_factor": 1.0,
+}
+
+_TINY_LLM = {
+    **_qwen2(hidden=128, layers=2, heads=4, kv_heads=2, ffn=256),
+    "max_position_embeddings": 4096,
+}
+
+_TINY_GROUNDING = {
+    "image_size": 256,
+    "backbone_stride": 16,
+    "hidden_dim": 32,
+    "mem_dim": 16,
+    "num_maskmem": 7,
+    "trunk": {
+        "embed_dim": 16,
+        "num_heads": 1,
+        "stages": [1, 2, 2, 1],
+        "global_att_blocks": [4],
+        "window_pos_embed_bkg_spatial_size": [4, 4],
+        "window_spec": [8, 4, 8, 8],
+    },
+    "memory_attention": {"num_layers": 1, "dim_feedforward": 64},
+    "memory_encoder": {"fuser_layers": 2},
+}
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": {"vision_config": _TINY_VISION, "llm_config": _TINY_LLM, "grounding_config": _TINY_GROUNDING,
+             "template": "qwen_chat", **_TOP_LEVEL_448, "force_image_size": 224, "max_dynamic_patch": 1},
+    "1b": {"vision_config": _INTERNVIT_300M, "llm_config": _qwen2(896, 24, 14, 2, 4864),
+           "template": "qwen_chat", **_TOP_LEVEL_448},
+    # sa2va_4b.py trains Qwen2.5-3B with phi3_chat tags (reference §8.1); a 4B checkpoint may say qwen_chat.
+    "4b": {"vision_config": _INTERNVIT_300M, "llm_config": _qwen2(2048, 36, 16, 2, 11008),
+           "template": "phi3_chat", **_TOP_LEVEL_448},
+    "8b": {"vision_config": _INTERNVIT_300M, "llm_config": _INTERNLM2_7B,
+           "template": "internlm2_chat", **_TOP_LEVEL_448},
+}
+
+
+def _tiny_vocab_size() -> int:
+    try:
+        from .tokenizer import load_tiny_tokenizer
+    except ImportError as err:
+        raise ValueError(
+            "build_preset('tiny') needs vocab_size= until model/tokenizer.py (load_tiny_tokenizer) exists"
+        ) from err
+    return len(load_tiny_tokenizer())
+
+
+def build_preset(name: str, vocab_size: int | None = None) -> Sa2VAConfig:
+    """Config of a named size. ``vocab_size`` overrides ``llm_config.vocab_size`` (tiny: the tiny
+    tokenizer's length by default)."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+    data = copy.deepcopy(PRESETS[name])
+    if vocab_size is None and name == "tiny":
+        vocab_size = _tiny_vocab_size()
+    if vocab_size is not None:
+        if int(vocab_size) <= 0:
+            raise ValueError(f"build_preset({name!r}): vocab_size must be positive, got {vocab_size}")
+        data["llm_config"]["vocab_size"] = int(vocab_size)
+    data.update(copy.deepcopy(_HF_EXTRA))
+    if name == "tiny":
+        data["torch_dtype"] = "float32"
+    return Sa2VAConfig.from_dict(data)
