@@ -85,3 +85,136 @@ def test_llm_loss_equals_shifted_cross_entropy_with_ignore_index():
     torch.testing.assert_close(llm_loss(head, hidden, labels), reference)
     with pytest.raises(ValueError, match="no supervised token"):
         llm_loss(head, hidden, torch.full_like(labels, -100))
+
+
+# ---------------------------------------------------------------------------- tiny Sa2VA end to end
+import numpy as np  # noqa: E402
+from PIL import Image  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from projects.llava_sam2.rl_train.model.lora import apply_lora, configure_trainable
+    from projects.llava_sam2.rl_train.model.presets import build_preset
+    from projects.llava_sam2.rl_train.model.processor import Sa2VAProcessor
+    from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
+    from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer
+
+    tok = load_tiny_tokenizer()
+    torch.manual_seed(0)
+    model = Sa2VAModel(build_preset("tiny", vocab_size=len(tok)))
+    model.bind_tokenizer(tok)
+    model.language_model = apply_lora(model.language_model, r=4, lora_alpha=8, lora_dropout=0.0)
+    configure_trainable(model)
+    with torch.no_grad():  # B = 0 would leave lora_A without gradient; give the adapter a value
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    return model, Sa2VAProcessor.from_config(tok, model.config)
+
+
+def _image(seed, size=(40, 56)):
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 255, (*size, 3), dtype=np.uint8))
+
+
+def _box(size, r0, r1, c0, c1):
+    m = np.zeros(size, dtype=np.uint8)
+    m[r0:r1, c0:c1] = 1
+    return m
+
+
+def _seg_item(proc, seed, expressions, boxes):
+    image = _image(seed)
+    inputs = proc.preprocess_image(image)
+    turns = [{"input": proc.segment_text(inputs.n_tiles, e) if i == 0 else e, "output": "It is [SEG]."}
+             for i, e in enumerate(expressions)]
+    enc = proc.encode_fn({"conversation": turns}, max_length=2048)
+    masks = torch.as_tensor(np.stack([_box(inputs.size, *b) for b in boxes]))
+    return dict(enc, pixel_values=inputs.pixel_values, g_pixel_values=inputs.g_pixel_values, masks=masks)
+
+
+def _caption_item(proc, seed):
+    image = _image(seed)
+    inputs = proc.preprocess_image(image)
+    cells = proc.region_cells(_box(inputs.size, 5, 30, 10, 40))
+    turns = [{"input": proc.caption_text(inputs.n_tiles, cells), "output": "a red square"}]
+    enc = proc.encode_fn({"conversation": turns}, max_length=2048)
+    vp = torch.zeros(inputs.n_tiles, dtype=torch.bool)
+    vp[-1] = True
+    return dict(enc, pixel_values=inputs.pixel_values, vp_overall_mask=vp, prompt_masks=cells[None])
+
+
+def _batch(proc, with_caption=True):
+    from projects.llava_sam2.rl_train.model.processor import sft_collate
+
+    items = [_seg_item(proc, 1, ["the cat", "the dog"], [(0, 20, 0, 28), (20, 40, 28, 56)])]
+    if with_caption:
+        items.append(_caption_item(proc, 2))
+    items.append(_seg_item(proc, 3, ["the sky"], [(0, 10, 0, 56)]))
+    return sft_collate(items)
+
+
+def test_sft_loss_matches_hf_lm_loss_and_is_deterministic(tiny):
+    from projects.llava_sam2.rl_train.model.sft_loss import _image_embeds, sft_loss
+
+    model, proc = tiny
+    batch = _batch(proc)
+    out = sft_loss(model, batch, num_points=256, generator=torch.Generator().manual_seed(0))
+    again = sft_loss(model, batch["data"], num_points=256, generator=torch.Generator().manual_seed(0))
+    assert set(out) == {"llm_loss", "loss_mask", "loss_dice"}
+    for key in out:
+        assert torch.isfinite(out[key]) and out[key] > 0, key
+        assert torch.equal(out[key], again[key]), key
+    data = batch["data"]
+    with torch.no_grad():  # transformers' own shifted-CE loss on the same embeddings
+        embeds = model.embed_inputs(data["input_ids"], _image_embeds(model, data))
+        hf = model.language_model(inputs_embeds=embeds, attention_mask=data["attention_mask"].long(),
+                                  position_ids=data["position_ids"], labels=data["labels"]).loss
+    torch.testing.assert_close(out["llm_loss"].detach(), hf, atol=1e-5, rtol=1e-5)
+
+
+def test_sft_loss_gradients_reach_every_trainable_group(tiny):
+    from projects.llava_sam2.rl_train.model.lora import trainable_parameters
+    from projects.llava_sam2.rl_train.model.sft_loss import sft_loss
+
+    model, proc = tiny
+    model.zero_grad(set_to_none=True)
+    out = sft_loss(model, _batch(proc), num_points=256, generator=torch.Generator().manual_seed(0))
+    sum(out.values()).backward()
+    params = trainable_parameters(model)
+    nonzero = {n for n, p in params.items() if p.grad is not None and p.grad.abs().sum() > 0}
+    missing = {n for n, p in params.items() if p.grad is None}
+    assert not missing, f"no gradient at all: {sorted(missing)[:5]}"
+    for group in ["lora_A", "lora_B", "mlp1.", "text_hidden_fcs.", "sam_mask_decoder.transformer.",
+                  "sam_mask_decoder.conv_s0", "sam_mask_decoder.conv_s1", "sam_mask_decoder.output_upscaling"]:
+        names = [n for n in params if group in n]
+        assert names and all(n in nonzero for n in names), f"zero gradient in {group}: " \
+            f"{[n for n in names if n not in nonzero][:3]}"
+    model.zero_grad(set_to_none=True)
+
+
+def test_sft_loss_without_masks_zeroes_mask_losses_but_keeps_grads(tiny):
+    from projects.llava_sam2.rl_train.model.processor import sft_collate
+    from projects.llava_sam2.rl_train.model.sft_loss import sft_loss
+
+    model, proc = tiny
+    model.zero_grad(set_to_none=True)
+    out = sft_loss(model, sft_collate([_caption_item(proc, 4)]))
+    assert out["loss_mask"].item() == 0.0 and out["loss_dice"].item() == 0.0 and out["llm_loss"] > 0
+    sum(out.values()).backward()
+    assert model.text_hidden_fcs[0].weight.grad is not None
+    assert model.grounding_encoder.sam2_model.sam_mask_decoder.conv_s0.weight.grad is not None
+    assert model.mlp1[1].weight.grad.abs().sum() > 0  # the caption's LM loss reaches the projector
+    model.zero_grad(set_to_none=True)
+
+
+def test_sft_loss_rejects_seg_mask_count_mismatch(tiny):
+    from projects.llava_sam2.rl_train.model.processor import sft_collate
+    from projects.llava_sam2.rl_train.model.sft_loss import sft_loss
+
+    model, proc = tiny
+    item = _seg_item(proc, 5, ["the cat", "the dog"], [(0, 20, 0, 28), (20, 40, 28, 56)])
+    item["masks"] = item["masks"][:1]
+    with pytest.raises(ValueError, match="2 \\[SEG\\] tokens but 1 GT"):
+        sft_loss(model, sft_collate([item]), num_points=16)

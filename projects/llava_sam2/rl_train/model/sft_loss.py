@@ -117,3 +117,99 @@ def llm_loss(logits_fn, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Ten
         raise ValueError("sft_loss: the batch has no supervised token (every label is -100).")
     logits = logits_fn(hidden[:, :-1][is_supervised]).float()  # [S, V]
     return F.cross_entropy(logits, target[is_supervised])
+
+
+def _image_embeds(model, data: dict) -> list[torch.Tensor | None]:
+    """Per-row ``<IMG_CONTEXT>`` fills: every tile's projected tokens, then the region tokens
+    (``prompt_masks``) of a sample whose ``vp_overall_mask`` marks one of its tiles (sa2va.md §4.2)."""
+    B = data["input_ids"].shape[0]
+    pixel_values = data.get("pixel_values")
+    if pixel_values is None:
+        return [None] * B
+    tiles = list(pixel_values)  # B × [n_b, 3, S, S] (a 5-D tensor or a list)
+    n_tiles = [t.shape[0] for t in tiles]
+    projected = model.project_vision(model.encode_vision(torch.cat(tiles)))  # [Σ n_b, t, D]
+    vp_overall = data.get("vp_overall_mask")
+    prompt_masks = iter(data.get("prompt_masks") or [])
+    fills, start = [], 0
+    for n in n_tiles:
+        has_regions = vp_overall is not None and bool(vp_overall[start:start + n].any())
+        region_cells = next(prompt_masks, None) if has_regions else None
+        if has_regions and region_cells is None:
+            raise ValueError("sft_loss: vp_overall_mask marks more samples than prompt_masks holds; "
+                             "build the batch with Sa2VAProcessor.sft_collate.")
+        fills.append(model.build_image_embeds(projected[start:start + n], region_cells))  # [k_b, D]
+        start += n
+    return fills
+
+
+def _seg_targets(model, data: dict, seg_rows: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """``image_index [M]`` (row of the stacked ``g_pixel_values``) and the GT stacks of the rows that
+    hold ``[SEG]``; upstream pairs the i-th such row with ``masks[i]`` and grounding frame i."""
+    masks, frames = data["masks"], data.get("frames_per_batch") or []
+    if any(f != 1 for f in frames):
+        raise NotImplementedError(f"sft_loss: video samples (frames_per_batch={frames}) are not supported; "
+                                  "only single-image SFT samples are.")
+    seg_counts = (data["input_ids"] == model.seg_token_id).sum(-1)  # [B]
+    if not len(seg_rows) == len(masks) == len(frames):
+        raise ValueError(
+            f"sft_loss: {len(seg_rows)} rows hold [SEG] but the batch has {len(masks)} mask stacks and "
+            f"{len(frames)} grounding images; every segmentation sample needs all three (and only they).")
+    image_index = []
+    for i, (row, gt) in enumerate(zip(seg_rows, masks)):
+        if int(seg_counts[row]) != gt.shape[0]:
+            raise ValueError(
+                f"sft_loss: batch row {row} has {int(seg_counts[row])} [SEG] tokens but {gt.shape[0]} GT "
+                "masks; check the answers (one [SEG] per target) and max_length truncation.")
+        image_index += [i] * gt.shape[0]
+    return torch.tensor(image_index, device=data["input_ids"].device), list(masks)
+
+
+def sft_loss(
+    model,
+    data: dict,
+    *,
+    num_points: int = NUM_POINTS,
+    oversample_ratio: float = 3.0,
+    importance_sample_ratio: float = 0.75,
+    generator: torch.Generator | None = None,
+) -> dict[str, torch.Tensor]:
+    """Upstream SFT losses of one ``sft_collate`` batch: ``{'llm_loss', 'loss_mask', 'loss_dice'}``.
+
+    One teacher-forced LLM forward gives both the LM loss and the ``[SEG]`` hidden states (final
+    norm, at the positions whose input is ``[SEG]``), which go through ``text_hidden_fcs`` and the
+    SAM2 decoder (best of the multimask outputs by predicted IoU). The mask losses carry a
+    ``0 · Σ params`` term over ``text_hidden_fcs`` and the mask decoder, so every tensor there gets
+    a (possibly zero) gradient even without ``masks`` or for unused decoder heads (upstream uses a
+    pseudo pass for the same reason: DeepSpeed/DDP expect a gradient for each trainable tensor).
+    ``num_points`` is P per mask (12544 upstream for 256² logits).
+
+    Args:
+        model: a Sa2VAModel with a bound tokenizer.
+        data: ``sft_collate(...)['data']`` (the full collate output is accepted too).
+    """
+    from .generation import decoder_and_head  # same body/head split as the RL scoring forward
+
+    data = data["data"] if "data" in data and "input_ids" not in data else data
+    input_ids = data["input_ids"]  # [B, L]
+    inputs_embeds = model.embed_inputs(input_ids, _image_embeds(model, data))  # [B, L, D]
+    body, head = decoder_and_head(model.language_model)
+    hidden = body(inputs_embeds=inputs_embeds, attention_mask=data["attention_mask"].long(),
+                  position_ids=data.get("position_ids"), use_cache=False).last_hidden_state  # [B, L, D]
+    losses = {"llm_loss": llm_loss(head, hidden, data["labels"])}
+
+    mask_path = [*model.text_hidden_fcs.parameters(),
+                 *model.grounding_encoder.sam2_model.sam_mask_decoder.parameters()]
+    zero = sum(p.sum() for p in mask_path) * 0.0
+    is_seg = input_ids == model.seg_token_id  # [B, L]
+    if data.get("masks") is None:
+        return {**losses, "loss_mask": zero, "loss_dice": zero}
+    seg_rows = [int(r) for r in torch.nonzero(is_seg.any(-1)).flatten()]
+    image_index, gt_masks = _seg_targets(model, data, seg_rows)
+    features = model.encode_grounding(torch.stack(list(data["g_pixel_values"])))
+    prompt = model.seg_hidden_to_prompt(hidden[is_seg])  # [M, C_sam], row-major like image_index
+    pred_logits = model.decode_masks(prompt, features, image_index).best_logits  # [M, h, w]
+    gt = resize_gt_masks([m.to(pred_logits.device) for m in gt_masks], tuple(pred_logits.shape[-2:]))  # [M, h, w]
+    loss_mask, loss_dice = mask_losses(pred_logits, gt, num_points=num_points, oversample_ratio=oversample_ratio,
+                                       importance_sample_ratio=importance_sample_ratio, generator=generator)
+    return {**losses, "loss_mask": loss_mask + zero, "loss_dice": loss_dice + zero}
