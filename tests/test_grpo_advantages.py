@@ -1,0 +1,73 @@
+"""grpo/advantages.py: group-normalised advantages against hand-computed values, NaN rewards, constant groups."""
+import math
+
+import pytest
+import torch
+
+from projects.llava_sam2.rl_train.grpo.advantages import (
+    ADVANTAGE_EPS, SCALE_REWARDS, group_advantages, rewards_to_tensor)
+
+NAN = float("nan")
+
+
+def test_group_scaling_hand_values():
+    # group 0: [1, 2, 3], mean 2, unbiased std sqrt(((-1)^2 + 0 + 1^2) / 2) = 1 -> A = [-1, 0, 1] / (1 + eps)
+    # group 1: [0, 0, 0], zero spread -> A = 0 exactly (no 0 / eps noise)
+    rewards = torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]])
+    advantages, stats = group_advantages(rewards, "group")
+    expected = torch.tensor([-1.0, 0.0, 1.0, 0.0, 0.0, 0.0]) / torch.tensor([1 + ADVANTAGE_EPS] * 3 + [1.0] * 3)
+    torch.testing.assert_close(advantages, expected)
+    assert stats["frac_reward_zero_std"] == 0.5
+    assert stats["reward_mean"] == pytest.approx(1.0)  # (1 + 2 + 3 + 0 + 0 + 0) / 6
+    assert stats["frac_unscored"] == 0.0
+
+
+def test_batch_scaling_uses_group_mean_and_batch_std():
+    # group means [2, 2]; batch [1, 3, 2, 2]: mean 2, squared deviations 1 + 1 + 0 + 0 = 2, var 2 / 3
+    # A = (r - group mean) / (sqrt(2/3) + eps) = [-1, 1, 0, 0] / 0.81660
+    rewards = torch.tensor([[1.0, 3.0], [2.0, 2.0]])
+    advantages, _ = group_advantages(rewards, "batch")
+    s = math.sqrt(2.0 / 3.0) + ADVANTAGE_EPS
+    torch.testing.assert_close(advantages, torch.tensor([-1.0 / s, 1.0 / s, 0.0, 0.0]))
+
+
+def test_no_scaling_is_centred_rewards():
+    # Dr. GRPO: A = r - group mean = [1 - 2, 3 - 2] = [-1, 1], no division
+    advantages, _ = group_advantages(torch.tensor([[1.0, 3.0]]), "none")
+    torch.testing.assert_close(advantages, torch.tensor([-1.0, 1.0]))
+
+
+def test_nan_rewards_drop_out_of_the_baseline_and_get_zero_advantage():
+    # valid [1, 3, 5]: mean 3, unbiased std sqrt((4 + 0 + 4) / 2) = 2 -> A = [-1, 0(NaN), 0, 1] * 2 / (2 + eps)
+    rewards = torch.tensor([[1.0, NAN, 3.0, 5.0]])
+    advantages, stats = group_advantages(rewards, "group")
+    torch.testing.assert_close(advantages, torch.tensor([-2.0, 0.0, 0.0, 2.0]) / (2.0 + ADVANTAGE_EPS))
+    assert stats["frac_unscored"] == 0.25
+    assert stats["reward_mean"] == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize("scale_rewards", sorted(SCALE_REWARDS))
+def test_unscored_and_constant_groups_never_produce_nan(scale_rewards):
+    # group 0 all NaN, group 1 a single valid reward, group 2 constant, group 3 informative
+    rewards = torch.tensor([[NAN, NAN], [0.7, NAN], [0.4, 0.4], [0.0, 1.0]])
+    advantages, stats = group_advantages(rewards, scale_rewards)
+    assert not torch.isnan(advantages).any()
+    assert torch.equal(advantages[:6], torch.zeros(6))  # no learning signal in the first three groups
+    assert advantages[6] < 0 < advantages[7]
+    assert stats["frac_reward_zero_std"] == 0.75  # groups 0, 1 and 2
+    assert stats["frac_unscored"] == 3 / 8
+
+
+def test_rewards_to_tensor_maps_none_to_nan_in_group_layout():
+    rewards = rewards_to_tensor([0.5, None, 1.0, 0.0], group_size=2)
+    assert rewards.shape == (2, 2)
+    assert torch.isnan(rewards[0, 1]) and rewards[1, 0] == 1.0
+    with pytest.raises(ValueError, match="multiple of num_generations"):
+        rewards_to_tensor([0.5, 1.0, 0.0], group_size=2)
+
+
+def test_bad_inputs_raise_with_the_fix():
+    with pytest.raises(ValueError, match="scale_rewards='std'"):
+        group_advantages(torch.zeros(2, 2), "std")
+    with pytest.raises(ValueError, match="G >= 2"):
+        group_advantages(torch.zeros(4, 1), "group")
