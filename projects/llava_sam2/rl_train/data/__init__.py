@@ -1,0 +1,22 @@
+"""Region datasets over real on-disk formats, the procedural shapes world, RLE utilities, collate.
+
+Every dataset is a ``torch.utils.data.Dataset`` of ``RegionSample`` with ``on_bad_sample`` and
+``bad_sample_counts`` (docs/architecture.md, docs/data.md).
+"""
+from .bad_samples import BadSampleError, BadSampleLog, SkippedSample, count_skipped
+from .base import RegionDataset
+from .coco import CocoRegionDataset
+from .collate import RegionBatch, region_collate
+from .dlc import DLCRegionDataset
+from .gar import GARRegionDataset
+from .refcoco import RefCocoRegionDataset
+from .rle import decode_rle, decode_segmentation, encode_mask
+from .shapes import ShapesWorld
+from .types import RegionSample
+
+__all__ = [
+    "BadSampleError", "BadSampleLog", "CocoRegionDataset", "DLCRegionDataset", "GARRegionDataset",
+    "RefCocoRegionDataset", "RegionBatch", "RegionDataset", "RegionSample", "ShapesWorld",
+    "SkippedSample", "count_skipped", "decode_rle", "decode_segmentation", "encode_mask",
+    "region_collate",
+]

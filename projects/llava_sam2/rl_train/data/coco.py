@@ -1,0 +1,142 @@
+"""COCO-style ``annotations.json`` as region samples (one sample per annotation).
+
+Format (docs/data.md): ``images`` (``id``, ``file_name`` relative to ``image_root``, ``height``,
+``width``), ``annotations`` (``id``, ``image_id``, ``category_id``, ``segmentation`` as polygons,
+compressed RLE or uncompressed RLE, ``iscrowd``) and ``categories``. Optional per-annotation text:
+``caption`` (str or list of str) / ``captions`` (list) and ``expressions`` (list of str).
+
+The constructor reads the JSON only (no image is opened, no mask decoded); ``load`` decodes one.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import NamedTuple
+
+from .bad_samples import BadSampleError
+from .base import RegionDataset, finish_sample
+from .images import load_rgb
+from .rle import decode_segmentation
+from .types import RegionSample
+
+
+class ImageRecord(NamedTuple):
+    file_name: str
+    height: int | None
+    width: int | None
+
+
+class AnnRecord(NamedTuple):
+    ann_id: int
+    image_id: int
+    segmentation: object
+    captions: list[str]
+    expressions: list[str]
+    category: str | None
+
+
+def read_json(path: str, what: str) -> object:
+    """Read a JSON file, turning a missing or malformed file into a ValueError naming it."""
+    if not os.path.isfile(path):
+        raise ValueError(f"{what} {path} does not exist; set the dataset's path to your local copy")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{what} {path} is not valid JSON ({err}); re-export it") from None
+
+
+def coco_tables(data: object, path: str) -> tuple[dict[int, ImageRecord], dict[int, str]]:
+    """``images`` and ``categories`` of a COCO dict -> ``{image_id: ImageRecord}``, ``{cat_id: name}``."""
+    if not isinstance(data, dict) or not isinstance(data.get("images"), list) \
+            or not isinstance(data.get("annotations"), list):
+        raise ValueError(f"{path}: expected a COCO dict with 'images' and 'annotations' lists, got "
+                         f"keys {sorted(data) if isinstance(data, dict) else type(data).__name__}")
+    images = {}
+    for record in data["images"]:
+        if not isinstance(record, dict) or "id" not in record or "file_name" not in record:
+            raise ValueError(f"{path}: every entry of 'images' needs 'id' and 'file_name', got {record!r}")
+        images[record["id"]] = ImageRecord(record["file_name"], record.get("height"), record.get("width"))
+    categories = {c["id"]: c.get("name") for c in data.get("categories", []) if "id" in c}
+    return images, categories
+
+
+def text_list(value, field: str, *, file: str, sample_id: str) -> list[str]:
+    """A str or list of str annotation field -> list of non-empty str (None -> [])."""
+    if value is None:
+        return []
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(t, str) and t.strip() for t in items):
+        raise BadSampleError("bad_annotation", f"'{field}' must be a non-empty string or a list of them, "
+                             f"got {value!r}", file=file, sample_id=sample_id)
+    return [t.strip() for t in items]
+
+
+def load_region(image_path: str, image: ImageRecord, segmentation, *, alpha: str, ann_file: str,
+                sample_id: str):
+    """Open one image (RGB policy) and decode its region at the image's size."""
+    pil = load_rgb(image_path, alpha=alpha, file=image_path, sample_id=sample_id)
+    width, height = pil.size
+    if (image.height, image.width) != (None, None) and (image.height, image.width) != (height, width):
+        raise BadSampleError("image_size_mismatch", f"annotations.json says height={image.height}, "
+                             f"width={image.width} but {image_path} is {height}x{width}",
+                             file=ann_file, sample_id=sample_id)
+    gt_mask = decode_segmentation(segmentation, height, width, file=ann_file, sample_id=sample_id)
+    return pil, gt_mask
+
+
+class CocoRegionDataset(RegionDataset):
+    """Region samples from a COCO-style ``annotations.json``.
+
+    Args:
+        ann_file: path of ``annotations.json``.
+        image_root: folder that ``file_name`` is relative to (default: the folder of ``ann_file``).
+        name: dataset name; sample ids are ``"<name>/<image id>#<ann id>"``.
+        include_crowd: keep ``iscrowd=1`` annotations (off: crowd regions are not one object).
+        on_bad_sample: ``'raise'`` or ``'skip'`` (skip and count).
+        alpha: transparency policy of ``data/images.py``.
+    """
+
+    def __init__(self, ann_file: str, image_root: str | None = None, *, name: str = "coco",
+                 include_crowd: bool = False, on_bad_sample: str = "raise", alpha: str = "raise"):
+        super().__init__(name, on_bad_sample, alpha)
+        self.ann_file = str(ann_file)
+        self.image_root = str(image_root) if image_root is not None else os.path.dirname(self.ann_file)
+        data = read_json(self.ann_file, "COCO annotation file")
+        self._images, categories = coco_tables(data, self.ann_file)
+        self._anns: list[AnnRecord] = []
+        for ann in data["annotations"]:
+            if ann.get("iscrowd", 0) and not include_crowd:
+                continue
+            try:
+                self._anns.append(self._index_ann(ann, categories))
+            except BadSampleError as err:
+                self.index_time_bad(err)
+
+    def _index_ann(self, ann: dict, categories: dict[int, str]) -> AnnRecord:
+        sample_id = f"{self.name}/{ann.get('image_id')}#{ann.get('id')}"
+        where = dict(file=self.ann_file, sample_id=sample_id)
+        for key in ("id", "image_id", "segmentation"):
+            if key not in ann:
+                raise BadSampleError("bad_annotation", f"annotation has no '{key}'", **where)
+        if ann["image_id"] not in self._images:
+            raise BadSampleError("bad_annotation", f"image_id {ann['image_id']} is not in 'images'", **where)
+        captions = text_list(ann.get("caption"), "caption", **where) + \
+            text_list(ann.get("captions"), "captions", **where)
+        expressions = text_list(ann.get("expressions"), "expressions", **where)
+        return AnnRecord(ann["id"], ann["image_id"], ann["segmentation"], captions, expressions,
+                         categories.get(ann.get("category_id")))
+
+    def __len__(self) -> int:
+        return len(self._anns)
+
+    def load(self, index: int) -> RegionSample:
+        ann = self._anns[index]
+        image = self._images[ann.image_id]
+        sample_id = f"{self.name}/{ann.image_id}#{ann.ann_id}"
+        image_path = os.path.join(self.image_root, image.file_name)
+        pil, gt_mask = load_region(image_path, image, ann.segmentation, alpha=self.alpha,
+                                   ann_file=self.ann_file, sample_id=sample_id)
+        return finish_sample(pil, gt_mask, captions=ann.captions, expressions=ann.expressions,
+                             sample_id=sample_id, source=self.name, file=self.ann_file,
+                             category=ann.category)

@@ -1,0 +1,38 @@
+"""Region-level collate: a batch is a plain list of ``RegionSample`` (the GRPO loop consumes lists;
+images are preprocessed later by the model processor)."""
+from __future__ import annotations
+
+from .bad_samples import SkippedSample
+from .types import RegionSample
+
+
+class RegionBatch(list):
+    """``list[RegionSample]`` that also carries the samples skipped while building it.
+
+    ``skipped`` travels with the batch out of DataLoader workers, so the main process can count
+    bad samples (``bad_samples.count_skipped``) however many workers loaded them.
+    """
+
+    def __init__(self, samples=(), skipped=()):
+        super().__init__(samples)
+        self.skipped: list[SkippedSample] = list(skipped)
+
+    def __reduce__(self):  # pickle (worker -> main process) keeps `skipped`
+        return type(self), (list(self), self.skipped)
+
+
+def region_collate(samples: list[RegionSample | SkippedSample]) -> RegionBatch:
+    """Drop ``SkippedSample`` entries (kept in ``.skipped``) and return the rest in order.
+
+    A batch may come out shorter than the loader's ``batch_size``, or empty, when samples were skipped.
+    """
+    kept, skipped = [], []
+    for sample in samples:
+        if isinstance(sample, SkippedSample):
+            skipped.append(sample)
+        elif isinstance(sample, RegionSample):
+            kept.append(sample)
+        else:
+            raise TypeError(f"region_collate expects RegionSample or SkippedSample items, got "
+                            f"{type(sample).__name__}; use it only with the rl_train region datasets")
+    return RegionBatch(kept, skipped)
