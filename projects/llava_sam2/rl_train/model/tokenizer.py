@@ -147,8 +147,6 @@ def build_tiny_tokenizer() -> Qwen2TokenizerFast:
 
 def save_tiny_tokenizer(out_dir: str | os.PathLike = TINY_TOKENIZER_DIR) -> list[Path]:
     """Build and save the tiny tokenizer; returns the written files, sorted."""
-    # Single-threaded training keeps the BPE merge order independent of the machine.
-    os.environ["RAYON_NUM_THREADS"] = "1"
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = build_tiny_tokenizer().save_pretrained(str(out), legacy_format=False)
