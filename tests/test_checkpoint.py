@@ -233,3 +233,22 @@ def test_parse_size():
     assert parse_size("5GB") == 5 * 10**9 and parse_size("300KB") == 300_000 and parse_size(17) == 17
     with pytest.raises(ValueError, match="max_shard_size"):
         parse_size("lots")
+
+
+def test_make_tiny_checkpoint_tool_is_seeded_and_loadable(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    spec = importlib.util.spec_from_file_location(
+        "make_tiny_checkpoint", Path(__file__).resolve().parents[1] / "tools" / "make_tiny_checkpoint.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    tool.main([str(tmp_path / "a"), "--seed", "1"])
+    tool.make_tiny_checkpoint(tmp_path / "b", seed=1)
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
+    model = Sa2VAModel.from_pretrained(tmp_path / "a")
+    tokenizer = AutoTokenizer.from_pretrained(str(tmp_path / "a"))
+    model.bind_tokenizer(tokenizer)
+    assert model.config.vocab_size == len(tokenizer) and model.config.template == "qwen_chat"
