@@ -8,6 +8,9 @@ differentiable w.r.t. the model outputs that parametrise it:
 * ``gaussian_seg``: diagonal Gaussian exploration on the ``[SEG]`` prompt embedding fed to the decoder;
 * ``multimask``:    categorical choice among SAM2's 3 multimask outputs, scored by the IoU head.
 
+The default (``GRPOConfig.mask_policy = "bernoulli"``) is provisional until measured on the shapes world
+(DESIGN §3).
+
 Every policy returns log-probs ``[N, T]`` over T action elements, so ``losses.PolicyLoss`` treats them like
 caption tokens (per-element ratio and clip). ``get_action_and_log_prob`` is the single code path: it samples
 when ``action`` is None and re-scores a given action otherwise (CleanRL ``get_action_and_value``).
@@ -93,8 +96,8 @@ class MaskPolicy:
 class BernoulliMaskPolicy(MaskPolicy):
     """Factorised Bernoulli over the best low-res mask logits z ``[N, h, w]``, on a grid pooled by k.
 
-        z_c = avg_pool_k(z) / tau                                     [N, h/k, w/k]
-        log p(m) = sum_c m_c log sigmoid(z_c) + (1 - m_c) log sigmoid(-z_c)   (per cell, not summed)
+        z_c = avg_pool_k(z) / tau                                             [N, h/k, w/k]
+        log p(m_c) = m_c log sigmoid(z_c) + (1 - m_c) log sigmoid(-z_c)       per cell c; log p(m) is their sum
 
     Log-probs ``[N, (h/k)(w/k)]``: one element per cell. Pooling (``mask_pool`` = k) trades resolution for
     variance: at k = 1 a 256x256 SAM2 mask is 65,536 independent coin flips, the sampled masks are
