@@ -96,6 +96,8 @@ def test_bf16_checkpoint_loads_in_bf16_by_default(tmp_path):
     model.save_pretrained(tmp_path)
     loaded = Sa2VAModel.from_pretrained(tmp_path)
     assert loaded.dtype == torch.bfloat16
+    assert all(p.dtype == torch.bfloat16 for p in loaded.parameters())
+    assert loaded.language_model.model.rotary_emb.inv_freq.dtype == torch.float32  # RoPE table stays fp32
     assert_same_tensors(model, loaded)
     assert Sa2VAModel.from_pretrained(tmp_path, torch_dtype=torch.float32).dtype == torch.float32
 

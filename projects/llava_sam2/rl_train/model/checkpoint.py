@@ -256,7 +256,7 @@ def load_pretrained(path: str | os.PathLike, torch_dtype: torch.dtype | None = N
     device = torch.device(device or "cpu")
     with torch.device(device), _default_dtype(torch_dtype), no_init_weights():
         model = Sa2VAModel(config, attn_implementation=attn_implementation)
-    model.to(torch_dtype)
+    # No model.to(torch_dtype): it would also cast fp32 buffers such as the RoPE inv_freq.
     lm_head_key = _LM + LanguageKeyMap(config.llm_config).lm_head_key()
     check_layout(checkpoint_layout(model), found, path, optional={lm_head_key})
     if lm_head_key not in found:
@@ -304,7 +304,7 @@ def save_pretrained(model: Sa2VAModel, path: str | os.PathLike, max_shard_size: 
     state = checkpoint_state_dict(model)
     if any(t.is_meta for t in state.values()):
         raise ValueError("save_pretrained: the model has meta tensors (built for shapes only); load weights first")
-    for stale in list(path.glob("model*.safetensors")) + [path / WEIGHTS_INDEX_NAME]:
+    for stale in [path / WEIGHTS_NAME, path / WEIGHTS_INDEX_NAME, *path.glob("model-*-of-*.safetensors")]:
         stale.unlink(missing_ok=True)
     shards = _shards(state, parse_size(max_shard_size))
     names = [WEIGHTS_NAME] if len(shards) == 1 else \

@@ -23,8 +23,8 @@ from sam2.modeling.sam.transformer import RoPEAttention
 from torch import nn
 from transformers.modeling_utils import no_init_weights
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+from .constants import IMAGENET_MEAN, IMAGENET_STD
+
 
 
 @dataclass
