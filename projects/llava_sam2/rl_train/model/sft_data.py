@@ -6,7 +6,7 @@ Each example mirrors an upstream Sa2VA training item, single turn:
   question; answer = one of the sample's captions with '<' and '>' removed (Osprey cleaning).
   Item carries ``prompt_masks`` bool [1, g, g] and ``vp_overall_mask`` (True on the last tile).
 * segment (RefCOCO data): user text = image block + ``\\n`` + a SEG_QUESTIONS entry filled with the
-  normalised expression; answer = one of ANSWER_LIST (contains ``[SEG]``). Item carries
+  normalised expression ('<', '>' removed too, so no text can become a special token); answer = one of ANSWER_LIST (contains ``[SEG]``). Item carries
   ``g_pixel_values`` [3, S_sam, S_sam] and ``masks`` uint8 [1, H, W].
 
 Differs from upstream Sa2VA: RefCOCO items there use a phi3-style INSTRUCTION whatever the configured
@@ -80,7 +80,7 @@ def segment_example(processor: Sa2VAProcessor, sample: RegionSample, rng: np.ran
     if gt_mask.shape != image.size:
         raise ValueError(f"sample {sample.sample_id!r}: gt_mask shape {gt_mask.shape} != image (H, W) "
                          f"{image.size}")
-    expression = normalize_expression(texts[int(rng.integers(len(texts)))],
+    expression = normalize_expression(strip_angle_brackets(texts[int(rng.integers(len(texts)))]),
                                       where=f"sample {sample.sample_id!r}")
     question = questions[int(rng.integers(len(questions)))]
     answer = answers[int(rng.integers(len(answers)))]
