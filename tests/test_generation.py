@@ -154,3 +154,33 @@ def test_bad_inputs_are_rejected():
         sample_completions(lm, embeds, attention, max_new_tokens=2, stop_token_ids=[])
     with pytest.raises(ValueError, match="completion_ids"):
         completion_logprobs(lm, embeds, attention, torch.zeros(3, 2, dtype=torch.long), torch.ones(3, 2, dtype=torch.bool))
+
+
+def test_checkpointing_in_train_mode_keeps_the_cache_and_a_cacheless_body_is_refused():
+    lm = tiny_lm()
+    embeds, attention, _ = left_padded_prompts(lm, [4, 7])
+    kw = dict(max_new_tokens=5, do_sample=False, stop_token_ids=[VOCAB + 1])
+    reference = sample_completions(lm, embeds, attention, **kw)
+    lm.gradient_checkpointing_enable()
+    lm.train()  # transformers 4.48 turns use_cache off here but Qwen2 layers still fill a passed cache
+    assert torch.equal(sample_completions(lm, embeds, attention, **kw).ids, reference.ids)
+    lm.eval()
+
+    class CachelessLM(torch.nn.Module):
+        """An LM whose body ignores past_key_values (what some remote-code LMs do under checkpointing)."""
+
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def get_decoder(self):
+            return lambda past_key_values=None, **kwargs: self.inner.get_decoder()(**kwargs)
+
+        def get_output_embeddings(self):
+            return self.inner.get_output_embeddings()
+
+        def get_input_embeddings(self):
+            return self.inner.get_input_embeddings()
+
+    with pytest.raises(RuntimeError, match="lm.eval"):
+        sample_completions(CachelessLM(lm), embeds, attention, **kw)

@@ -138,3 +138,20 @@ def test_train_embeddings_and_checkpointing_input_grads():
     assert not model.get_input_embeddings().weight.requires_grad
     ids = torch.tensor([[3, 4, 5]])
     assert model.get_input_embeddings()(ids).requires_grad  # the hook re-enables grads at the input
+
+
+def test_greedy_sampling_through_peft_follows_the_adapter_switch():
+    from projects.llava_sam2.rl_train.model.generation import sample_completions
+
+    lm = tiny_qwen2()
+    embeds = lm.get_input_embeddings()(torch.randint(1, 64, (3, 5), generator=torch.Generator().manual_seed(2)))
+    attention = torch.ones(3, 5, dtype=torch.long)
+    kw = dict(max_new_tokens=8, do_sample=False, stop_token_ids=[999])
+    with torch.no_grad():
+        base = sample_completions(lm, embeds, attention, **kw).ids
+        peft_lm = apply_lora(lm, r=4, lora_alpha=8, lora_dropout=0.0).eval()
+        perturb_lora_b(peft_lm)
+        policy = sample_completions(peft_lm, embeds, attention, **kw).ids
+        with peft_lm.disable_adapter():
+            reference = sample_completions(peft_lm, embeds, attention, **kw).ids
+    assert torch.equal(reference, base) and not torch.equal(policy, base)

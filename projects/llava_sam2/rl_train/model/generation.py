@@ -158,8 +158,8 @@ def sample_completions(
         ).last_hidden_state[:, -1]  # [N, D]
         if step == 0 and cache.get_seq_length() != L:
             raise RuntimeError(
-                "sample_completions: the LM did not fill the KV cache (gradient checkpointing in "
-                "train mode turns use_cache off); call lm.eval() before sampling."
+                "sample_completions: the LM did not fill the KV cache (some LMs skip it under "
+                "gradient checkpointing in train mode); call lm.eval() before sampling."
             )
         logits = head(hidden).float() / temperature  # [N, V]
         token = _next_token(logits, do_sample=do_sample, top_p=top_p, generator=generator)  # [N]
