@@ -1,6 +1,8 @@
 """grpo/losses.py (+ config.py, rollout.py validation): clipped objective, k3 KL and the four normalisations
 against hand-computed values on 2-4 element tensors."""
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -65,6 +67,9 @@ EXPECTED_LOSS = {
     "dapo": ACTIVE_SUM / 3,  # local active count when no global count is given
 }
 
+EXPECTED_PG = {"grpo": ((-1.28 - 0.9) / 2 + 0.8) / 2, "bnpo": (-1.28 - 0.9 + 0.8) / 3,
+               "dr_grpo": (-1.28 - 0.9 + 0.8) / 8, "dapo": (-1.28 - 0.9 + 0.8) / 3}
+
 
 def hand_example(**overrides):
     old_logp = torch.full((2, 2), -1.0)
@@ -92,6 +97,9 @@ def test_policy_loss_hand_values(loss_type):
     # approx_kl = mean((r - 1) - ln r) = (0.094535 + 0.005361 + 0.193147) / 3
     assert stats["approx_kl"].item() == pytest.approx(0.0976810, abs=1e-6)
     assert all(not v.requires_grad for v in stats.values())
+    assert not any("loss" in key for key in stats)  # MMEngine's parse_losses would sum such keys
+    # pg_term: the same aggregation without the KL term, e.g. grpo ((-1.28 - 0.9) / 2 + 0.8) / 2 = -0.145
+    assert stats["pg_term"].item() == pytest.approx(EXPECTED_PG[loss_type], abs=1e-6)
     loss.backward()
     assert logp.grad[0, 1] != 0 and logp.grad[1, 1] == 0  # the masked element gets no gradient
 
@@ -185,3 +193,10 @@ def test_config_resolves_loss_type_once(loss_type):
 def test_config_rejects_bad_values_naming_the_knob(kwargs, knob):
     with pytest.raises(ValueError, match=knob):
         GRPOConfig(**kwargs)
+
+
+def test_grpo_package_does_not_import_mmengine():
+    # DESIGN §2: grpo/ is framework-free; checked in a fresh interpreter so other tests' imports do not mask it
+    code = "import sys, projects.llava_sam2.rl_train.grpo; print(any(m.startswith('mmengine') for m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"

@@ -136,7 +136,8 @@ class PolicyLoss:
                  num_active_tokens: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         """Scalar loss for ``logp [N, T]`` (current weights, with grad) plus detached 0-dim stats.
 
-        Stats: ``loss``, ``pg_loss`` (loss without the KL term), ``kl`` (mean k3 to the reference, 0 without
+        Stats (no key contains "loss": MMEngine's ``parse_losses`` would add it to the total): ``pg_term`` (the
+        aggregated clipped surrogate, i.e. the loss without the KL term), ``kl`` (mean k3 to the reference, 0 without
         one), ``approx_kl`` (mean k3 from the sampling policy, CleanRL's drift monitor), ``ratio_mean``,
         ``clip_frac_low`` / ``clip_frac_high`` (ratio below 1 - eps with A < 0 / above 1 + eps_high with A > 0:
         the elements whose gradient the clip removes), ``clip_frac_region`` (either), all over active elements.
@@ -156,8 +157,7 @@ class PolicyLoss:
             is_low = (ratio < 1.0 - self.epsilon) & (A[:, None] < 0)  # [N, T]
             is_high = (ratio > 1.0 + self.epsilon_high) & (A[:, None] > 0)  # [N, T]
             stats = {
-                "loss": loss.detach(),
-                "pg_loss": self.aggregate(pg_loss.detach(), weights, **agg),
+                "pg_term": self.aggregate(pg_loss.detach(), weights, **agg),
                 "kl": masked_mean(kl.detach(), weights),
                 "approx_kl": masked_mean((ratio - 1.0) - log_ratio, weights),
                 "ratio_mean": masked_mean(ratio, weights),

@@ -24,7 +24,6 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 import torch
-from peft import PeftModel
 from torch import Tensor, nn
 
 
@@ -133,9 +132,12 @@ class WeightSets:
                 stack.enter_context(peft_model.disable_adapter())
             yield
 
-    def _adapter_owners(self, model: nn.Module) -> list[PeftModel]:
+    def _adapter_owners(self, model: nn.Module) -> list:
+        """The ``peft.PeftModel``s inside ``model`` whose ``disable_adapter()`` switches the LoRA tensors off."""
         if not self.adapter_names:
             return []
+        from peft import PeftModel  # only models with LoRA tensors need peft (keeps `import grpo` light)
+
         owners = [m for m in model.modules() if isinstance(m, PeftModel)]
         if not owners:
             raise TypeError(f"WeightSets.reference: trainable tensor {self.adapter_names[0]!r} is a LoRA tensor but "
