@@ -153,7 +153,8 @@ def test_bad_inputs_are_rejected():
     with pytest.raises(ValueError, match="stop_token_ids"):
         sample_completions(lm, embeds, attention, max_new_tokens=2, stop_token_ids=[])
     with pytest.raises(ValueError, match="completion_ids"):
-        completion_logprobs(lm, embeds, attention, torch.zeros(3, 2, dtype=torch.long), torch.ones(3, 2, dtype=torch.bool))
+        completion_logprobs(lm, embeds, attention, torch.zeros(3, 2, dtype=torch.long),
+                            torch.ones(3, 2, dtype=torch.bool))
 
 
 def test_checkpointing_in_train_mode_keeps_the_cache_and_a_cacheless_body_is_refused():

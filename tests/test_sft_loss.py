@@ -1,9 +1,11 @@
 """model/sft_loss.py: point sampling and loss formulas on tensors, then the full loss on the tiny model."""
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from PIL import Image
 
 from projects.llava_sam2.rl_train.model.sft_loss import (
     llm_loss, mask_bce_loss, mask_dice_loss, mask_losses, point_sample, resize_gt_masks,
@@ -88,8 +90,6 @@ def test_llm_loss_equals_shifted_cross_entropy_with_ignore_index():
 
 
 # ---------------------------------------------------------------------------- tiny Sa2VA end to end
-import numpy as np  # noqa: E402
-from PIL import Image  # noqa: E402
 
 
 @pytest.fixture(scope="module")
