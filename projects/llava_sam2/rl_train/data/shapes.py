@@ -30,8 +30,8 @@ BACKGROUND_RANGE = (80, 180)
 
 def render_background(rng: np.random.Generator, side: int) -> np.ndarray:
     """Textured background, uint8 ``[side, side, 3]``."""
-    base = rng.uniform(100, 160) + rng.uniform(-10, 10, size=3)                 # [3]
-    coarse = rng.normal(0.0, 18.0, size=(6, 6, 3)).astype(np.float32)          # [6, 6, 3]
+    base = (rng.uniform(100, 160) + rng.uniform(-10, 10, size=3)).astype(np.float32)   # [3]
+    coarse = rng.normal(0.0, 18.0, size=(6, 6, 3)).astype(np.float32)                  # [6, 6, 3]
     smooth = np.stack([np.asarray(PIL.Image.fromarray(coarse[..., c])
                                   .resize((side, side), PIL.Image.BILINEAR)) for c in range(3)], -1)
     stripes = PIL.Image.new("L", (side, side), 0)
@@ -39,21 +39,20 @@ def render_background(rng: np.random.Generator, side: int) -> np.ndarray:
     for _ in range(int(rng.integers(0, 4))):
         ends = [tuple(float(v) for v in rng.uniform(0, side, size=2)) for _ in range(2)]
         draw.line(ends, fill=int(rng.integers(1, 40)), width=int(rng.integers(2, 6)))
-    stripe = np.asarray(stripes, dtype=np.float32)[..., None]                  # [side, side, 1]
-    offset = np.where(stripe > 0, stripe - 20.0, 0.0)                          # strokes: -19..+19
-    noise = rng.integers(-10, 11, size=(side, side, 3))
-    image = base + smooth + offset + noise                                      # [side, side, 3]
-    return np.clip(np.rint(image), *BACKGROUND_RANGE).astype(np.uint8)
+    stripe = np.asarray(stripes, dtype=np.float32)[..., None]                          # [side, side, 1]
+    smooth += np.where(stripe > 0, stripe - 20.0, 0.0).astype(np.float32)              # strokes: -19..+19
+    smooth += base + rng.integers(-10, 11, size=(side, side, 3), dtype=np.int8)        # [side, side, 3]
+    return np.clip(np.rint(smooth), *BACKGROUND_RANGE).astype(np.uint8)
 
 
 def render_scene(scene: Scene, rng: np.random.Generator) -> np.ndarray:
     """Background + objects (visible parts), uint8 ``[H, W, 3]``."""
     side = scene.visible.shape[1]
-    image = render_background(rng, side).astype(np.int16)
-    noise = rng.integers(-OBJECT_NOISE, OBJECT_NOISE + 1, size=(side, side, 3))
+    image = render_background(rng, side)
+    noise = rng.integers(-OBJECT_NOISE, OBJECT_NOISE + 1, size=(side, side, 3), dtype=np.int16)
     for obj, visible in zip(scene.objects, scene.visible):
-        image[visible] = np.asarray(obj.fill) + noise[visible]
-    return np.clip(image, 0, 255).astype(np.uint8)
+        image[visible] = np.clip(np.asarray(obj.fill, dtype=np.int16) + noise[visible], 0, 255)
+    return image
 
 
 class ShapesWorld(RegionDataset):

@@ -147,8 +147,10 @@ def _place(rng: np.random.Generator, attrs: list[tuple[str, str, str]], side: in
         fill = tuple(int(v) for v in np.clip(np.array(COLOURS[colour]) + jitter, 0, 255))
         objects.append(ShapeObject(shape, colour, size, centre, radius, rng.uniform(0, 2 * math.pi), fill))
     full = np.stack([shape_mask(obj, side) for obj in objects])        # [n, H, W]
-    above = np.cumsum(full[::-1], axis=0)[::-1] - full                  # [n, H, W] objects painted later
-    visible = full & (above == 0)
+    visible, covered = np.empty_like(full), np.zeros_like(full[0])
+    for i in range(len(objects) - 1, -1, -1):                           # later objects paint on top
+        visible[i] = full[i] & ~covered
+        covered |= full[i]
     if (visible.sum(axis=(1, 2)) < MIN_VISIBLE * full.sum(axis=(1, 2))).any():
         return None
     scene = Scene(objects, visible, target=int(np.flatnonzero(order == 0)[0]))
