@@ -209,3 +209,15 @@ def test_logits_to_masks_follows_the_bilinear_chain(model):
     up = F.interpolate(logits[None], size=(256, 256), mode="bilinear", align_corners=False)
     ref = F.interpolate(up, size=(30, 40), mode="bilinear", align_corners=False)[0, 0].sigmoid() > 0.5
     assert torch.equal(mask, ref)
+
+
+def test_bf16_model_runs_the_grounding_chain_without_autocast(model):
+    pixels, prompt = torch.rand(1, 3, 256, 256) * 255, torch.randn(2, 32)
+    with torch.no_grad():
+        ref = model.decode_masks(prompt, model.encode_grounding(pixels), torch.tensor([0, 0]))
+        model.to(torch.bfloat16)
+        features = model.encode_grounding(pixels)
+        out = model.decode_masks(prompt, features, torch.tensor([0, 0]))
+    assert features.image_embed.dtype == torch.bfloat16 and out.low_res_logits.dtype == torch.float32
+    scale = ref.low_res_logits.abs().max()
+    assert (out.low_res_logits - ref.low_res_logits).abs().max() < 0.1 * scale

@@ -8,6 +8,7 @@ prompt encoder + mask decoder per ``[SEG]``; the memory modules are built so che
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -165,7 +166,9 @@ class GroundingEncoder(nn.Module):
             raise ValueError(
                 f"g_pixel_values must be [B, 3, {size}, {size}] with 0..255 values, got {tuple(g_pixel_values.shape)}"
             )
+        dtype = sam.no_mem_embed.dtype
         fpn = sam.image_encoder(self.preprocess(g_pixel_values))["backbone_fpn"]  # 3 levels, high-res first
+        fpn = [level.to(dtype) for level in fpn]  # the FPN top-down sum is upcast to fp32 inside sam2
         B, C = fpn[-1].shape[:2]
         image_embed = fpn[-1] + sam.no_mem_embed.view(1, C, 1, 1)  # [B, C, e, e]
         return GroundingFeatures(image_embed=image_embed, high_res_feats=[fpn[0], fpn[1]])
@@ -187,15 +190,23 @@ class GroundingEncoder(nn.Module):
         image_embed = features.image_embed[image_index]  # [M, C, e, e]
         sparse, dense = no_prompt_embeddings(sam, M)  # [M, 2, C], [M, C, e, e]
         sparse = torch.cat([sparse, prompt[:, None].to(sparse.dtype)], dim=1)  # [M, 3, C]
+        with _half_autocast(sparse):  # sam2 builds the Fourier PE grid in fp32 whatever the weights' dtype
+            image_pe = sam.sam_prompt_encoder.get_dense_pe().to(sparse.dtype)  # [1, C, e, e]
         logits, iou, _, obj = decoder(
-            image_embeddings=image_embed, image_pe=sam.sam_prompt_encoder.get_dense_pe(),
-            sparse_prompt_embeddings=sparse, dense_prompt_embeddings=dense, multimask_output=True,
-            repeat_image=False, high_res_features=[s0, s1],
+            image_embeddings=image_embed, image_pe=image_pe, sparse_prompt_embeddings=sparse,
+            dense_prompt_embeddings=dense, multimask_output=True, repeat_image=False, high_res_features=[s0, s1],
         )
         logits = logits.float()  # [M, 3, h, w]
         best = iou.argmax(dim=-1)  # [M]
         best_logits = logits[torch.arange(M, device=logits.device), best]  # [M, h, w]
         return MaskDecoderOutput(logits, iou, best, best_logits, obj)
+
+
+def _half_autocast(like: torch.Tensor):
+    """bf16/fp16 autocast when the SAM2 weights are half precision; a no-op for fp32 weights."""
+    if like.dtype in (torch.bfloat16, torch.float16):
+        return torch.autocast(device_type=like.device.type, dtype=like.dtype)
+    return contextlib.nullcontext()
 
 
 def logits_to_masks(best_logits: torch.Tensor, sizes: list[tuple[int, int]], sam_image_size: int) -> list[torch.Tensor]:
