@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from .constants import IGNORE_INDEX
+from .generation import decoder_and_head  # the same body/head split as the RL scoring forward
 
 LOSS_MASK_WEIGHT = 2.0
 LOSS_DICE_WEIGHT = 0.5
@@ -43,6 +44,7 @@ def sample_uncertain_points(
 
     ``int(P · oversample_ratio)`` uniform candidates; the ``int(importance_sample_ratio · P)`` with
     the largest −|logit| (bilinear at the candidate) are kept; the rest are fresh uniform points.
+    ``generator`` (optional) must live on ``logits.device``.
     """
     if num_points < 1 or oversample_ratio < 1 or not 0 <= importance_sample_ratio <= 1:
         raise ValueError(
@@ -128,7 +130,7 @@ def _image_embeds(model, data: dict) -> list[torch.Tensor | None]:
         return [None] * B
     tiles = list(pixel_values)  # B × [n_b, 3, S, S] (a 5-D tensor or a list)
     n_tiles = [t.shape[0] for t in tiles]
-    projected = model.project_vision(model.encode_vision(torch.cat(tiles)))  # [Σ n_b, t, D]
+    projected = model.project_vision(model.encode_vision(torch.cat(tiles).to(model.device)))  # [Σ n_b, t, D]
     vp_overall = data.get("vp_overall_mask")
     prompt_masks = iter(data.get("prompt_masks") or [])
     fills, start = [], 0
@@ -188,9 +190,9 @@ def sft_loss(
         model: a Sa2VAModel with a bound tokenizer.
         data: ``sft_collate(...)['data']`` (the full collate output is accepted too).
     """
-    from .generation import decoder_and_head  # same body/head split as the RL scoring forward
-
     data = data["data"] if "data" in data and "input_ids" not in data else data
+    device = model.device
+    data = {k: v.to(device) if torch.is_tensor(v) else v for k, v in data.items()}  # list entries move later
     input_ids = data["input_ids"]  # [B, L]
     inputs_embeds = model.embed_inputs(input_ids, _image_embeds(model, data))  # [B, L, D]
     body, head = decoder_and_head(model.language_model)
@@ -206,7 +208,7 @@ def sft_loss(
         return {**losses, "loss_mask": zero, "loss_dice": zero}
     seg_rows = [int(r) for r in torch.nonzero(is_seg.any(-1)).flatten()]
     image_index, gt_masks = _seg_targets(model, data, seg_rows)
-    features = model.encode_grounding(torch.stack(list(data["g_pixel_values"])))
+    features = model.encode_grounding(torch.stack(list(data["g_pixel_values"])).to(model.device))
     prompt = model.seg_hidden_to_prompt(hidden[is_seg])  # [M, C_sam], row-major like image_index
     pred_logits = model.decode_masks(prompt, features, image_index).best_logits  # [M, h, w]
     gt = resize_gt_masks([m.to(pred_logits.device) for m in gt_masks], tuple(pred_logits.shape[-2:]))  # [M, h, w]
