@@ -199,6 +199,9 @@ def test_grounding_normalisation_and_bad_shapes(model):
     features = model.encode_grounding(torch.zeros(1, 3, 256, 256))
     with pytest.raises(ValueError, match="out of range"):
         model.decode_masks(torch.zeros(1, 32), features, torch.tensor([1]))
+    empty = model.decode_masks(torch.zeros(0, 32), features, torch.zeros(0, dtype=torch.long))  # no [SEG] at all
+    assert empty.low_res_logits.shape == (0, 3, 64, 64) and empty.best_logits.shape == (0, 64, 64)
+    assert model.logits_to_masks(empty.best_logits, []) == []
 
 
 def test_logits_to_masks_follows_the_bilinear_chain(model):

@@ -269,7 +269,7 @@ def load_pretrained(path: str | os.PathLike, torch_dtype: torch.dtype | None = N
         result = model.load_state_dict(module_state_from_checkpoint(model, state), strict=False)
         if result.unexpected_keys:
             raise ValueError(f"{file}: keys not in the model: {result.unexpected_keys[:_MAX_LISTED]}")
-    return model
+    return model.eval()  # as transformers' from_pretrained; call .train() to fine-tune
 
 
 # ---------------------------------------------------------------------------------------------- writing

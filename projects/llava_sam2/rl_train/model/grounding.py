@@ -184,6 +184,8 @@ class GroundingEncoder(nn.Module):
             raise ValueError(f"image_index has {image_index.numel()} entries for {M} prompts")
         if M and (image_index.min() < 0 or image_index.max() >= features.num_images):
             raise ValueError(f"image_index {image_index.tolist()} out of range for {features.num_images} images")
+        if M == 0:  # no [SEG] in any rollout: empty outputs of the right shapes
+            return _empty_output(sam, prompt.device)
         decoder = sam.sam_mask_decoder
         s0 = decoder.conv_s0(features.high_res_feats[0])[image_index]  # [M, C/8, 4e, 4e]
         s1 = decoder.conv_s1(features.high_res_feats[1])[image_index]  # [M, C/4, 2e, 2e]
@@ -200,6 +202,13 @@ class GroundingEncoder(nn.Module):
         best = iou.argmax(dim=-1)  # [M]
         best_logits = logits[torch.arange(M, device=logits.device), best]  # [M, h, w]
         return MaskDecoderOutput(logits, iou, best, best_logits, obj)
+
+
+def _empty_output(sam: SAM2Base, device: torch.device) -> MaskDecoderOutput:
+    h = sam.image_size // sam.backbone_stride * 4
+    logits = torch.zeros(0, 3, h, h, device=device)
+    return MaskDecoderOutput(logits, torch.zeros(0, 3, device=device), torch.zeros(0, dtype=torch.long, device=device),
+                             logits[:, 0], torch.zeros(0, 1, device=device))
 
 
 def _half_autocast(like: torch.Tensor):
