@@ -80,7 +80,7 @@ def report(dataset, good: list[int], stats: dict, scanned: int) -> str:
 
 
 def draw_grid(dataset, indices: list[int], out_path: str, columns: int = 4) -> None:
-    """Images with the region tinted and outlined, titled with id, caption and expression."""
+    """Images with the outside dimmed and the region outlined, titled with id, caption, expression."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -92,19 +92,18 @@ def draw_grid(dataset, indices: list[int], out_path: str, columns: int = 4) -> N
     for ax, index in zip(axes.flat, indices):
         sample = dataset[index]
         pixels = np.asarray(sample.image, dtype=np.float32) / 255.0          # [H, W, 3]
-        tint = np.array([1.0, 0.1, 0.6], dtype=np.float32)
-        pixels[sample.gt_mask] = 0.55 * pixels[sample.gt_mask] + 0.45 * tint
+        pixels[~sample.gt_mask] *= 0.45  # dim the outside, keep the region's true colours
         ax.imshow(pixels)
-        ax.contour(sample.gt_mask.astype(float), levels=[0.5], colors="yellow", linewidths=0.8)
+        ax.contour(sample.gt_mask.astype(float), levels=[0.5], colors="cyan", linewidths=1.2)
         text = [sample.sample_id]
         if sample.captions:
             text.append("C: " + sample.captions[0])
         if sample.expressions:
             text.append("E: " + sample.expressions[0])
-        ax.set_title("\n".join(textwrap.shorten(t, 120) for t in text), fontsize=7, wrap=True, loc="left")
+        ax.set_title("\n".join(textwrap.shorten(t, 120) for t in text), fontsize=7, loc="left")
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-    fig.savefig(out_path, dpi=80)
+    fig.savefig(out_path, dpi=80, bbox_inches="tight", pad_inches=0.2)
     plt.close(fig)
 
 
