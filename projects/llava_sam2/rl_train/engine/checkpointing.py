@@ -1,0 +1,169 @@
+"""Checkpoint helpers: trainable-only model state, RNG state, and state that hooks own beside the checkpoint.
+
+MMEngine checkpoints hold the model, optimizer, parameter schedulers, message hub and meta. Two gaps matter for
+an exact GRPO resume, and this module closes them:
+
+* Hooks with their own state (the EMA partner, the RNG streams) subclass :class:`StatefulHook`. Under ``Runner``
+  that state goes into the checkpoint dict through ``before_save_checkpoint`` / ``after_load_checkpoint``. Two
+  cases cannot use those stages: ``FlexibleRunner`` (DeepSpeed) never calls them (environment.md fact 24), and
+  ``Runner.save_checkpoint`` runs on rank 0 only, so per-rank state (RNG) of other ranks never reaches it. There the
+  state is written to a side file ``<checkpoint>.<state_name>.pth`` by ``TrainStateHook`` (hooks/train_state.py).
+* Model state: ``keep_trainable_state`` makes ``state_dict`` hold only the trainable tensors (as upstream SFT
+  checkpoints do) and makes loading such a state dict report no missing frozen keys.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import random
+from typing import Any
+
+import numpy as np
+import torch
+from mmengine.dist import get_world_size
+from mmengine.hooks import Hook
+from mmengine.model import is_model_wrapper
+from mmengine.runner import FlexibleRunner
+from mmengine.runner.checkpoint import find_latest_checkpoint
+from torch import nn
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The user's model inside DDP / DeepSpeed / FSDP wrappers (``MMDeepSpeedEngineWrapper.module`` included)."""
+    return model.module if is_model_wrapper(model) else model
+
+
+def is_flexible_runner(runner) -> bool:
+    return isinstance(runner, FlexibleRunner)
+
+
+# ---- model state: trainable tensors only -------------------------------------------------------------------
+
+
+def keep_trainable_state(module: nn.Module) -> None:
+    """Register hooks so ``module.state_dict()`` keeps only ``requires_grad`` parameters and loading it back
+    does not report the frozen tensors as missing.
+
+    Post hooks (not a ``state_dict`` override) because MMEngine saves with ``get_state_dict`` and loads with its
+    own recursive ``load_state_dict``; both call the module's registered hooks. A trainable tensor missing from a
+    loaded state dict is still reported (and raises under ``strict=True``).
+    """
+
+    def frozen_names() -> set[str]:
+        return ({name for name, param in module.named_parameters() if not param.requires_grad}
+                | {name for name, _ in module.named_buffers()})
+
+    def drop_frozen(mod, state_dict, prefix, local_metadata) -> None:
+        frozen = {prefix + name for name in frozen_names()}
+        for key in [k for k in state_dict if k in frozen]:
+            del state_dict[key]
+
+    def ignore_frozen_missing(mod, incompatible_keys) -> None:
+        # Keys are relative to the module being loaded: ours once wrappers are stripped, as MMEngine and
+        # DeepSpeed both do before loading.
+        frozen = frozen_names()
+        incompatible_keys.missing_keys[:] = [k for k in incompatible_keys.missing_keys if k not in frozen]
+
+    module.register_state_dict_post_hook(drop_frozen)
+    module.register_load_state_dict_post_hook(ignore_frozen_missing)
+
+
+# ---- RNG state -----------------------------------------------------------------------------------------------
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """The global random streams of this process: Python ``random``, NumPy, torch CPU and (if present) CUDA."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Inverse of :func:`capture_rng_state`."""
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ---- side files ----------------------------------------------------------------------------------------------
+
+
+def side_file(checkpoint: str, state_name: str) -> str:
+    """``<checkpoint>.<state_name>.pth``, next to a checkpoint file or DeepSpeed checkpoint directory."""
+    return f"{os.fspath(checkpoint).rstrip(os.sep)}.{state_name}.pth"
+
+
+def write_side_file(checkpoint: str, state_name: str, state: Any) -> str:
+    """Save ``state`` atomically (temp file + rename) next to ``checkpoint``; returns the path."""
+    path = side_file(checkpoint, state_name)
+    torch.save(state, path + ".tmp")
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def read_side_file(checkpoint: str, state_name: str) -> Any:
+    path = side_file(checkpoint, state_name)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"resume from {checkpoint}: the side file {path} with the {state_name!r} state is missing; it is written "
+            "next to each checkpoint by TrainStateHook. Copy it along with the checkpoint, or remove the hook that "
+            f"owns {state_name!r} from custom_hooks to resume without that state.")
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def prune_side_files(checkpoint_dir: str) -> list[str]:
+    """Delete side files whose checkpoint is gone (CheckpointHook's ``max_keep_ckpts`` removed it)."""
+    removed = []
+    for path in glob.glob(os.path.join(checkpoint_dir, "*.pth.*.pth")):
+        checkpoint = path[: path.index(".pth.") + len(".pth")]
+        if not os.path.exists(checkpoint):
+            os.remove(path)
+            removed.append(path)
+    return removed
+
+
+def resumed_checkpoint(runner) -> str | None:
+    """The checkpoint this run resumes from, resolved as ``Runner.load_or_resume`` does (None: fresh run)."""
+    resume, load_from = runner._resume, runner._load_from  # no public accessor in mmengine 0.10
+    if not resume:
+        return None
+    if isinstance(resume, str):  # FlexibleRunner accepts resume=<path>
+        return resume
+    return load_from if load_from is not None else find_latest_checkpoint(runner.work_dir)
+
+
+# ---- hooks that own state -------------------------------------------------------------------------------------
+
+
+class StatefulHook(Hook):
+    """A hook with training state that must survive a resume (subclasses: EMAPartnerHook, TrainStateHook).
+
+    Subclasses set ``state_name`` (checkpoint key and side-file suffix) and ``is_per_rank`` (the state differs
+    between ranks, like RNG streams) and implement ``state_dict`` / ``load_state_dict``. ``load_state_dict`` is
+    called when a checkpoint is read, which may be before the hook's objects exist (``Runner`` resumes before the
+    train loop builds the algorithm), so it should keep the state until it can be applied.
+    """
+
+    state_name: str = ""
+    is_per_rank: bool = False
+
+    def state_dict(self, runner) -> Any:
+        raise NotImplementedError
+
+    def load_state_dict(self, runner, state: Any) -> None:
+        raise NotImplementedError
+
+    def uses_side_file(self, runner) -> bool:
+        """True where the checkpoint dict cannot carry this state (see the module docstring)."""
+        return is_flexible_runner(runner) or (self.is_per_rank and get_world_size() > 1)
+
+    def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
+        if not self.uses_side_file(runner):
+            checkpoint[self.state_name] = self.state_dict(runner)
+
+    def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
+        if not self.uses_side_file(runner) and self.state_name in checkpoint:
+            self.load_state_dict(runner, checkpoint[self.state_name])

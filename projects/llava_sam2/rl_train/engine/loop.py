@@ -1,0 +1,154 @@
+"""GRPOLoop: the MMEngine train loop of a GRPO run; it decides *when*, the algorithm decides *what*.
+
+One iteration (``run_iter``) reads as DESIGN §3 and the contract in docs/architecture.md::
+
+    hook before_train_iter(batch_idx, data_batch)
+    features = algo.encode(batch)                      # frozen encoders, once per image
+    rollouts = algo.rollout(features)                  # loop 1 and/or loop 2, no grad
+    hook after_rollout(batch_idx, data_batch, rollouts)
+    algo.score(rollouts)                               # fills Rollout.rewards and reward_stats
+    hook after_reward(batch_idx, data_batch, rollouts)
+    algo.compute_advantages(rollouts)
+    for mb in algo.minibatches(rollouts):              # num_iterations x chunks
+        runner.model.train_step({'grpo_batch': mb (+ the SFT batch on the first)}, optim_wrapper)
+    algo.after_optimizer_step()
+    hook after_train_iter(batch_idx, data_batch, outputs)   # EMAPartnerHook updates the partner here
+
+Gradient-carrying work always runs inside ``runner.model.train_step`` so DDP / DeepSpeed wrappers see a normal
+forward and backward. ``outputs`` holds the mean ``train_step`` logs over the iteration's minibatches (loss, KL,
+clip fractions, ...), per-loop rollout metrics (``engine/stats.py``, averaged over ranks) and the seconds per
+phase (``time/encode``, ``time/rollout``, ``time/score``, ``time/update``); ``LoggerHook`` prints them.
+
+The algorithm object is built at ``run()`` by the train model (``build_algorithm(cfg)``), after the runner has
+placed and wrapped the model, so it holds the live (unwrapped) module.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from mmengine.logging import print_log
+from mmengine.registry import LOOPS
+from mmengine.runner import IterBasedTrainLoop
+from mmengine.runner.loops import _InfiniteDataloaderIterator
+from torch.utils.data import DataLoader
+
+from .checkpointing import unwrap_model
+from .stats import PhaseTimer, mean_of_logs, reduce_across_ranks, rollout_metrics
+
+
+@LOOPS.register_module()
+class GRPOLoop(IterBasedTrainLoop):
+    """Iteration-based GRPO training (``train_cfg=dict(type=GRPOLoop, max_iters=..., algorithm=dict(...))``).
+
+    Args:
+        runner: the MMEngine runner (injected by ``Runner.build_train_loop``).
+        dataloader: prompts (``RegionSample`` batches), a DataLoader or its config.
+        max_iters: number of GRPO iterations (one dataloader batch each).
+        algorithm: config of the GRPO algorithm, built by the train model's ``build_algorithm``.
+        sft_dataloader: optional SFT batches (``sft_collate`` layout): each iteration adds the model's SFT loss on
+            one of them, times ``sft_loss_weight``, to its first minibatch's loss (same backward, same step).
+        sft_loss_weight: weight of the mixed-in SFT loss (> 0 when ``sft_dataloader`` is given).
+        val_begin, val_interval, dynamic_intervals: as in ``IterBasedTrainLoop``.
+
+    Hook points besides MMEngine's: ``after_rollout`` and ``after_reward`` (``runner.call_hook`` reaches every hook
+    that defines the method). Gradient accumulation (``accumulative_counts``) counts ``train_step`` calls, i.e.
+    minibatches; make the minibatches per iteration a multiple of it.
+    """
+
+    def __init__(self, runner, dataloader: DataLoader | dict, max_iters: int, algorithm: Mapping[str, Any],
+                 sft_dataloader: DataLoader | dict | None = None, sft_loss_weight: float = 1.0,
+                 val_begin: int = 1, val_interval: int = 1000, dynamic_intervals=None) -> None:
+        if not isinstance(algorithm, Mapping) or "type" not in algorithm:
+            raise TypeError(f"GRPOLoop: train_cfg.algorithm must be a config dict with a 'type' (e.g. "
+                            f"dict(type=CycleGRPO, ...)), got {algorithm!r}.")
+        if sft_dataloader is not None and not sft_loss_weight > 0:
+            raise ValueError(f"GRPOLoop: sft_loss_weight={sft_loss_weight} with an sft_dataloader; give a weight "
+                             "> 0 (e.g. 0.1), or drop sft_dataloader to train without SFT mixing.")
+        super().__init__(runner, dataloader, max_iters, val_begin, val_interval, dynamic_intervals)
+        self._algorithm_cfg = algorithm  # kept as given: a ConfigDict resolves lazy `type=Class` on access
+        self._algorithm = None
+        self.sft_loss_weight = float(sft_loss_weight)
+        self._sft_iterator = None
+        if sft_dataloader is not None:
+            if isinstance(sft_dataloader, dict):
+                diff_rank_seed = runner._randomness_cfg.get("diff_rank_seed", False)
+                sft_dataloader = runner.build_dataloader(sft_dataloader, seed=runner.seed,
+                                                         diff_rank_seed=diff_rank_seed)
+            self._sft_iterator = _InfiniteDataloaderIterator(sft_dataloader)
+
+    @property
+    def algorithm(self):
+        """The GRPO algorithm object (None until ``run()`` builds it)."""
+        return self._algorithm
+
+    def run(self):
+        """Build the algorithm, skip already-trained batches (resume), then iterate; returns the model."""
+        self._algorithm = unwrap_model(self.runner.model).build_algorithm(self._algorithm_cfg)
+        self._count_minibatches_for_accumulation()
+        # Skip before the hooks run: TrainStateHook restores the RNG streams in before_train_epoch, and
+        # re-creating an exhausted DataLoader iterator here draws from them.
+        self._skip_trained_batches()
+        self.runner.call_hook("before_train")
+        self.runner.call_hook("before_train_epoch")
+        while self._iter < self._max_iters and not self.stop_training:
+            self.runner.model.train()
+            self.run_iter(next(self.dataloader_iterator))
+            self._decide_current_val_interval()
+            if (self.runner.val_loop is not None and self._iter >= self.val_begin
+                    and (self._iter % self.val_interval == 0 or self._iter == self._max_iters)):
+                self.runner.val_loop.run()
+        self.runner.call_hook("after_train_epoch")
+        self.runner.call_hook("after_train")
+        return self.runner.model
+
+    def run_iter(self, data_batch) -> None:
+        """One GRPO iteration on one batch of prompts (see the module docstring)."""
+        runner, algo, timer = self.runner, self._algorithm, PhaseTimer()
+        runner.call_hook("before_train_iter", batch_idx=self._iter, data_batch=data_batch)
+        with timer("encode"):
+            features = algo.encode(data_batch)
+        with timer("rollout"):
+            rollouts = algo.rollout(features)
+        runner.call_hook("after_rollout", batch_idx=self._iter, data_batch=data_batch, rollouts=rollouts)
+        with timer("score"):
+            algo.score(rollouts)
+        runner.call_hook("after_reward", batch_idx=self._iter, data_batch=data_batch, rollouts=rollouts)
+        algo.compute_advantages(rollouts)
+        with timer("update"):
+            step_logs = self._update(algo, rollouts)
+            algo.after_optimizer_step()
+        outputs = {**step_logs, **reduce_across_ranks(rollout_metrics(rollouts)), **timer.seconds}
+        runner.call_hook("after_train_iter", batch_idx=self._iter, data_batch=data_batch, outputs=outputs)
+        self._iter += 1
+
+    def _update(self, algo, rollouts) -> dict[str, float]:
+        """One ``train_step`` per minibatch; the SFT batch (if any) rides on the first. Mean logs."""
+        sft_batch = next(self._sft_iterator) if self._sft_iterator is not None else None
+        logs = []
+        for index, minibatch in enumerate(algo.minibatches(rollouts)):
+            data = {"grpo_batch": minibatch}
+            if index == 0 and sft_batch is not None:
+                data.update(sft_batch, sft_loss_weight=self.sft_loss_weight)
+            logs.append(self.runner.model.train_step(data, optim_wrapper=self.runner.optim_wrapper))
+        if not logs:
+            raise ValueError(f"GRPOLoop: {type(algo).__name__}.minibatches() yielded nothing at iteration "
+                             f"{self._iter}; it must yield at least one minibatch per iteration.")
+        return mean_of_logs(logs)
+
+    def _count_minibatches_for_accumulation(self) -> None:
+        """The runner sized the accumulation counter for one ``train_step`` per iteration; GRPO makes several
+        and their number is not known ahead, so count without an end (MMEngine's max_counts=-1)."""
+        optim_wrapper = self.runner.optim_wrapper
+        if hasattr(optim_wrapper, "initialize_count_status"):  # DeepSpeed accumulates by itself
+            optim_wrapper.initialize_count_status(unwrap_model(self.runner.model), 0, -1)
+
+    def _skip_trained_batches(self) -> None:
+        if self._iter == 0:
+            return
+        print_log(f"GRPOLoop: resumed at iteration {self._iter}; skipping the {self._iter} batches already "
+                  "trained.", logger="current")
+        for _ in range(self._iter):
+            next(self.dataloader_iterator)
+            if self._sft_iterator is not None:
+                next(self._sft_iterator)

@@ -1,0 +1,192 @@
+"""A toy GRPO algorithm and train model that exercise the MMEngine plumbing without Sa2VA (tests only).
+
+The policy picks one of K actions per prompt (a categorical over a linear head on a frozen embedding); rollouts
+sample G actions per prompt from the global torch RNG; the reward is 1 for the prompt's target action plus a
+small bonus from the EMA partner's probability of the action (so the partner matters); the loss is REINFORCE with
+a group-mean baseline. It follows the algorithm protocol of docs/architecture.md (encode / rollout / score /
+compute_advantages / minibatches / policy_loss / after_optimizer_step) with the real ``Rollout`` hand-off.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from mmengine.model import BaseModel
+from torch import nn
+from torch.utils.data import Dataset
+
+from projects.llava_sam2.rl_train.engine.checkpointing import keep_trainable_state
+from projects.llava_sam2.rl_train.engine.registry import ALGORITHMS, build_component
+from projects.llava_sam2.rl_train.grpo.rollout import CaptionReplay, Rollout
+from projects.llava_sam2.rl_train.grpo.weights import WeightSets
+
+NUM_PROMPTS, NUM_ACTIONS = 8, 4
+
+
+def target_action(prompt: torch.Tensor) -> torch.Tensor:
+    return (3 * prompt + 1) % NUM_ACTIONS
+
+
+class ToyPromptDataset(Dataset):
+    """Prompt ids 0..P-1 (no randomness in loading)."""
+
+    def __len__(self) -> int:
+        return NUM_PROMPTS
+
+    def __getitem__(self, index: int) -> dict:
+        return {"prompt": index, "sample_id": f"toy/{index}"}
+
+
+def toy_collate(batch: list[dict]) -> list[dict]:
+    return list(batch)
+
+
+def toy_sft_collate(batch: list[dict]) -> dict:
+    """SFT batches in the ``{'data': ..., 'data_samples': None}`` layout: supervise the target action."""
+    prompt = torch.tensor([item["prompt"] for item in batch])
+    return {"data": {"prompt": prompt, "target": target_action(prompt)}, "data_samples": None}
+
+
+class ToyPolicy(nn.Module):
+    def __init__(self, dim: int = 8) -> None:
+        super().__init__()
+        self.encoder = nn.Embedding(NUM_PROMPTS, dim)  # frozen "backbone"
+        self.head = nn.Linear(dim, NUM_ACTIONS)  # trainable
+
+    def logits(self, prompt: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(prompt))  # [N, K]
+
+
+@dataclass
+class ToyMinibatch:
+    algo: "ToyREINFORCE"
+    rollout: Rollout
+
+
+@ALGORITHMS.register_module()
+class ToyREINFORCE:
+    def __init__(self, model: ToyPolicy, weights: WeightSets, num_generations: int = 4,
+                 partner_bonus: float = 0.1, fail_at_iter: int | None = None) -> None:
+        self.model, self.weights = model, weights
+        self.num_generations, self.partner_bonus = num_generations, partner_bonus
+        self.fail_at_iter, self.calls = fail_at_iter, 0
+
+    def encode(self, batch: list[dict]) -> torch.Tensor:
+        return torch.tensor([sample["prompt"] for sample in batch])  # [B]
+
+    @torch.no_grad()
+    def rollout(self, prompts: torch.Tensor) -> list[Rollout]:
+        if self.fail_at_iter is not None and self.calls == self.fail_at_iter:
+            raise RuntimeError("ToyREINFORCE: failing on purpose")
+        self.calls += 1
+        B, G = len(prompts), self.num_generations
+        probs = self.model.logits(prompts).softmax(-1)  # [B, K]
+        actions = torch.multinomial(probs, G, replacement=True)  # [B, G]
+        replay = CaptionReplay(prompt_ids=prompts.repeat_interleave(G)[:, None],  # [N, 1]
+                               prompt_attention=torch.ones(B * G, 1, dtype=torch.bool),
+                               completion_ids=actions.reshape(B * G, 1),  # [N, 1]
+                               image_index=torch.arange(B).repeat_interleave(G))
+        return [Rollout(group_size=G, old_logp=None, ref_logp=None,
+                        action_mask=torch.ones(B * G, 1, dtype=torch.bool),
+                        rewards=torch.full((B, G), float("nan")), is_truncated=torch.zeros(B * G, dtype=torch.bool),
+                        max_action_length=1, replay=replay)]
+
+    @torch.no_grad()
+    def score(self, rollouts: list[Rollout]) -> None:
+        for rollout in rollouts:
+            prompts, actions = rollout.replay.prompt_ids[:, 0], rollout.replay.completion_ids[:, 0]  # [N]
+            is_hit = (actions == target_action(prompts)).float()  # [N]
+            with self.weights.partner(self.model):
+                partner_prob = self.model.logits(prompts).softmax(-1).gather(1, actions[:, None])[:, 0]  # [N]
+            rollout.rewards = (is_hit + self.partner_bonus * partner_prob).reshape(rollout.rewards.shape)
+            rollout.reward_stats = {"hit/mean": is_hit.mean().item(), "judge/failures/timeout": 1.0}
+
+    def compute_advantages(self, rollouts: list[Rollout]) -> None:
+        for index, rollout in enumerate(rollouts):
+            advantages = rollout.rewards - rollout.rewards.mean(dim=1, keepdim=True)  # [B, G]
+            rollouts[index] = rollout.with_advantages(advantages.reshape(-1))
+
+    def minibatches(self, rollouts: list[Rollout]):
+        for rollout in rollouts:
+            yield ToyMinibatch(self, rollout)
+
+    def policy_loss(self, model: ToyPolicy, minibatch: ToyMinibatch) -> dict[str, torch.Tensor]:
+        rollout = minibatch.rollout
+        logp = model.logits(rollout.replay.prompt_ids[:, 0]).log_softmax(-1)  # [N, K]
+        logp = logp.gather(1, rollout.replay.completion_ids)[:, 0]  # [N]
+        return {"loss": -(rollout.advantages * logp).mean(), "logp_mean": logp.detach().mean()}
+
+    def after_optimizer_step(self) -> None:
+        pass
+
+
+class ToyTrainModel(BaseModel):
+    """The train-model protocol GRPOLoop and EMAPartnerHook use: ``build_algorithm``, ``weights``, ``policy``."""
+
+    def __init__(self, ema_decay: float = 0.9) -> None:
+        super().__init__()
+        self.policy = ToyPolicy()
+        self.policy.encoder.requires_grad_(False)
+        self.ema_decay = ema_decay
+        self.weights: WeightSets | None = None
+        keep_trainable_state(self)
+
+    def build_algorithm(self, cfg) -> ToyREINFORCE:
+        self.weights = WeightSets.from_model(self.policy, ema_decay=self.ema_decay, use_reference=False)
+        return build_component(ALGORITHMS, cfg, model=self.policy, weights=self.weights)
+
+    def forward(self, data=None, data_samples=None, mode: str = "loss", grpo_batch=None, sft_loss_weight=1.0):
+        losses = {}
+        if grpo_batch is not None:
+            out = grpo_batch.algo.policy_loss(self.policy, grpo_batch)
+            losses["grpo_loss"] = out.pop("loss")
+            losses.update(out)
+        if data is not None:
+            logits = self.policy.logits(data["prompt"])
+            losses["sft_loss"] = sft_loss_weight * F.cross_entropy(logits, data["target"])
+        return losses
+
+
+TOY_CONFIG = """
+# Toy GRPO run written as a lazy pure-Python MMEngine config, like the Sa2VA-RL configs.
+from mmengine.dataset import DefaultSampler
+from mmengine.hooks import CheckpointHook, LoggerHook
+from mmengine.optim import CosineAnnealingLR, LinearLR, OptimWrapper
+from torch.optim import AdamW
+
+from engine_toy import ToyPromptDataset, ToyREINFORCE, ToyTrainModel, toy_collate, toy_sft_collate
+from projects.llava_sam2.rl_train.engine.hooks import EMAPartnerHook, TrainStateHook
+from projects.llava_sam2.rl_train.engine.loop import GRPOLoop
+
+max_iters = 6
+model = dict(type=ToyTrainModel)
+train_dataloader = dict(batch_size=2, num_workers=0, dataset=dict(type=ToyPromptDataset),
+                        sampler=dict(type=DefaultSampler, shuffle=True), collate_fn=dict(type=toy_collate))
+sft_dataloader = dict(batch_size=2, num_workers=0, dataset=dict(type=ToyPromptDataset),
+                      sampler=dict(type=DefaultSampler, shuffle=True), collate_fn=dict(type=toy_sft_collate))
+train_cfg = dict(type=GRPOLoop, max_iters=max_iters, algorithm=dict(type=ToyREINFORCE))
+optim_wrapper = dict(type=OptimWrapper, optimizer=dict(type=AdamW, lr=0.05, betas=(0.9, 0.999), weight_decay=0.05),
+                     clip_grad=dict(max_norm=1.0))
+param_scheduler = [dict(type=LinearLR, start_factor=0.1, by_epoch=False, begin=0, end=2),
+                   dict(type=CosineAnnealingLR, eta_min=0.0, by_epoch=False, begin=2, end=max_iters)]
+default_hooks = dict(checkpoint=dict(type=CheckpointHook, interval=3, by_epoch=False),
+                     logger=dict(type=LoggerHook, interval=1))
+custom_hooks = [dict(type=EMAPartnerHook), dict(type=TrainStateHook)]
+randomness = dict(seed=0)
+log_processor = dict(by_epoch=False, window_size=1)
+env_cfg = dict(dist_cfg=dict(backend="gloo"))
+visualizer = None
+log_level = "WARNING"
+"""
+
+
+def write_toy_config(directory) -> str:
+    """Write the toy config into ``directory`` and return its path (load it with ``Config.fromfile``)."""
+    import os
+
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(os.fspath(directory), "toy_grpo.py")
+    with open(path, "w") as f:
+        f.write(TOY_CONFIG)
+    return path

@@ -1,0 +1,139 @@
+"""GRPOLoop, EMAPartnerHook and TrainStateHook on the toy algorithm (tests/engine_toy.py), in-process, CPU.
+
+The exact-resume test is the acceptance check of issue #5: stop after iteration 3, resume, and iterations 4-6
+match an uninterrupted run bit for bit (logged values, trainable weights, EMA partner), under Runner (state in
+the checkpoint) and FlexibleRunner (state in side files, as under DeepSpeed).
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from mmengine.config import Config
+from mmengine.hooks import Hook
+from mmengine.registry import RUNNERS
+
+from engine_toy import write_toy_config
+from projects.llava_sam2.rl_train.engine.checkpointing import side_file, unwrap_model
+
+
+class RecordHook(Hook):
+    """Keeps what the loop hands to hooks, to compare runs."""
+
+    priority = "LOWEST"
+
+    def __init__(self) -> None:
+        self.outputs: dict[int, dict[str, float]] = {}
+        self.seen: list[tuple[str, int, float]] = []
+
+    def after_rollout(self, runner, batch_idx, data_batch, rollouts) -> None:
+        self.seen.append(("after_rollout", batch_idx, float(torch.isnan(rollouts[0].rewards).float().mean())))
+
+    def after_reward(self, runner, batch_idx, data_batch, rollouts) -> None:
+        self.seen.append(("after_reward", batch_idx, float(torch.isnan(rollouts[0].rewards).float().mean())))
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
+        self.outputs[batch_idx + 1] = {k: v for k, v in outputs.items() if not k.startswith("time/")}
+
+
+def run_toy(work_dir, *, runner_type: str = "Runner", resume_from: str | None = None, **options):
+    cfg = Config.fromfile(write_toy_config(work_dir))
+    cfg.work_dir = os.fspath(work_dir)
+    cfg.runner_type = runner_type
+    if resume_from is not None:
+        cfg.resume, cfg.load_from = True, resume_from
+    cfg.merge_from_dict(options)
+    runner = RUNNERS.build(cfg)
+    record = RecordHook()
+    runner.register_hook(record)
+    runner.train()
+    return runner, record
+
+
+def trainable_state(runner) -> dict[str, torch.Tensor]:
+    model = unwrap_model(runner.model)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_loop_hook_points_metrics_and_checkpoint_content(tmp_path):
+    runner, record = run_toy(tmp_path, **{"train_cfg.max_iters": 3})
+    # after_rollout sees unscored rollouts, after_reward scored ones, in that order, once per iteration
+    assert [(stage, i) for stage, i, _ in record.seen] == [
+        (stage, i) for i in range(3) for stage in ("after_rollout", "after_reward")]
+    assert [nan_frac for _, _, nan_frac in record.seen] == [1.0, 0.0] * 3
+    logged = record.outputs[3]
+    for key in ("loss", "grpo_loss", "loop1/reward_mean", "loop1/reward_std", "loop1/completion_length",
+                "loop1/hit/mean", "loop1/judge/failures/timeout"):
+        assert key in logged, key
+    assert logged["loss"] == logged["grpo_loss"]
+    assert runner.message_hub.get_scalar("train/loop1/reward_mean").current() == logged["loop1/reward_mean"]
+
+    checkpoint = torch.load(tmp_path / "iter_3.pth", weights_only=False)
+    # only the trainable head is saved; the frozen encoder comes from the model build
+    assert sorted(checkpoint["state_dict"]) == ["policy.head.bias", "policy.head.weight"]
+    assert checkpoint["ema_partner"]["num_updates"] == 3
+    assert set(checkpoint["rng_state"]) >= {"python", "numpy", "torch"}
+    assert {"optimizer", "param_schedulers"} <= set(checkpoint)
+
+
+def test_ema_partner_follows_the_policy_at_the_configured_decay(tmp_path):
+    runner, _ = run_toy(tmp_path, **{"train_cfg.max_iters": 1})
+    model = unwrap_model(runner.model)
+    weights = model.weights
+    policy = dict(model.policy.named_parameters())
+    partner = weights.state_dict()["partner"]
+    # one update from the starting weights W0: partner = 0.9 * W0 + 0.1 * W1, so it sits strictly between
+    # (decay 0.9 in ToyTrainModel); the step moved W1 away from W0, so they differ
+    W1 = policy["head.weight"].detach()
+    assert weights.num_updates == 1
+    assert not torch.equal(partner["head.weight"], W1)
+    W0 = (partner["head.weight"] - 0.1 * W1) / 0.9
+    assert torch.allclose(0.9 * W0 + 0.1 * W1, partner["head.weight"], atol=1e-6)
+    assert (W1 - W0).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("runner_type", ["Runner", "FlexibleRunner"])
+def test_resume_after_iteration_3_reproduces_iterations_4_to_6(tmp_path, runner_type):
+    full_runner, full = run_toy(tmp_path / "full", runner_type=runner_type)
+    if runner_type == "FlexibleRunner":
+        # FlexibleRunner never calls the checkpoint hooks under DeepSpeed: the state lives in side files
+        for name in ("ema_partner", "rng_state"):
+            assert os.path.isfile(side_file(str(tmp_path / "full" / "iter_3.pth"), name)), name
+        assert "ema_partner" not in torch.load(tmp_path / "full" / "iter_3.pth", weights_only=False)
+
+    resumed_runner, resumed = run_toy(tmp_path / "full", runner_type=runner_type,
+                                      resume_from=str(tmp_path / "full" / "iter_3.pth"))
+    assert sorted(resumed.outputs) == [4, 5, 6]
+    for i in (4, 5, 6):
+        assert resumed.outputs[i] == full.outputs[i], f"iteration {i} differs after resume"
+    full_weights, resumed_weights = trainable_state(full_runner), trainable_state(resumed_runner)
+    for name, value in full_weights.items():
+        assert torch.equal(value, resumed_weights[name]), name
+    full_partner = unwrap_model(full_runner.model).weights.state_dict()["partner"]
+    resumed_partner = unwrap_model(resumed_runner.model).weights.state_dict()["partner"]
+    for name, value in full_partner.items():
+        assert torch.equal(value, resumed_partner[name]), f"EMA partner {name}"
+
+
+def test_resume_without_rng_state_diverges(tmp_path):
+    """Control for the test above: without TrainStateHook the resumed rollouts draw other samples."""
+    _, full = run_toy(tmp_path, **{"custom_hooks": [dict(type="EMAPartnerHook")]})
+    _, resumed = run_toy(tmp_path, resume_from=str(tmp_path / "iter_3.pth"),
+                         **{"custom_hooks": [dict(type="EMAPartnerHook")]})
+    assert any(resumed.outputs[i] != full.outputs[i] for i in (4, 5, 6))
+
+
+def test_sft_mixing_adds_the_weighted_sft_loss_to_the_step(tmp_path):
+    cfg = Config.fromfile(write_toy_config(tmp_path))
+    _, record = run_toy(tmp_path, **{"train_cfg.max_iters": 2, "train_cfg.sft_dataloader": cfg.sft_dataloader,
+                                     "train_cfg.sft_loss_weight": 0.5})
+    logged = record.outputs[2]
+    assert logged["sft_loss"] > 0
+    assert logged["loss"] == pytest.approx(logged["grpo_loss"] + logged["sft_loss"], rel=1e-6)
+
+
+def test_loop_rejects_bad_config(tmp_path):
+    with pytest.raises(ValueError, match="sft_loss_weight"):
+        cfg = Config.fromfile(write_toy_config(tmp_path))
+        run_toy(tmp_path, **{"train_cfg.sft_dataloader": cfg.sft_dataloader, "train_cfg.sft_loss_weight": 0.0})
