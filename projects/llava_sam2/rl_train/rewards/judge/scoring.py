@@ -1,0 +1,155 @@
+"""DLC-Bench scoring: answer parsing, the recognition gate, per-caption and benchmark scores.
+
+Rules as in DLC-Bench's ``eval_model_outputs.py`` (NVlabs/describe-anything):
+
+* Answer parsing (:func:`parse_answer`), first rule that applies, case-insensitive:
+  the answer equals a choice, ``"x. <choice>"`` or the bare letter; exactly one choice occurs in
+  it; it starts with ``"x."``; several choices occur: the one starting last (then the longest);
+  the answer occurs inside choices: the longest such choice; a lone letter (alone or before a
+  newline). Otherwise it is unparsed and scores 0.
+* Recognition gate: the recognition question ("Is it likely that the object … is a <class> …")
+  is asked first; if answered "No", every positive and negative score s becomes min(0, s).
+* Per caption: ``score = (Σ pos + Σ neg) / (n_pos + n_neg)``, ``score_pos = mean(pos)``,
+  ``score_neg = mean(neg)`` (None without negatives).
+* Benchmark: ``Pos = mean_k score_pos``, ``Neg = mean_k score_neg`` over keys with negatives,
+  ``Avg = (Pos + Neg) / 2``.
+
+Where upstream crashes we return "unparsed" instead: an empty answer, a letter beyond the last
+choice (upstream raises IndexError), and an unparsed recognition answer (upstream raises
+ValueError) — the last gives ``recognition=None``, which callers count as a failure.
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from .prompts import RECOGNITION_CHOICES, RECOGNITION_PLURAL, RECOGNITION_SINGULAR
+from .questions import QAEntry, Question
+
+_LABELS = "abcde"
+
+
+def parse_answer(answer: str, choices: Sequence[str]) -> int | None:
+    """Index of the chosen choice in a judge answer, or None when unparsed (rules in module doc)."""
+    pred = answer.strip().lower()
+    if not pred:
+        return None
+    n = len(choices)
+    substr = []  # (index, position in answer, choice length)
+    for index, choice in enumerate(choices):
+        choice = choice.strip().lower()
+        if choice == pred or pred == f"{_LABELS[index]}. {choice}" or pred == _LABELS[index]:
+            return index
+        if choice in pred:
+            substr.append((index, pred.index(choice), len(choice)))
+    if len(substr) == 1:
+        return substr[0][0]
+    if len(pred) > 1 and pred[0] in _LABELS and pred[1] == ".":
+        index = _LABELS.index(pred[0])
+        return index if index < n else None
+    if substr:
+        last = max(position for _, position, _ in substr)
+        # max() keeps the first of equals, as upstream does.
+        return max((s for s in substr if s[1] == last), key=lambda s: s[2])[0]
+    inside = [(index, len(c.strip())) for index, c in enumerate(choices) if pred in c.strip().lower()]
+    if inside:
+        return max(inside, key=lambda s: s[1])[0]
+    if pred[0] in _LABELS and (len(pred) == 1 or pred[1] == "\n"):
+        index = _LABELS.index(pred[0])
+        return index if index < n else None
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _inflect_engine():
+    import inflect
+
+    return inflect.engine()
+
+
+def warm_up_inflect() -> None:
+    """Import inflect now (its import takes several seconds)."""
+    _inflect_engine()
+
+
+def is_plural(class_name: str) -> bool:
+    """DLC-Bench's plurality test: inflect's ``singular_noun`` (``"bus"`` forced singular)."""
+    if class_name == "bus":
+        return False
+    return _inflect_engine().singular_noun(class_name) is not False
+
+
+@functools.lru_cache(maxsize=65536)  # inflect costs ~0.5 ms a call; class names repeat
+def recognition_question(class_name: str) -> Question:
+    """DLC-Bench's recognition question for a class name (asked before the others)."""
+    if is_plural(class_name):
+        text = RECOGNITION_PLURAL.format(class_name=class_name)
+    else:
+        text = RECOGNITION_SINGULAR.format(article_class_name=_inflect_engine().a(class_name))
+    return Question(question=text, choices=RECOGNITION_CHOICES, type="recognition")
+
+
+def questions_with_recognition(entry: QAEntry) -> tuple[Question, ...]:
+    """The question list DLC-Bench asks: recognition first, then qa.json's questions."""
+    return (recognition_question(entry.class_name), *entry.questions)
+
+
+@dataclass(frozen=True)
+class CaptionScore:
+    """DLC-Bench scores of one predicted caption.
+
+    Attributes:
+        score: (Σ pos + Σ neg) / (n_pos + n_neg); None when the recognition answer was unparsed.
+        score_pos: mean positive score.
+        score_neg: mean negative score, None without negative questions.
+        recognition: True ("Yes"), False ("No"), None (unparsed).
+        n_unparsed: answers that matched no choice (scored 0 as upstream).
+        answer_indices: chosen choice index per asked question (recognition first), None if unparsed.
+    """
+
+    score: float | None
+    score_pos: float | None
+    score_neg: float | None
+    recognition: bool | None
+    n_unparsed: int
+    answer_indices: tuple[int | None, ...]
+
+
+def score_answers(questions: Sequence[Question], answers: Sequence[str]) -> CaptionScore:
+    """Score the judge's answers to ``questions`` (recognition first) as DLC-Bench does."""
+    if len(questions) != len(answers):
+        raise ValueError(f"{len(answers)} answers for {len(questions)} questions")
+    if not questions or questions[0].type != "recognition":
+        raise ValueError("the first question must be the recognition question (questions_with_recognition)")
+    indices = tuple(parse_answer(a, [c for c, _ in q.choices]) for q, a in zip(questions, answers))
+    values = [q.choices[i][1] if i is not None else 0 for q, i in zip(questions, indices)]
+    recognition = {"correct": True, "incorrect": False}.get(values[0])
+    n_unparsed = sum(i is None for i in indices)
+    if recognition is None:
+        return CaptionScore(None, None, None, None, n_unparsed, indices)
+    pos, neg = [], []
+    for question, value in zip(questions[1:], values[1:]):
+        value = value if recognition else min(0.0, value)
+        (pos if question.type == "positive" else neg).append(float(value))
+    if not pos:
+        raise ValueError("DLC-Bench scoring needs at least one positive question")
+    return CaptionScore(
+        score=(sum(pos) + sum(neg)) / (len(pos) + len(neg)),
+        score_pos=sum(pos) / len(pos),
+        score_neg=sum(neg) / len(neg) if neg else None,
+        recognition=recognition,
+        n_unparsed=n_unparsed,
+        answer_indices=indices,
+    )
+
+
+def summarize(scores: Mapping[str, CaptionScore]) -> dict[str, float]:
+    """Benchmark summary ``{"pos", "neg", "avg", "n"}`` (DLC-Bench: Avg = (Pos + Neg) / 2)."""
+    valid = [s for s in scores.values() if s.score is not None]
+    if not valid:
+        raise ValueError("no scored captions to summarise")
+    negs = [s.score_neg for s in valid if s.score_neg is not None]
+    pos = sum(s.score_pos for s in valid) / len(valid)
+    neg = sum(negs) / len(negs) if negs else float("nan")
+    return {"pos": pos, "neg": neg, "avg": (pos + neg) / 2, "n": float(len(valid))}
