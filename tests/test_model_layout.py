@@ -82,3 +82,15 @@ def test_phi3_and_llama_build_with_their_own_key_names():
         for suffix in expect:
             assert f"language_model.model.layers.0.{suffix}" in layout, (arch, suffix)
         assert layout["mlp1.1.weight"] == (32, 256) and layout["text_hidden_fcs.2.weight"] == (32, 32)
+
+
+def test_lora_wrapped_meta_model_keeps_the_upstream_layout():
+    from projects.llava_sam2.rl_train.model.lora import apply_lora
+
+    with torch.device("meta"):
+        model = Sa2VAModel(build_preset("8b"))
+        plain = checkpoint_layout(model)
+        model.language_model = apply_lora(model.language_model, r=8, lora_alpha=16)
+    wrapped = checkpoint_layout(model)  # LoRA merged into W on meta: names and shapes unchanged
+    assert wrapped == plain
+    assert any(".lora_A." in n for n, _ in model.named_parameters())
