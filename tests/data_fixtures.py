@@ -97,7 +97,8 @@ def make_coco(root: str) -> tuple[str, list[Expected]]:
     for image_id, (h, w) in sizes.items():
         rgb_image(image_id, h, w).save(os.path.join(root, "images", f"{image_id:03d}.png"))
     m11 = rect_mask(30, 40, (4, 3, 20, 15))
-    m12, m21, m31, m32 = blob_mask(12, 30, 40), blob_mask(21, 24, 36), blob_mask(31, 32, 32), blob_mask(32, 32, 32)
+    m12, m21 = blob_mask(12, 30, 40), blob_mask(21, 24, 36)
+    m31, m32 = blob_mask(31, 32, 32), blob_mask(32, 32, 32)
     m22 = rect_mask(24, 36, (2, 2, 8, 6), (20, 10, 30, 20))
     anns = [
         dict(id=11, image_id=1, category_id=1, segmentation=rect_polygons((4, 3, 20, 15)),
@@ -181,11 +182,13 @@ def _tar_add(archive: tarfile.TarFile, name: str, payload: bytes) -> None:
 def make_dlc(root: str, subset: str = "COCOStuff", *, missing_key: bool = False,
              bad_rle: bool = False, truncate: bool = False) -> list[Expected]:
     """``<root>/<subset>/annotations.json`` + ``images/0000000{0,1}.tar``; keys 0-1 in shard 0,
-    keys 2-3 in shard 1. Key 2's tar members drop the zero padding (``632.jpg``), as some shards do."""
+    keys 2-3 in shard 1. Zero padding differs between the two files for two keys, as in some copies:
+    key 2's tar members drop it (``632.jpg``), key 3's annotations.json entry drops it (``"724"``)."""
     image_dir = os.path.join(root, subset, "images")
     os.makedirs(image_dir, exist_ok=True)
-    annotations, expected = {}, []
-    for k, key in enumerate(DLC_KEYS):
+    annotations, expected, shard_of = {}, [], []
+    for k, tar_key in enumerate(DLC_KEYS):
+        key = str(int(tar_key)) if k == 3 else tar_key  # the key annotations.json uses
         h, w = 28 + 4 * k, 36 - 2 * k
         shard = f"{k // 2:08d}.tar"
         regions = []
@@ -201,8 +204,9 @@ def make_dlc(root: str, subset: str = "COCOStuff", *, missing_key: bool = False,
             expected.append(Expected(f"dlc/{subset}/{key}#{ann_id}", gt_mask, [region["caption"]], [],
                                      region["category"], (w, h),
                                      "corrupt_rle" if bad_rle and k == 1 else None))
+            shard_of.append(k // 2)
         annotations[key] = [dict(region, tar_file=shard) for region in regions]
-        member = str(int(key)) if k == 2 else key
+        member = str(int(tar_key)) if k == 2 else tar_key
         with tarfile.open(os.path.join(image_dir, shard), "a") as archive:
             _tar_add(archive, f"{member}.jpg", image_bytes(rgb_image(k, h, w), "JPEG"))
             _tar_add(archive, f"{member}.pickle", pickle.dumps(regions))
@@ -213,8 +217,8 @@ def make_dlc(root: str, subset: str = "COCOStuff", *, missing_key: bool = False,
         json.dump(annotations, handle)
     if truncate:  # cut shard 1 inside key 2's jpg: keys 2 and 3 are lost
         truncate_file(os.path.join(image_dir, "00000001.tar"), 700)
-        for item in expected:
-            if DLC_KEYS[2] in item.sample_id or DLC_KEYS[3] in item.sample_id:
+        for item, shard_index in zip(expected, shard_of):
+            if shard_index == 1:
                 item.problem = "truncated_shard"
     return expected
 
@@ -259,9 +263,9 @@ def make_gar(root: str, *, bad_conversation: bool = False) -> list[Expected]:
             conversation, problem = [{"from": "robot", "value": "?"}], "bad_conversation"
         fine.append({"image": {"bytes": image_bytes(rgb_image(r, h, w), "PNG"), "path": None},
                      "conversations": conversation, "mask_rle": rle(gt_mask), "catagory": f"cat{r}"})
-        shard = 0 if r < 3 else 1  # save_to_disk splits 5 rows into 3 + 2
-        expected.append(Expected(f"gar/Fine-Grained-Dataset-Part1/data-0000{shard}-of-00002:"
-                                 f"{r if r < 3 else r - 3}#0", gt_mask, [answer], [], f"cat{r}", (w, h), problem))
+        shard, row = (0, r) if r < 3 else (1, r - 3)  # save_to_disk splits 5 rows into 3 + 2
+        sample_id = f"gar/Fine-Grained-Dataset-Part1/data-0000{shard}-of-00002:{row}#0"
+        expected.append(Expected(sample_id, gt_mask, [answer], [], f"cat{r}", (w, h), problem))
     _save(fine, _gar_features(False), os.path.join(root, "Fine-Grained-Dataset-Part1"), 2)
     h, w = 26, 26
     masks = [blob_mask(600 + k, h, w) for k in range(4)]

@@ -83,3 +83,19 @@ def test_mmengine_configs_build_on_fixtures(tmp_path):
         assert cfg.region_collate_fn["type"] is region_collate
     cfg, shapes = build("shapes_regions.py", num_samples=2)
     assert len(shapes) == 2 and shapes[1].image.size == (224, 224)
+
+
+def test_skip_warnings_are_capped_and_the_epoch_report_is_logged(caplog):
+    log = BadSampleLog()
+    with caplog.at_level("WARNING", logger="projects.llava_sam2.rl_train.data.bad_samples"):
+        for i in range(8):
+            log.add(SkippedSample(f"s/{i}#0", "f.json", "empty_mask", "no pixel"), warn=True)
+        log.add(SkippedSample("s/0#0", "f.json", "empty_mask", "no pixel"), warn=True)  # seen before
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 5 and "further empty_mask samples are only counted" in warned[-1]
+    assert log.counts == {"empty_mask": 8}
+    caplog.clear()
+    batches = [RegionBatch([], [SkippedSample("s/9#0", "g.json", "corrupt_rle", "cut")])]
+    with caplog.at_level("WARNING", logger="projects.llava_sam2.rl_train.data.bad_samples"):
+        assert len(list(count_skipped(batches, log, "demo"))) == 1
+    assert caplog.records[-1].getMessage().startswith("demo: 9 bad sample(s) skipped")

@@ -43,7 +43,8 @@ def test_masks_are_exactly_the_visible_painted_pixels(scenes, samples):
         others = scene.visible[np.arange(len(scene.objects)) != t].any(0)
         assert np.array_equal(in_colour & ~others, scene.visible[t]), index  # no stray or missing pixel
         background = ~scene.visible.any(0)
-        assert pixels[background].min() >= BACKGROUND_RANGE[0] and pixels[background].max() <= BACKGROUND_RANGE[1]
+        low, high = BACKGROUND_RANGE
+        assert pixels[background].min() >= low and pixels[background].max() <= high
 
 
 def test_masks_sit_where_the_geometry_says(scenes):
@@ -99,7 +100,8 @@ def test_same_caption_different_masks(scenes):
     pairs = [p for group in by_caption.values() for p in itertools.combinations(group, 2)]
     assert len(pairs) >= 3
     for a, b in pairs:
-        mask_a, mask_b = rendered[a][0].visible[rendered[a][0].target], rendered[b][0].visible[rendered[b][0].target]
+        (scene_a, _), (scene_b, _) = rendered[a], rendered[b]
+        mask_a, mask_b = scene_a.visible[scene_a.target], scene_b.visible[scene_b.target]
         assert (mask_a & mask_b).sum() / (mask_a | mask_b).sum() < 0.95
 
 

@@ -14,6 +14,7 @@ from typing import Iterable, Iterator
 logger = logging.getLogger(__name__)
 
 ON_BAD_SAMPLE = ("raise", "skip")
+WARN_FIRST = 5  # skipped samples logged one by one per problem; the rest only in the report
 
 # problem kind -> what the user should do about it (appended to every error message)
 PROBLEMS = {
@@ -26,7 +27,8 @@ PROBLEMS = {
     "image_mode": "convert the image to RGB, or set alpha='white'|'black'|'drop' for transparent images",
     "bad_image": "the image bytes do not decode; re-encode or remove the file",
     "truncated_shard": "the shard is cut short (interrupted copy?); download or re-write it",
-    "bad_conversation": "conversations must be a list of {'from': 'human'|'gpt', 'value': str} with a gpt turn",
+    "bad_conversation": "conversations must be a list of {'from': 'human'|'gpt', 'value': str} "
+                        "with one gpt answer per mask",
     "bad_annotation": "fix the annotation record (see the message for the field)",
 }
 
@@ -82,11 +84,14 @@ class BadSampleLog:
         self._ids: dict[str, set[str]] = defaultdict(set)
         self._first: dict[str, SkippedSample] = {}
 
-    def add(self, skipped: SkippedSample) -> None:
-        if skipped.sample_id not in self._ids[skipped.problem]:
-            logger.warning("skipping bad sample: %s: %s: %s: %s", skipped.file, skipped.sample_id,
-                           skipped.problem, skipped.detail)
-        self._ids[skipped.problem].add(skipped.sample_id)
+    def add(self, skipped: SkippedSample, *, warn: bool = False) -> None:
+        """Count ``skipped``; with ``warn``, also log it (the first ``WARN_FIRST`` per problem)."""
+        ids = self._ids[skipped.problem]
+        if warn and skipped.sample_id not in ids and len(ids) < WARN_FIRST:
+            logger.warning("skipping bad sample: %s: %s: %s: %s%s", skipped.file, skipped.sample_id,
+                           skipped.problem, skipped.detail, "" if len(ids) < WARN_FIRST - 1 else
+                           f" (further {skipped.problem} samples are only counted)")
+        ids.add(skipped.sample_id)
         self._first.setdefault(skipped.problem, skipped)
 
     def update(self, items: Iterable[SkippedSample]) -> None:

@@ -44,7 +44,7 @@ class RegionDataset(Dataset):
             if self.on_bad_sample == "raise":
                 raise
             skipped = SkippedSample.from_error(err)
-            self.bad_samples.add(skipped)
+            self.bad_samples.add(skipped, warn=True)  # logged where it happens, once per process
             return skipped
 
     @property
@@ -56,7 +56,7 @@ class RegionDataset(Dataset):
         """A bad sample found while building the index: raise, or count it and leave it out."""
         if self.on_bad_sample == "raise":
             raise err
-        self.bad_samples.add(SkippedSample.from_error(err))
+        self.bad_samples.add(SkippedSample.from_error(err), warn=True)
 
 
 def finish_sample(image: PIL.Image.Image, gt_mask: np.ndarray, *, captions: list[str],

@@ -155,6 +155,8 @@ class DLCRegionDataset(RegionDataset):
                 truncated[os.path.basename(path)] = problem
             for key, exts in members.items():
                 found[key] = (len(self.shards) - 1, exts)
+                if key.isdigit():  # keys may or may not carry zero padding on either side
+                    found.setdefault(str(int(key)), found[key])
         return found, truncated
 
     def _key_record(self, subset, key, region, entry, truncated, ann_path, sample_id) -> KeyRecord:
