@@ -131,9 +131,9 @@ class DLCRegionDataset(RegionDataset):
                              "images/00000000.tar ... next to annotations.json")
         found, truncated = self._scan_shards(shard_paths)
         for key, regions in annotations.items():
-            regions = [regions] if isinstance(regions, dict) else regions
+            regions = regions if isinstance(regions, list) else [regions]  # SAV stores one dict
             entry = found.get(key) or (found.get(str(int(key))) if key.isdigit() else None)
-            for pos, region in enumerate(regions if isinstance(regions, list) else [regions]):
+            for pos, region in enumerate(regions):
                 ann_id = region.get("ann_id", pos) if isinstance(region, dict) else pos
                 sample_id = f"{self.name}/{subset}/{key}#{ann_id}"
                 try:

@@ -141,7 +141,7 @@ class GARRegionDataset(RegionDataset):
         self.data_root = str(data_root)
         self.shards: list[str] = []
         self.excluded = {"relation_rows": 0, "rows_without_mask": 0}
-        samples = []  # (shard index, row, mask index)
+        samples = []  # per shard: int64 [n, 3] of (shard index, row, mask index)
         for subset in subsets:
             folders = sorted(p for p in glob.glob(os.path.join(self.data_root, subset)) if os.path.isdir(p))
             shard_paths = [s for f in folders for s in sorted(glob.glob(os.path.join(f, "*.arrow")))]
@@ -150,7 +150,7 @@ class GARRegionDataset(RegionDataset):
                                  "expected <Subset>/data-00000-of-0000N.arrow from save_to_disk")
             for path in shard_paths:
                 self._index_shard(path, samples)
-        self._samples = np.asarray(samples, dtype=np.int64).reshape(-1, 3)  # [N, 3]
+        self._samples = np.concatenate(samples) if samples else np.zeros((0, 3), np.int64)  # [N, 3]
         self._tables = ProcessLocal(_open_table)
         if any(self.excluded.values()):
             logger.info("%s: left out rows that are not single regions: %s", name, self.excluded)
@@ -171,9 +171,11 @@ class GARRegionDataset(RegionDataset):
         is_relation = mentions_prompts(table.column("conversations"))
         self.excluded["rows_without_mask"] += int((n_masks == 0).sum())
         self.excluded["relation_rows"] += int(((n_masks > 0) & is_relation).sum())
-        shard = len(self.shards) - 1
-        for row in np.flatnonzero((n_masks > 0) & ~is_relation):
-            samples.extend((shard, int(row), k) for k in range(int(n_masks[row])))
+        rows = np.flatnonzero((n_masks > 0) & ~is_relation)
+        counts = n_masks[rows]
+        row_of = np.repeat(rows, counts)                                     # [n]
+        mask_index = np.arange(len(row_of)) - np.repeat(np.cumsum(counts) - counts, counts)  # [n]
+        samples.append(np.stack([np.full_like(row_of, len(self.shards) - 1), row_of, mask_index], 1))
 
     def _source(self, path: str) -> str:
         return f"{self.name}/{os.path.basename(os.path.dirname(path))}"
