@@ -103,8 +103,7 @@ class Sa2VAModel(nn.Module):
         n, t, D = tile_embeds.shape
         parts = [tile_embeds.reshape(n * t, D)]  # [n·t, D]
         if region_cells is not None and len(region_cells):
-            cells = torch.stack([torch.as_tensor(c) for c in region_cells]) if not torch.is_tensor(region_cells) \
-                else region_cells
+            cells = region_cells if torch.is_tensor(region_cells) else torch.stack([torch.as_tensor(c) for c in region_cells])
             g = self.config.region_grid_size
             if cells.ndim != 3 or tuple(cells.shape[1:]) != (g, g):
                 raise ValueError(f"region_cells must be bool [N, {g}, {g}], got {tuple(cells.shape)}")
