@@ -1,0 +1,85 @@
+"""Launch paths of tools/train.py and tools/dist_train.sh on CPU, with the toy algorithm (tests/engine_toy.py).
+
+Slow by nature (each process imports the whole stack), so only three launches: a failing single-process run
+(exit code), a 2-process gloo DDP run, and a 2-process DeepSpeed ZeRO-2 run resumed from its checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from engine_toy import write_toy_config
+
+REPO = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+CPU_DEEPSPEED = REPO / "projects/llava_sam2/configs/rl/deepspeed_zero2_cpu.json"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(args: list[str], **env) -> subprocess.CompletedProcess:
+    environ = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{REPO}", "PYTHON": sys.executable,
+               "PORT": str(free_port()), "OMP_NUM_THREADS": "1", **env}
+    return subprocess.run(args, cwd=REPO, env=environ, capture_output=True, text=True, timeout=300)
+
+
+def logged_scalars(work_dir: Path) -> dict[int, dict]:
+    """step -> scalars of the last run in ``work_dir`` (LoggerHook's vis_data/scalars.json)."""
+    runs = sorted(work_dir.glob("2*/vis_data/scalars.json"))
+    rows = [json.loads(line) for line in runs[-1].read_text().splitlines()]
+    return {row["step"]: row for row in rows}
+
+
+def test_train_py_exits_nonzero_when_training_fails(tmp_path):
+    config = write_toy_config(tmp_path)
+    result = launch([sys.executable, "tools/train.py", config, "--work-dir", str(tmp_path / "run"),
+                     "--cfg-options", "train_cfg.algorithm.fail_at_iter=1"])
+    assert result.returncode != 0
+    assert "failing on purpose" in result.stderr
+
+
+def test_dist_train_two_process_gloo_ddp(tmp_path):
+    config = write_toy_config(tmp_path)
+    work_dir = tmp_path / "ddp"
+    result = launch(["bash", "tools/dist_train.sh", config, "2", "--work-dir", str(work_dir),
+                     "--cfg-options", "train_cfg.max_iters=3", "log_level=INFO"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Distributed training: True" in result.stdout and "GPU number: 2" in result.stdout
+    checkpoint = torch.load(work_dir / "iter_3.pth", weights_only=False)
+    assert checkpoint["ema_partner"]["num_updates"] == 3
+    # per-rank RNG streams cannot go through rank 0's checkpoint hook: one side file, one state per rank
+    rng_states = torch.load(f"{work_dir}/iter_3.pth.rng_state.pth", weights_only=False)
+    assert len(rng_states) == 2
+    assert logged_scalars(work_dir)[3]["loop1/reward_mean"] >= 0
+
+
+def test_dist_train_deepspeed_zero2_resume_is_exact(tmp_path):
+    config = write_toy_config(tmp_path)
+    work_dir = tmp_path / "ds"
+    common = ["--work-dir", str(work_dir), "--cfg-options", "train_cfg.max_iters=4",
+              "default_hooks.checkpoint.interval=2"]
+    full = launch(["bash", "tools/dist_train.sh", config, "2", *common], DEEPSPEED=str(CPU_DEEPSPEED))
+    assert full.returncode == 0, full.stderr[-3000:]
+    assert "ZeRO stage 2" in full.stdout + full.stderr
+    full_logs = logged_scalars(work_dir)
+    for name in ("ema_partner", "rng_state"):  # DeepSpeed never calls the checkpoint hooks (fact 24)
+        assert (work_dir / f"iter_2.pth.{name}.pth").is_file(), name
+
+    resumed = launch(["bash", "tools/dist_train.sh", config, "2", *common, "--resume", str(work_dir / "iter_2.pth")],
+                     DEEPSPEED=str(CPU_DEEPSPEED))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    resumed_logs = logged_scalars(work_dir)
+    assert sorted(resumed_logs) == [3, 4]
+    for step in (3, 4):
+        for key in ("loss", "logp_mean", "loop1/reward_mean", "lr"):
+            assert resumed_logs[step][key] == full_logs[step][key], (step, key)
