@@ -86,6 +86,7 @@ class StubServer:
 
     Attributes:
         requests: prompts received, in arrival order.
+        auth_headers: distinct ``Authorization`` headers seen.
         counts: requests per outcome ("ok", "http_500", ...).
     """
 
@@ -94,6 +95,7 @@ class StubServer:
         self.latency_s = latency_s
         self.port = port
         self.requests: list[str] = []
+        self.auth_headers: set[str] = set()
         self.counts: Counter[str] = Counter()
         self._attempts: Counter[str] = Counter()
         self._lock = threading.Lock()
@@ -116,6 +118,7 @@ class StubServer:
         body = await request.json()
         prompt = body["messages"][-1]["content"]
         attempt = self._record(prompt)
+        self.auth_headers.add(request.headers.get("Authorization", ""))
         if self.latency_s:
             await asyncio.sleep(self.latency_s)
         reply = self.responder(prompt, attempt)
@@ -161,12 +164,21 @@ class StubServer:
             raise RuntimeError("stub server did not start within 10 s")
         return self
 
+    async def _shutdown(self) -> None:
+        await self._runner.cleanup()
+        # handlers still sleeping in an injected hang: cancel them so none outlives the loop
+        pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
     def stop(self) -> None:
         if self._loop is None:
             return
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+        self._loop.close()
         self._loop = None
 
     def __enter__(self) -> StubServer:

@@ -117,6 +117,16 @@ class RewardComposer:
         runner = self._runner or default_runner()
         return runner.run(self.compute_async(inputs))
 
+    async def aclose(self) -> None:
+        """Release what rewards hold on the loop (the judge's HTTP connections)."""
+        for reward in self.rewards:
+            if hasattr(reward, "aclose"):
+                await reward.aclose()
+
+    def close(self) -> None:
+        """Synchronous :meth:`aclose` on the background loop; the composer can still be used after."""
+        (self._runner or default_runner()).run(self.aclose())
+
     def _stats(self, results, times, total: torch.Tensor, values: torch.Tensor) -> dict[str, float]:
         """``<name>/mean|std|missing|time_s``, ``<name>/failures/<cause>``, ``<name>/<stat>``,
         ``total/mean|std``, ``total/fallback`` (finite totals built without every active reward)

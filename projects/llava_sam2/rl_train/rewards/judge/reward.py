@@ -87,6 +87,10 @@ class DLCJudgeReward:
     def __repr__(self) -> str:
         return f"DLCJudgeReward(name={self.name!r}, weight={self.weight}, mode={self.judge.mode!r}, client={self.client!r})"
 
+    async def aclose(self) -> None:
+        """Close the judge's HTTP connections on the running loop (the composer calls this)."""
+        await self.client.aclose()
+
     async def _entry(self, sample_id: str, gt_caption: str) -> QAEntry:
         if sample_id in self.qa_by_id:
             return self.qa_by_id[sample_id]
