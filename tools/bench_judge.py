@@ -30,13 +30,18 @@ ASK = "Which of the following is applicable to the description?"
 
 
 def bench_entry() -> QAEntry:
-    """A DLC-Bench-shaped entry: 4 positive and 5 negative questions."""
-    positive = Question(ASK, (("The color is mentioned and is red.", 1.0), ("The color is not mentioned.", 0.5),
-                              ("The object is not mentioned.", 0.0), ("The color is mentioned but is not red.", -1.0)),
-                        "positive")
-    negative = Question(ASK, (("The sky is not mentioned.", 1.0), ("The sky is mentioned.", -1.0)),
-                        "negative", "salient negative")
-    return QAEntry("car", (positive,) * 4 + (negative,) * 5)
+    """A DLC-Bench-shaped entry: 4 positive and 5 negative questions, all different prompts."""
+    positives = tuple(
+        Question(ASK, ((f"The color of part {i} is mentioned and is red.", 1.0),
+                       (f"The color of part {i} is not mentioned, but part {i} is.", 0.5),
+                       (f"Part {i} is not mentioned.", 0.0),
+                       (f"The color of part {i} is mentioned but is not red.", -1.0)), "positive")
+        for i in range(4))
+    negatives = tuple(
+        Question(ASK, ((f"Thing {i} is not mentioned in the description.", 1.0),
+                       (f"Thing {i} is mentioned in the description.", -1.0)), "negative", "salient negative")
+        for i in range(5))
+    return QAEntry("car", positives + negatives)
 
 
 def start_server(latency_ms: float) -> tuple[subprocess.Popen, str]:
