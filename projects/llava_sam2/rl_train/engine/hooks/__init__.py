@@ -1,5 +1,7 @@
 """Hooks of the GRPO engine: EMA partner, train state (RNG + side files), rollout logging, reward accounting."""
 from .ema_partner import EMAPartnerHook
+from .reward_hooks import RewardFailureHook
+from .rollout_logging import RolloutLoggingHook
 from .train_state import TrainStateHook
 
-__all__ = ["EMAPartnerHook", "TrainStateHook"]
+__all__ = ["EMAPartnerHook", "RewardFailureHook", "RolloutLoggingHook", "TrainStateHook"]

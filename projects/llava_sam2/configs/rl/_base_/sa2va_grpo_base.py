@@ -1,0 +1,68 @@
+# Dual-loop GRPO on top of the Sa2VA SFT settings (DESIGN §1, §3): same model, LoRA, optimizer and hooks as
+# sa2va_sft_base.py, with the train loop swapped for GRPOLoop and the GRPO hooks added. Children set the model
+# (model.update(pretrained_path=...) or preset=...), the prompts (train_dataloader.update(dataset=...,
+# collate_fn=...)) and max_iters (train_cfg.update(max_iters=...), param_scheduler = warmup_cosine(max_iters)).
+from mmengine.config import read_base
+
+with read_base():
+    from .sa2va_sft_base import *  # noqa: F401,F403
+
+from mmengine.dataset import DefaultSampler
+
+from projects.llava_sam2.rl_train.engine.hooks import (EMAPartnerHook, RewardFailureHook, RolloutLoggingHook,
+                                                       TrainStateHook)
+from projects.llava_sam2.rl_train.engine.loop import GRPOLoop
+from projects.llava_sam2.rl_train.grpo.trainer import CycleGRPO
+
+train_cfg = dict(
+    type=GRPOLoop,
+    max_iters=max_iters,  # noqa: F405
+    algorithm=dict(
+        type=CycleGRPO,
+        # GRPO knobs (TRL names); grpo/config.py GRPOConfig lists all of them with their defaults and help
+        config=dict(
+            # rollout
+            num_generations=8,  # G rollouts per prompt and loop
+            max_completion_length=128,  # caption tokens per rollout
+            temperature=1.0,
+            # loss
+            loss_type="dapo",  # grpo | bnpo | dr_grpo | dapo
+            beta=0.04,  # KL to the reference (SFT) policy; 0 skips the reference pass
+            epsilon=0.2,
+            num_iterations=1,  # optimisation passes over each batch of rollouts
+            # rewards
+            scale_rewards="group",  # group | batch | none
+            mask_to_caption_weight=1.0,  # loop 1 (mask -> caption -> mask', IoU); 0 switches it off
+            caption_to_mask_weight=1.0,  # loop 2 (caption -> mask -> caption', METEOR + judge)
+            # partner
+            ema_decay=0.999,  # EMA partner decay, applied by EMAPartnerHook after every iteration
+            # loop-2 mask action
+            mask_policy="bernoulli",  # bernoulli | gaussian_seg | multimask
+        ),
+        rewards=None,  # None: trainer.DEFAULT_REWARDS; else dict(mask_to_caption=[...], caption_to_mask=[...])
+        minibatch_size=None,  # rollouts per loop and train_step; None: one minibatch per iteration
+        seed=None,  # None: sample from the global RNG, which TrainStateHook checkpoints (exact resume)
+    ),
+)
+
+# one optimizer step per minibatch (gradient accumulation counts minibatches, see GRPOLoop)
+optim_wrapper.update(accumulative_counts=1)  # noqa: F405
+
+# prompts per rank and iteration (each loop makes batch_size x num_generations rollouts); children set dataset
+train_dataloader = dict(batch_size=2, num_workers=2, persistent_workers=True, dataset=None,
+                        sampler=dict(type=DefaultSampler, shuffle=True), collate_fn=None)
+
+default_hooks.update(  # noqa: F405
+    logger=dict(type=LoggerHook, log_metric_by_epoch=False, interval=1),  # noqa: F405
+    # exact resume needs the optimizer state (the hooks below save the EMA partner and RNG state)
+    checkpoint=dict(type=CheckpointHook, save_optimizer=True, by_epoch=False, interval=100,  # noqa: F405
+                    max_keep_ckpts=2),
+)
+custom_hooks = [
+    dict(type=EMAPartnerHook),
+    dict(type=TrainStateHook),
+    dict(type=RewardFailureHook),
+    dict(type=RolloutLoggingHook, interval=50, max_prompts=4, max_rollouts=4),
+]
+# loop 1 gives the mask decoder no gradient and some decoder heads never get one: DDP must allow it
+model_wrapper_cfg = dict(type="MMDistributedDataParallel", find_unused_parameters=True)

@@ -1,0 +1,177 @@
+"""Sa2VATrainModel: the MMEngine ``BaseModel`` that wraps a ``Sa2VAModel`` for SFT and GRPO training.
+
+* Built from a released HF checkpoint (``pretrained_path``, e.g. ``./pretrained/Sa2VA-4B``) or a size preset plus
+  a tokenizer (``preset='tiny'`` for tests and the demo). LoRA (r=128, alpha=256, dropout 0.05 by default) and the
+  upstream SFT trainable set come from ``model/lora.py``.
+* ``forward(data=..., mode='loss')`` is the upstream SFT loss (``model/sft_loss.py``) of one ``sft_collate`` batch,
+  so xtuner's ``TrainLoop`` can SFT-train it; ``forward(grpo_batch=mb)`` is ``mb.algo.policy_loss(sa2va, mb)``, as
+  ``GRPOLoop`` sends it; both together mix ``sft_loss_weight`` times the SFT loss into the GRPO step.
+* ``state_dict()`` keeps only the trainable tensors (as upstream SFT checkpoints); ``export_pretrained`` writes the
+  merged model in the upstream HF layout.
+* ``build_algorithm(cfg)`` builds the GRPO algorithm with the live pieces it needs (model, processor and the
+  ``WeightSets`` of policy / EMA partner / reference), which the ``EMAPartnerHook`` then finds on this model.
+"""
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from mmengine.model import BaseModel
+from mmengine.registry import MODELS
+from torch import nn
+
+from ..grpo.config import GRPOConfig
+from ..grpo.weights import WeightSets
+from ..model.lora import apply_lora, configure_trainable
+from ..model.presets import build_preset
+from ..model.processor import Sa2VAProcessor
+from ..model.sa2va import Sa2VAModel
+from ..model.sft_loss import sft_loss
+from .checkpointing import keep_trainable_state
+from .registry import ALGORITHMS, build_component
+
+# Upstream Sa2VA SFT LoRA (reference/sa2va.md §6).
+DEFAULT_LORA = dict(r=128, lora_alpha=256, lora_dropout=0.05)
+
+
+def _dtype(value: str | torch.dtype | None) -> torch.dtype | None:
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    if not hasattr(torch, str(value)) or not isinstance(getattr(torch, str(value)), torch.dtype):
+        raise ValueError(f"Sa2VATrainModel: torch_dtype={value!r} is not a torch dtype name; use 'bfloat16', "
+                         "'float16', 'float32' or None (the checkpoint's).")
+    return getattr(torch, str(value))
+
+
+def build_tokenizer(tokenizer: Any, pretrained_path: str | None, preset: str | None):
+    """The tokenizer object from a built tokenizer, a config dict (``type=AutoTokenizer.from_pretrained, ...``), a
+    path, or None: the checkpoint's (``pretrained_path``) or, for ``preset='tiny'``, the shipped tiny tokenizer."""
+    if isinstance(tokenizer, Mapping):
+        args = dict(tokenizer.items())
+        return args.pop("type")(**args)
+    if isinstance(tokenizer, (str, os.PathLike)):
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(os.fspath(tokenizer), trust_remote_code=True)
+    if tokenizer is not None:
+        return tokenizer
+    if pretrained_path is not None:
+        return build_tokenizer(os.fspath(pretrained_path), None, None)
+    if preset == "tiny":
+        from ..model.tokenizer import load_tiny_tokenizer
+
+        return load_tiny_tokenizer()
+    raise ValueError(f"Sa2VATrainModel: preset={preset!r} needs a tokenizer (a path, a config dict or an object) "
+                     "whose special tokens match the checkpoint you will load.")
+
+
+@MODELS.register_module()
+class Sa2VATrainModel(BaseModel):
+    """Sa2VA for MMEngine training: SFT forward, GRPO forward, trainable-only checkpoints.
+
+    Args:
+        pretrained_path: HF Sa2VA checkpoint directory (``Sa2VAModel.from_pretrained``); or None with ``preset``.
+        preset: size preset name (``tiny`` / ``1b`` / ``4b`` / ``8b``) for a randomly initialised model.
+        tokenizer: tokenizer object, config dict or path; None reads it from ``pretrained_path`` (or the tiny one).
+        lora: ``apply_lora`` kwargs (r, lora_alpha, lora_dropout, target_modules); None trains no LoRA (and so
+            no LLM weights).
+        train_embeddings: also train the LLM input embeddings and LM head (upstream SFT does; off for RL).
+        gradient_checkpointing: LLM gradient checkpointing (memory for compute).
+        torch_dtype: parameter dtype (``'bfloat16'`` ...); None keeps the checkpoint's (fp32 for presets).
+        processor_cfg: overrides of ``Sa2VAProcessor.from_config`` (e.g. ``empty_region='dilate_to_one_cell'``).
+        sft_loss_cfg: keyword arguments of ``model.sft_loss.sft_loss`` (e.g. ``num_points``).
+        data_preprocessor: MMEngine data preprocessor config (default: move tensors to the model's device).
+    """
+
+    def __init__(self, *, pretrained_path: str | None = None, preset: str | None = None, tokenizer: Any = None,
+                 lora: Mapping[str, Any] | None = DEFAULT_LORA, train_embeddings: bool = False,
+                 gradient_checkpointing: bool = False, torch_dtype: str | torch.dtype | None = None,
+                 processor_cfg: Mapping[str, Any] | None = None, sft_loss_cfg: Mapping[str, Any] | None = None,
+                 data_preprocessor: dict | None = None) -> None:
+        super().__init__(data_preprocessor=data_preprocessor)
+        if (pretrained_path is None) == (preset is None):
+            raise ValueError(f"Sa2VATrainModel: give exactly one of pretrained_path (a local HF Sa2VA checkpoint, "
+                             f"e.g. ./pretrained/Sa2VA-4B) and preset (tiny/1b/4b/8b); got pretrained_path="
+                             f"{pretrained_path!r}, preset={preset!r}.")
+        tokenizer = build_tokenizer(tokenizer, pretrained_path, preset)
+        dtype = _dtype(torch_dtype)
+        if pretrained_path is not None:
+            sa2va = Sa2VAModel.from_pretrained(pretrained_path, torch_dtype=dtype).train()
+        else:
+            sa2va = Sa2VAModel(build_preset(preset, vocab_size=len(tokenizer)))
+            if dtype is not None:
+                sa2va.to(dtype)
+        sa2va.bind_tokenizer(tokenizer)
+        if gradient_checkpointing:
+            sa2va.language_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if lora is not None:
+            sa2va.language_model = apply_lora(sa2va.language_model, **dict(lora))
+        configure_trainable(sa2va, train_embeddings=train_embeddings)
+        self.sa2va = sa2va
+        self.processor = Sa2VAProcessor.from_config(tokenizer, sa2va.config, **dict(processor_cfg or {}))
+        self.sft_loss_cfg = dict(sft_loss_cfg or {})
+        self.weights: WeightSets | None = None  # built with the algorithm, after the runner placed the model
+        keep_trainable_state(self)
+
+    @property
+    def policy(self) -> nn.Module:
+        """The module the weight sets pair with (the unwrapped Sa2VAModel)."""
+        return self.sa2va
+
+    def build_algorithm(self, cfg: Mapping[str, Any]):
+        """Build the GRPO algorithm (``train_cfg.algorithm``) with this model's live pieces.
+
+        ``cfg['config']`` (a ``GRPOConfig`` or its dict) also sizes the weight sets: the EMA partner decays at
+        ``ema_decay`` and a reference snapshot is kept when ``beta > 0``.
+        """
+        args = dict(cfg.items())
+        config = args.get("config")
+        config = config if isinstance(config, GRPOConfig) else GRPOConfig(**dict(config or {}))
+        args["config"] = config
+        self.weights = WeightSets.from_model(self.sa2va, ema_decay=config.ema_decay, use_reference=config.beta > 0)
+        return build_component(ALGORITHMS, args, model=self.sa2va, processor=self.processor, weights=self.weights)
+
+    def forward(self, data: dict | None = None, data_samples=None, mode: str = "loss", grpo_batch=None,
+                sft_loss_weight: float = 1.0) -> dict[str, torch.Tensor]:
+        """Loss terms of an SFT batch (``data``, the ``sft_collate`` layout), a GRPO minibatch, or both.
+
+        Returns ``grpo_loss`` plus the algorithm's ``<loop>/<stat>`` diagnostics for GRPO, and ``llm_loss``,
+        ``loss_mask``, ``loss_dice`` (times ``sft_loss_weight``) for SFT.
+        """
+        if mode != "loss":
+            raise NotImplementedError(f"Sa2VATrainModel.forward(mode={mode!r}): only training ('loss') is "
+                                      "implemented; evaluate with the evaluation/ tools (model.predict).")
+        if data is None and grpo_batch is None:
+            raise ValueError("Sa2VATrainModel.forward: got neither an SFT batch (data=...) nor grpo_batch=...; "
+                             "check the dataloader's collate_fn (sft_collate for SFT).")
+        losses: dict[str, torch.Tensor] = {}
+        if grpo_batch is not None:
+            out = dict(grpo_batch.algo.policy_loss(self.sa2va, grpo_batch))
+            losses["grpo_loss"] = out.pop("loss")
+            losses.update(out)
+        if data is not None:
+            sft = sft_loss(self.sa2va, data, **self.sft_loss_cfg)
+            losses.update({name: sft_loss_weight * value for name, value in sft.items()})
+        return losses
+
+    def parse_losses(self, losses: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Sum the loss terms: top-level keys containing 'loss' (``grpo_loss``, ``llm_loss``, ``loss_mask``, ...).
+
+        Differs from MMEngine, which sums every key containing 'loss': namespaced keys (``loop1/pg_loss``) are
+        diagnostics, logged but never added to the objective.
+        """
+        terms = [value for key, value in losses.items() if "/" not in key and "loss" in key]
+        if not terms:
+            raise ValueError(f"Sa2VATrainModel.parse_losses: no loss term among {sorted(losses)}.")
+        loss = sum(terms)
+        log_vars = OrderedDict(loss=loss.detach())
+        log_vars.update((key, value.detach().float().mean()) for key, value in losses.items())
+        return loss, log_vars
+
+    def export_pretrained(self, path: str | os.PathLike, max_shard_size: int | str = "5GB") -> None:
+        """Write the model (LoRA merged) and its tokenizer in the upstream HF Sa2VA layout."""
+        self.sa2va.save_pretrained(path, max_shard_size=max_shard_size)
+        self.processor.tokenizer.save_pretrained(os.fspath(path))
