@@ -152,6 +152,7 @@ def provision(target: Path, use_apt: bool = True) -> Path:
     if dest.is_dir():
         try:
             version = verify(target)
+            (dest / "lexnames").touch()  # newer than this tool, so make stops re-running it
             print(f"provision_wordnet: {dest} already holds WordNet {version}")
             return dest
         except Exception as error:  # incomplete or broken: rebuild below
