@@ -1,0 +1,221 @@
+"""The fixed-shape decode step of :mod:`fast_generation`, and what it needs.
+
+:func:`decode_step` advances every row by one token reading and writing only preallocated tensors
+(:class:`DecodeState`), so :class:`GraphedStep` can capture it once into a CUDA graph and replay it.
+:class:`TokenChooser` picks tokens on device (greedy or top-p exponential race) and applies the stop
+rule; :func:`gqa_decode_attention` is the registered attention implementation the step runs with.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformers import StaticCache, TopPLogitsWarper
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .generation import decoder_and_head
+
+GQA_DECODE_ATTENTION = "sa2va_gqa_decode"
+CACHE_ALIGN = 64  # static cache slots are rounded up to this (aligned attention-bias rows; masked anyway)
+GRAPH_WARMUP_STEPS = 2  # eager steps on a side stream before capture (lazy cuBLAS/SDPA initialisation)
+_STATEFUL_ROPE = ("dynamic", "longrope")
+
+
+def gqa_decode_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
+                         attention_mask: Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                         **kwargs) -> tuple[Tensor, None]:
+    """One-query attention over a static cache without copying KV heads.
+
+    ``out[n, h] = softmax(q[n, h] k[n, h // r]ᵀ · scaling + bias[n]) v[n, h // r]`` with ``r = H / Hkv``:
+    the head pairing of transformers' ``repeat_kv``, computed by reading the r query heads that share one
+    KV head as r queries of that head (``repeat_kv`` would copy the whole cache r times per layer and step).
+
+    Args:
+        query: ``[N, H, 1, hd]``; key, value: ``[N, Hkv, S, hd]``; attention_mask: additive ``[N, 1, 1, S]``.
+
+    Returns:
+        ``(out [N, 1, H, hd], None)``, the layout of transformers' ``sdpa_attention_forward``.
+    """
+    N, H, q_len, hd = query.shape
+    if q_len != 1:  # a multi-token call (not made by decode_step) keeps transformers' path
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    Hkv = key.shape[1]
+    grouped = query.reshape(N, Hkv, H // Hkv, hd)  # [N, Hkv, r, hd]
+    out = F.scaled_dot_product_attention(grouped, key, value, attn_mask=attention_mask, dropout_p=dropout,
+                                         scale=scaling)  # [N, Hkv, r, hd]
+    return out.reshape(N, 1, H, hd), None
+
+
+ALL_ATTENTION_FUNCTIONS[GQA_DECODE_ATTENTION] = gqa_decode_attention
+
+
+@contextmanager
+def attention_implementation(config, name: str) -> Iterator[None]:
+    """Set ``config._attn_implementation`` to ``name`` inside the block (restored in ``finally``)."""
+    previous = config._attn_implementation
+    config._attn_implementation = name
+    try:
+        yield
+    finally:
+        config._attn_implementation = previous
+
+
+@dataclass(frozen=True)
+class DecoderParts:
+    """The pieces of a transformers causal LM that the decode step calls directly."""
+
+    body: nn.Module  # decoder body (prefill)
+    embed: nn.Module  # input embeddings
+    layers: nn.ModuleList  # decoder layers (decode step)
+    norm: nn.Module  # final norm
+    head: nn.Module  # output head
+    rotary: nn.Module  # rotary embedding module
+
+    @classmethod
+    def of(cls, lm: nn.Module) -> DecoderParts:
+        body, head = decoder_and_head(lm)
+        missing = [name for name in ("layers", "norm", "rotary_emb") if not hasattr(body, name)]
+        if missing:
+            raise TypeError(
+                f"fast_generation: the decoder body {type(body).__name__} has no {missing}; the fast path "
+                "needs a transformers Qwen2/Llama/Phi3-style body (layers, norm, rotary_emb). Use "
+                "generation.sample_completions for other LMs."
+            )
+        return cls(body, lm.get_input_embeddings(), body.layers, body.norm, head, body.rotary_emb)
+
+
+def rope_table(rotary: nn.Module, length: int, like: Tensor) -> tuple[Tensor, Tensor]:
+    """``(cos, sin)`` ``[S, hd]`` for positions ``0..S-1`` in ``like``'s dtype/device, from the LM's own module."""
+    rope_type = getattr(rotary, "rope_type", "default")
+    limit = getattr(rotary, "original_max_seq_len", None)
+    if any(kind in rope_type for kind in _STATEFUL_ROPE) and limit is not None and length >= limit:
+        raise NotImplementedError(
+            f"fast_generation: RoPE type {rope_type!r} rescales past {limit} positions, and prompt + "
+            f"max_new_tokens needs {length}; the per-call rotary table would differ from the reference's "
+            "per-step update. Shorten the prompt/max_new_tokens or use generation.sample_completions."
+        )
+    positions = torch.arange(length, device=like.device)[None]  # [1, S]
+    cos, sin = rotary(like, positions)  # [1, S, hd] each
+    return cos[0], sin[0]
+
+
+@dataclass
+class DecodeState:
+    """Every tensor one decode step reads or writes, allocated once per call (fixed addresses for a graph).
+
+    Attributes:
+        token: ``[N]`` long, the input of the next step (the last chosen token).
+        position: ``[N]`` long, its position id.
+        cache_position: ``[1]`` long, its slot in the static cache.
+        column: ``[1]`` long, the output column the next choice fills.
+        attention_bias: ``[N, 1, 1, S]`` additive, 0 on visible slots and the dtype minimum elsewhere.
+        is_finished: ``[N]`` bool, True once a row emitted a stop token.
+        ids: ``[N, T]`` long; token_logp: ``[N, T]`` float32; is_active: ``[N, T]`` bool (the outputs).
+        step_probs: ``[N, T, V]`` float32 sampling distributions (debug), or None.
+        cos, sin: ``[S, hd]`` rotary tables.
+    """
+
+    token: Tensor
+    position: Tensor
+    cache_position: Tensor
+    column: Tensor
+    attention_bias: Tensor
+    is_finished: Tensor
+    ids: Tensor
+    token_logp: Tensor
+    is_active: Tensor
+    step_probs: Tensor | None
+    cos: Tensor
+    sin: Tensor
+
+
+@dataclass(frozen=True)
+class TokenChooser:
+    """How a token is picked from logits: greedy or top-p sampling, and the stop rule."""
+
+    temperature: float
+    do_sample: bool
+    top_p: TopPLogitsWarper | None  # None when top_p == 1
+    stop_ids: Tensor  # [K] long
+    pad_token_id: int
+    generator: torch.Generator | None
+
+    def distribution(self, logits: Tensor) -> Tensor:
+        """``softmax(top_p(logits))``, ``[N, V]`` → ``[N, V]`` (logits already divided by temperature)."""
+        warped = self.top_p(None, logits) if self.top_p is not None else logits
+        return warped.softmax(-1)
+
+    def __call__(self, logits: Tensor, state: DecodeState) -> None:
+        """Fill output column ``state.column`` from logits ``[N, V]`` (float32, / temperature); device only."""
+        probs = self.distribution(logits) if self.do_sample or state.step_probs is not None else None
+        if self.do_sample:
+            noise = torch.empty_like(probs).exponential_(generator=self.generator)  # [N, V] ~ Exp(1)
+            token = (probs / noise.clamp_min(torch.finfo(noise.dtype).tiny)).argmax(-1)  # [N] exponential race
+        else:
+            token = logits.argmax(-1)  # [N]
+        is_active = ~state.is_finished
+        token = token.masked_fill(~is_active, self.pad_token_id)
+        token_logp = logits.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)  # [N]
+        state.ids.index_copy_(1, state.column, token[:, None])
+        state.token_logp.index_copy_(1, state.column, token_logp.masked_fill(~is_active, 0.0)[:, None])
+        state.is_active.index_copy_(1, state.column, is_active[:, None])
+        if state.step_probs is not None:
+            state.step_probs.index_copy_(1, state.column, probs[:, None])
+        state.is_finished |= is_active & (token[:, None] == self.stop_ids).any(-1)
+        state.token.copy_(token)
+        state.column += 1
+
+
+def decode_step(parts: DecoderParts, cache: StaticCache, state: DecodeState, choose: TokenChooser) -> None:
+    """Feed ``state.token`` at ``state.cache_position``, pick the next token into ``state``; fixed shapes,
+    no host synchronisation (the function a CUDA graph captures). Runs with :func:`gqa_decode_attention`."""
+    hidden = parts.embed(state.token)[:, None].to(state.attention_bias.dtype)  # [N, 1, D]
+    state.attention_bias.index_fill_(3, state.cache_position, 0.0)  # the input's own slot becomes visible
+    rope = (F.embedding(state.position, state.cos)[:, None], F.embedding(state.position, state.sin)[:, None])
+    position_ids = state.position[:, None]  # [N, 1]
+    for layer in parts.layers:
+        hidden = layer(hidden, attention_mask=state.attention_bias, position_ids=position_ids,
+                       past_key_value=cache, use_cache=True, cache_position=state.cache_position,
+                       position_embeddings=rope)[0]  # [N, 1, D]
+    logits = parts.head(parts.norm(hidden)[:, -1]).float() / choose.temperature  # [N, V]
+    choose(logits, state)
+    state.position += 1
+    state.cache_position += 1
+
+
+class GraphedStep:
+    """Run ``step`` eagerly on a side stream for the first ``warmup`` calls, then capture it once into a
+    ``torch.cuda.CUDAGraph`` and replay it on every later call (the capture call replays it too).
+
+    Every call is one real decode step: warm-up steps are not wasted. ``generator`` (a non-default CUDA
+    generator drawn from inside the step) is registered with the graph so each replay draws fresh noise.
+    """
+
+    def __init__(self, step: Callable[[], None], generator: torch.Generator | None,
+                 warmup: int = GRAPH_WARMUP_STEPS):
+        self.step, self.generator, self.warmup = step, generator, warmup
+        self.calls = 0
+        self.graph: torch.cuda.CUDAGraph | None = None
+
+    def __call__(self) -> None:
+        if self.graph is None and self.calls < self.warmup:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self.step()
+            torch.cuda.current_stream().wait_stream(side)
+        else:
+            if self.graph is None:
+                self.graph = torch.cuda.CUDAGraph()
+                if self.generator is not None:
+                    self.graph.register_generator_state(self.generator)
+                with torch.cuda.graph(self.graph):
+                    self.step()  # recorded, not executed
+            self.graph.replay()
+        self.calls += 1

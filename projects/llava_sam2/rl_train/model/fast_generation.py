@@ -1,0 +1,214 @@
+"""Fast rollout decoding: shared-prefix prefill, a static KV cache and a graph-replayable decode step.
+
+Same contract as :func:`generation.sample_completions` (which stays the reference), plus the group size
+``num_generations`` (G): the input is B prompts and the output N = B·G completions, row ``b·G + g`` the
+g-th sample of prompt b (prompt-major, as :mod:`grpo.advantages` groups them).
+
+How one call runs (issue #8, "rollout and step speed on GPU"):
+
+1. **Prefill once per prompt.** The B prompts go through the decoder body with a ``DynamicCache``, exactly
+   as the reference prefills; their keys/values are then copied G times into a transformers
+   ``StaticCache`` of N rows and ``S = L + max_new_tokens`` slots (rounded up to :data:`CACHE_ALIGN`).
+   The G samples of a prompt share its prefix, so prefill costs B rows, not N.
+2. **One fixed-shape decode step.** :func:`decode_step` reads and writes only tensors allocated before
+   the loop (:class:`DecodeState`: next input token, its position id and cache slot, an additive attention
+   bias ``[N, 1, 1, S]``, finished flags, output columns). Running it once advances every row by one token
+   with no host work, so on CUDA it is captured once into a ``torch.cuda.CUDAGraph`` (after warm-up steps
+   on a side stream) and replayed; on CPU the same function runs eagerly (what the tests exercise).
+3. **Sampling on device.** ``p = softmax(top_p(logits / temperature))`` with transformers'
+   ``TopPLogitsWarper`` (as the reference), then the exponential race ``argmax_i p_i / E_i`` with
+   ``E_i ~ Exp(1)`` i.i.d.: ``E_i / p_i ~ Exp(p_i)`` and the smallest of independent exponentials is
+   index k with probability ``p_k / Σ p``, so the drawn token has exactly the reference's per-token
+   distribution. The random stream is not ``torch.multinomial``'s: a seed gives other tokens than the
+   reference with the same seed. ``generator`` must live on the prompts' device.
+4. **Stops on device.** A row finishes on a token of ``stop_token_ids`` (a device-side flag); it keeps
+   feeding ``pad_token_id``, masked out. The host reads ``all finished`` only every
+   ``stop_check_interval`` steps; the output is trimmed to the longest row, as the reference does.
+
+Invariants:
+
+* A graph lives for one call. It reads parameters by address, so weight sets swapped by in-place copy
+  (``grpo.weights``) are seen; Python-level switches (peft ``disable_adapter()``, train/eval) are frozen at
+  capture, which happens inside the call, so ``with lm.disable_adapter(): fast_sample_completions(...)``
+  decodes the reference policy.
+* Decoding swaps the attention function for :func:`gqa_decode_attention` (a registered transformers
+  attention implementation) on the LM config for the duration of the decode loop only, restored in
+  ``finally``; the prefill uses the model's own implementation.
+* Rotary embeddings come from a per-call table ``rotary_emb(positions 0..S-1)``, identical to the
+  reference's per-step call for position-independent RoPE types; stateful ones (dynamic NTK, longrope)
+  are accepted only while ``S`` stays below their original context length, where they do not rescale.
+
+Works for transformers Qwen2 / Llama / Phi3 ``*ForCausalLM`` (4.48 layer API), bare or peft-wrapped.
+"""
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+from torch import Tensor, nn
+from transformers import DynamicCache, StaticCache, TopPLogitsWarper
+
+from .fast_decode_step import (CACHE_ALIGN, GQA_DECODE_ATTENTION, DecodeState, DecoderParts, GraphedStep,
+                               TokenChooser, attention_implementation, decode_step, rope_table)
+from .generation import Completions, _check_prompt, position_ids_from_attention
+
+
+def _validate(*, num_generations, max_new_tokens, temperature, top_p, stop_token_ids, stop_check_interval,
+              device: torch.device, generator, do_sample: bool, use_cuda_graph) -> None:
+    if not isinstance(num_generations, int) or num_generations < 1:
+        raise ValueError(f"fast_sample_completions: num_generations must be an int >= 1 (G samples per prompt); "
+                         f"got {num_generations!r}.")
+    if max_new_tokens < 1 or temperature <= 0 or not 0 < top_p <= 1 or stop_check_interval < 1:
+        raise ValueError(
+            "fast_sample_completions: need max_new_tokens >= 1, temperature > 0, 0 < top_p <= 1 and "
+            f"stop_check_interval >= 1; got max_new_tokens={max_new_tokens}, temperature={temperature}, "
+            f"top_p={top_p}, stop_check_interval={stop_check_interval}."
+        )
+    if len(stop_token_ids) == 0:
+        raise ValueError("fast_sample_completions: stop_token_ids is empty; pass the template's stop ids.")
+    if do_sample and generator is not None and generator.device.type != device.type:
+        raise ValueError(
+            f"fast_sample_completions: generator is on {generator.device} but the prompts are on {device}; "
+            f"create it with torch.Generator(device={str(device)!r}) (the noise is drawn on device)."
+        )
+    if use_cuda_graph and device.type != "cuda":
+        raise ValueError(f"fast_sample_completions: use_cuda_graph=True needs CUDA prompts, got {device}; "
+                         "pass use_cuda_graph=None (auto) or False.")
+
+
+def prefill(parts: DecoderParts, inputs_embeds: Tensor, attention_mask: Tensor) -> tuple[Tensor, DynamicCache]:
+    """Reference prefill of B prompts: final-norm hidden ``[B, D]`` at the last position, and the cache."""
+    cache = DynamicCache()
+    attention = attention_mask.long()  # [B, L]
+    hidden = parts.body(
+        inputs_embeds=inputs_embeds, attention_mask=attention,
+        position_ids=position_ids_from_attention(attention), past_key_values=cache, use_cache=True,
+    ).last_hidden_state[:, -1]  # [B, D]
+    if cache.get_seq_length() != inputs_embeds.shape[1]:
+        raise RuntimeError(
+            "fast_sample_completions: the LM did not fill the KV cache (some LMs skip it under gradient "
+            "checkpointing in train mode); call lm.eval() before sampling."
+        )
+    return hidden, cache
+
+
+def replicate_prefix(prefix: DynamicCache, config, num_generations: int, num_slots: int) -> StaticCache:
+    """A ``StaticCache`` of ``N = B·G`` rows and ``num_slots`` slots whose first L slots hold the prefix
+    keys/values, row ``b·G + g`` ← prompt b (the G samples of a prompt share its prefill)."""
+    B, Hkv, L, hd = prefix.key_cache[0].shape
+    G = num_generations
+    cache = StaticCache(config=config, max_batch_size=B * G, max_cache_len=num_slots,
+                        device=prefix.key_cache[0].device, dtype=prefix.key_cache[0].dtype)
+    if (cache.num_key_value_heads, cache.head_dim) != (Hkv, hd):
+        raise TypeError(
+            f"fast_sample_completions: the LM config gives {cache.num_key_value_heads} KV heads of dim "
+            f"{cache.head_dim} but its layers cached {Hkv} of dim {hd}; the static cache cannot hold them."
+        )
+    for layer, (key, value) in enumerate(zip(prefix.key_cache, prefix.value_cache)):
+        # slot views [N, Hkv, L, hd] seen as [B, G, Hkv, L, hd]; the prompt's [B, 1, Hkv, L, hd] broadcasts over G
+        cache.key_cache[layer][:, :, :L].view(B, G, Hkv, L, hd).copy_(key[:, None])
+        cache.value_cache[layer][:, :, :L].view(B, G, Hkv, L, hd).copy_(value[:, None])
+    return cache
+
+
+def init_state(attention_mask: Tensor, num_generations: int, max_new_tokens: int, num_slots: int, *,
+               dtype: torch.dtype, vocab_size: int, pad_token_id: int, rope: tuple[Tensor, Tensor],
+               return_step_probs: bool) -> DecodeState:
+    """The decode state right after prefill: prompt slots visible, the first new token at slot L."""
+    B, L = attention_mask.shape
+    N, T, device = B * num_generations, max_new_tokens, attention_mask.device
+    prompt_attention = attention_mask.bool().repeat_interleave(num_generations, 0)  # [N, L]
+    attention_bias = torch.full((N, 1, 1, num_slots), torch.finfo(dtype).min, dtype=dtype, device=device)
+    attention_bias[:, 0, 0, :L].masked_fill_(prompt_attention, 0.0)
+    last_position = position_ids_from_attention(attention_mask.long())[:, -1]  # [B]
+    return DecodeState(
+        token=torch.full((N,), pad_token_id, dtype=torch.long, device=device),
+        position=last_position.repeat_interleave(num_generations) + 1,  # [N]
+        cache_position=torch.full((1,), L, dtype=torch.long, device=device),
+        column=torch.zeros(1, dtype=torch.long, device=device),
+        attention_bias=attention_bias,
+        is_finished=torch.zeros(N, dtype=torch.bool, device=device),
+        ids=torch.full((N, T), pad_token_id, dtype=torch.long, device=device),
+        token_logp=torch.zeros(N, T, dtype=torch.float32, device=device),
+        is_active=torch.zeros(N, T, dtype=torch.bool, device=device),
+        step_probs=torch.zeros(N, T, vocab_size, device=device) if return_step_probs else None,
+        cos=rope[0], sin=rope[1],
+    )
+
+
+@torch.no_grad()
+def fast_sample_completions(
+    lm: nn.Module,
+    inputs_embeds: Tensor,
+    attention_mask: Tensor,
+    *,
+    num_generations: int = 1,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    do_sample: bool = True,
+    stop_token_ids: list[int] | tuple[int, ...],
+    pad_token_id: int = 0,
+    generator: torch.Generator | None = None,
+    stop_check_interval: int = 8,
+    use_cuda_graph: bool | None = None,
+    return_step_probs: bool = False,
+) -> Completions | tuple[Completions, Tensor]:
+    """Decode G completions for each of B prompts: :func:`generation.sample_completions` semantics, fast.
+
+    Step t: ``logits_t = head(body(c_{t-1} | cache)) / temperature``; the token is the argmax
+    (``do_sample=False``) or a draw from ``softmax(top_p(logits_t))`` (module docstring, item 3).
+
+    Args:
+        lm: a transformers Qwen2/Llama/Phi3 causal LM, possibly peft-wrapped (``lm.eval()`` for rollouts).
+        inputs_embeds: ``[B, L, D]`` prompt embeddings; attention_mask: ``[B, L]``, LEFT padded.
+        num_generations: G, samples per prompt; rows are prompt-major (``b·G + g``).
+        generator: RNG on the prompts' device for the sampling noise.
+        use_cuda_graph: capture the decode step in a CUDA graph; None = on CUDA only.
+        return_step_probs: also return the sampling distribution of every step ``[N, T, V]`` float32
+            (``softmax(top_p(logits / temperature))``; debug/tests, it costs N·T·V floats).
+
+    Returns:
+        :class:`Completions` with N = B·G rows (and ``step_probs`` if asked), trimmed to the longest row.
+    """
+    device = inputs_embeds.device
+    _validate(num_generations=num_generations, max_new_tokens=max_new_tokens, temperature=temperature,
+              top_p=top_p, stop_token_ids=stop_token_ids, stop_check_interval=stop_check_interval,
+              device=device, generator=generator, do_sample=do_sample, use_cuda_graph=use_cuda_graph)
+    _check_prompt(inputs_embeds, attention_mask, "prompt")
+    parts = DecoderParts.of(lm)
+    L, G, T = inputs_embeds.shape[1], num_generations, max_new_tokens
+    num_slots = -(-(L + T) // CACHE_ALIGN) * CACHE_ALIGN
+    rope = rope_table(parts.rotary, num_slots, inputs_embeds[:1, :1])
+
+    hidden, prefix = prefill(parts, inputs_embeds, attention_mask)
+    first_logits = parts.head(hidden).float() / temperature  # [B, V]
+    cache = replicate_prefix(prefix, parts.body.config, G, num_slots)
+    del prefix
+    state = init_state(attention_mask, G, T, num_slots, dtype=inputs_embeds.dtype,
+                       vocab_size=first_logits.shape[-1], pad_token_id=pad_token_id, rope=rope,
+                       return_step_probs=return_step_probs)
+    choose = TokenChooser(
+        temperature=temperature, do_sample=do_sample, top_p=TopPLogitsWarper(top_p) if top_p < 1.0 else None,
+        stop_ids=torch.as_tensor(list(stop_token_ids), device=device), pad_token_id=pad_token_id,
+        generator=generator,
+    )
+    choose(first_logits.repeat_interleave(G, 0), state)  # column 0 from the shared prefill, [N, V]
+
+    step = partial(decode_step, parts, cache, state, choose)
+    use_graph = device.type == "cuda" if use_cuda_graph is None else use_cuda_graph
+    run = GraphedStep(step, generator) if use_graph else step
+    with attention_implementation(parts.body.config, GQA_DECODE_ATTENTION):
+        for t in range(1, T):
+            if t % stop_check_interval == 0 and bool(state.is_finished.all()):  # host sync every k steps
+                break
+            run()
+    return _completions(state, return_step_probs)
+
+
+def _completions(state: DecodeState, return_step_probs: bool) -> Completions | tuple[Completions, Tensor]:
+    """Trim the output buffers to the longest row (rows are prefix-masked)."""
+    T = int(state.is_active.sum(-1).max())
+    out = Completions(ids=state.ids[:, :T], completion_mask=state.is_active[:, :T],
+                      is_truncated=~state.is_finished, token_logp=state.token_logp[:, :T])
+    return (out, state.step_probs[:, :T]) if return_step_probs else out

@@ -1,0 +1,255 @@
+"""model/fast_generation.py against the reference decoder (model/generation.py) on tiny random LMs (CPU).
+
+The fast path prefills B prompts once and decodes N = B·G rows with a static cache and a fixed-shape
+step; on CPU that step runs eagerly, so these tests check the math the CUDA graph replays.
+"""
+import pytest
+import torch
+from transformers import (LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM, TopPLogitsWarper)
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from projects.llava_sam2.rl_train.model.fast_decode_step import gqa_decode_attention
+from projects.llava_sam2.rl_train.model.fast_generation import fast_sample_completions
+from projects.llava_sam2.rl_train.model.generation import (completion_logprobs, position_ids_from_attention,
+                                                           sample_completions)
+
+VOCAB, D = 96, 32
+NEVER = VOCAB + 1  # a stop id no row can emit: fixed-length decoding
+SIZES = dict(vocab_size=VOCAB, hidden_size=D, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0,
+             initializer_range=0.2)  # peaked logits: a greedy argmax is not decided by float noise
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """These LMs are tiny: one intra-op thread is faster, and avoids spin-wait stalls on a busy 2-core box."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_lm(arch: str = "qwen2", seed: int = 0, **overrides):
+    torch.manual_seed(seed)
+    classes = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM),
+               "phi3": (Phi3Config, Phi3ForCausalLM)}
+    cfg_cls, lm_cls = classes[arch]
+    return lm_cls(cfg_cls(**{**SIZES, **overrides})).eval()
+
+
+def prompts(lm, lengths, seed=1):
+    """Random token prompts, embedded and LEFT padded: (embeds [B, L, D], attention [B, L])."""
+    g = torch.Generator().manual_seed(seed)
+    L = max(lengths)
+    ids = torch.zeros(len(lengths), L, dtype=torch.long)
+    attention = torch.zeros(len(lengths), L, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        ids[i, L - n:] = torch.randint(1, VOCAB, (n,), generator=g)
+        attention[i, L - n:] = 1
+    with torch.no_grad():
+        return lm.get_input_embeddings()(ids), attention
+
+
+def per_row(embeds, attention, G):
+    """The N = B·G prompt rows the reference decodes (row b·G + g = prompt b)."""
+    return embeds.repeat_interleave(G, 0), attention.repeat_interleave(G, 0)
+
+
+def assert_same_completions(fast, ref):
+    assert torch.equal(fast.ids, ref.ids)
+    assert torch.equal(fast.completion_mask, ref.completion_mask)
+    assert torch.equal(fast.is_truncated, ref.is_truncated)
+    torch.testing.assert_close(fast.token_logp, ref.token_logp, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("stop_check_interval", [1, 3])
+def test_greedy_equals_reference_with_groups_stops_and_truncation(stop_check_interval):
+    lm = tiny_lm()
+    embeds, attention = prompts(lm, [5, 9, 7, 3])
+    G, kw = 3, dict(max_new_tokens=9, do_sample=False, pad_token_id=0, stop_check_interval=stop_check_interval)
+    free = sample_completions(lm, *per_row(embeds, attention, G), stop_token_ids=[NEVER], **kw)
+    stop_id = int(free.ids[3, 2])  # row 3 (prompt 1) stops mid-sequence at column 2
+    ref = sample_completions(lm, *per_row(embeds, attention, G), stop_token_ids=[stop_id, NEVER], **kw)
+    fast = fast_sample_completions(lm, embeds, attention, num_generations=G, stop_token_ids=[stop_id, NEVER], **kw)
+    assert_same_completions(fast, ref)
+    assert fast.ids.shape[0] == 12 and not fast.is_truncated[3] and fast.is_truncated.any()
+    assert fast.completion_mask[3].tolist() == [True] * 3 + [False] * (fast.ids.shape[1] - 3)
+    assert bool((fast.ids[3, 3:] == 0).all())
+
+
+@pytest.mark.parametrize("arch, overrides", [
+    ("llama", {}),
+    ("llama", {"rope_scaling": {"type": "dynamic", "factor": 2.0}}),  # InternLM2 (8b) rope, below its limit
+    ("phi3", {"num_key_value_heads": 4}),
+    ("qwen2", {"num_key_value_heads": 1}),
+])
+def test_greedy_equals_reference_for_other_architectures(arch, overrides):
+    lm = tiny_lm(arch, **overrides)
+    embeds, attention = prompts(lm, [6, 2, 8])
+    kw = dict(max_new_tokens=7, do_sample=False, stop_token_ids=[NEVER])
+    ref = sample_completions(lm, *per_row(embeds, attention, 2), **kw)
+    assert_same_completions(fast_sample_completions(lm, embeds, attention, num_generations=2, **kw), ref)
+
+
+def test_sa2va_tiny_language_model_greedy_equals_reference():
+    from projects.llava_sam2.rl_train.model.language import build_language_model
+    from projects.llava_sam2.rl_train.model.presets import build_preset
+
+    torch.manual_seed(0)
+    lm = build_language_model(build_preset("tiny", vocab_size=VOCAB).llm_config).eval()
+    embeds, attention = prompts(lm, [4, 11])
+    kw = dict(max_new_tokens=6, do_sample=False, stop_token_ids=[NEVER])
+    ref = sample_completions(lm, *per_row(embeds, attention, 2), **kw)
+    assert_same_completions(fast_sample_completions(lm, embeds, attention, num_generations=2, **kw), ref)
+
+
+def warped_reference_probs(lm, embeds, attention, out, temperature, top_p):
+    """``softmax(top_p(logits / temperature))`` of a plain teacher-forced HF forward, ``[N, T, V]``."""
+    L, T = embeds.shape[1], out.ids.shape[1]
+    full_attention = torch.cat([attention, out.completion_mask.long()], 1)  # [N, L + T]
+    with torch.no_grad():
+        logits = lm(inputs_embeds=torch.cat([embeds, lm.get_input_embeddings()(out.ids)], 1),
+                    attention_mask=full_attention,
+                    position_ids=position_ids_from_attention(full_attention)).logits[:, L - 1:L + T - 1]
+    warped = TopPLogitsWarper(top_p)(None, logits.float().flatten(0, 1) / temperature)  # [N*T, V]
+    return warped.softmax(-1).view_as(logits)
+
+
+def test_sampling_distributions_and_logprobs_match_the_reference_logits():
+    lm = tiny_lm()
+    embeds, attention = prompts(lm, [4, 8, 6])
+    G, temperature, top_p = 4, 0.7, 0.8
+    out, step_probs = fast_sample_completions(
+        lm, embeds, attention, num_generations=G, max_new_tokens=10, temperature=temperature, top_p=top_p,
+        stop_token_ids=[5], generator=torch.Generator().manual_seed(0), return_step_probs=True)
+    rows = per_row(embeds, attention, G)
+    expected = warped_reference_probs(lm, *rows, out, temperature, top_p)
+    is_active = out.completion_mask
+    assert is_active.sum() > 60
+    torch.testing.assert_close(step_probs[is_active], expected[is_active], atol=1e-5, rtol=0)
+    assert bool((expected[is_active] == 0).any())  # the nucleus really cut tokens
+    drawn_p = step_probs.gather(-1, out.ids[..., None]).squeeze(-1)  # [N, T]
+    assert bool((drawn_p[is_active] > 0).all())  # every draw is inside its nucleus
+    with torch.no_grad():
+        teacher = completion_logprobs(lm, *rows, out.ids, out.completion_mask, temperature=temperature)
+    torch.testing.assert_close(out.token_logp, teacher, atol=1e-5, rtol=0)
+    assert bool((out.token_logp[~is_active] == 0).all())
+
+
+def test_draws_follow_the_step_distributions():
+    """E[onehot(c_t) - p_t | prefix] = 0 for a correct sampler: the mean over many rows and steps is ~0.
+    A sampler of the wrong distribution (here: no temperature) shows a clear bias on the same draws."""
+    lm = tiny_lm()
+    embeds, attention = prompts(lm, [5, 7])
+    out, step_probs = fast_sample_completions(
+        lm, embeds, attention, num_generations=400, max_new_tokens=3, temperature=0.6, top_p=0.9,
+        stop_token_ids=[NEVER], generator=torch.Generator().manual_seed(1), return_step_probs=True)
+    onehot = torch.nn.functional.one_hot(out.ids, VOCAB).float()  # [N, T, V]
+    n = onehot.shape[0] * onehot.shape[1]
+
+    def max_z(probs):  # largest per-token z-score of the mean residual
+        residual = (onehot - probs).flatten(0, 1).mean(0)  # [V]
+        std = (probs * (1 - probs)).flatten(0, 1).mean(0).clamp_min(1e-4).div(n).sqrt()  # [V]
+        return float((residual.abs() / std).max())
+
+    assert max_z(step_probs) < 4.5  # ~2.5-3 expected for the max over V tokens of a standard normal
+    rows = per_row(embeds, attention, 400)
+    untempered = warped_reference_probs(lm, *rows, out, 1.0, 0.9)
+    assert max_z(untempered) > 8.0
+
+
+def test_seeded_sampling_repeats_and_shared_prefix_equals_per_row_prefill():
+    lm = tiny_lm()
+    embeds, attention = prompts(lm, [3, 9, 6])
+    G = 3
+    kw = dict(max_new_tokens=8, temperature=0.9, top_p=0.95, stop_token_ids=[7], return_step_probs=True)
+    shared, shared_probs = fast_sample_completions(lm, embeds, attention, num_generations=G,
+                                                   generator=torch.Generator().manual_seed(5), **kw)
+    again, _ = fast_sample_completions(lm, embeds, attention, num_generations=G,
+                                       generator=torch.Generator().manual_seed(5), **kw)
+    other, _ = fast_sample_completions(lm, embeds, attention, num_generations=G,
+                                       generator=torch.Generator().manual_seed(6), **kw)
+    each, each_probs = fast_sample_completions(lm, *per_row(embeds, attention, G), num_generations=1,
+                                               generator=torch.Generator().manual_seed(5), **kw)
+    assert torch.equal(shared.ids, again.ids)
+    assert not torch.equal(shared.ids, other.ids)
+    assert_same_completions(shared, each)  # same noise per row and step, same prefix states
+    torch.testing.assert_close(shared_probs, each_probs, atol=1e-6, rtol=0)
+    assert not torch.equal(shared.ids[0], shared.ids[1])  # the G samples of a prompt differ
+
+
+def test_peft_lora_and_disabled_adapter_match_the_reference():
+    from projects.llava_sam2.rl_train.model.lora import apply_lora
+
+    peft_lm = apply_lora(tiny_lm(), r=4, lora_alpha=8, lora_dropout=0.0).eval()
+    with torch.no_grad():  # non-zero B, so the adapter changes the policy
+        for name, p in peft_lm.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.3)
+    embeds, attention = prompts(peft_lm, [4, 7])
+    kw = dict(max_new_tokens=8, do_sample=False, stop_token_ids=[NEVER])
+    rows = per_row(embeds, attention, 2)
+    adapted = fast_sample_completions(peft_lm, embeds, attention, num_generations=2, **kw)
+    assert_same_completions(adapted, sample_completions(peft_lm, *rows, **kw))
+    with peft_lm.disable_adapter():
+        base = fast_sample_completions(peft_lm, embeds, attention, num_generations=2, **kw)
+        assert_same_completions(base, sample_completions(peft_lm, *rows, **kw))
+    assert not torch.equal(adapted.ids, base.ids)
+
+
+def test_in_place_weight_change_between_calls_is_seen():
+    """Weight sets swap by in-place copy; each call decodes with the values present at that call."""
+    lm = tiny_lm()
+    embeds, attention = prompts(lm, [5, 8])
+    kw = dict(max_new_tokens=8, do_sample=False, stop_token_ids=[NEVER])
+    before = fast_sample_completions(lm, embeds, attention, num_generations=2, **kw)
+    with torch.no_grad():
+        lm.model.layers[1].mlp.down_proj.weight.copy_(torch.randn_like(lm.model.layers[1].mlp.down_proj.weight))
+    after = fast_sample_completions(lm, embeds, attention, num_generations=2, **kw)
+    assert not torch.equal(before.ids, after.ids)
+    assert_same_completions(after, sample_completions(lm, *per_row(embeds, attention, 2), **kw))
+
+
+def test_gqa_decode_attention_equals_repeat_kv_sdpa():
+    g = torch.Generator().manual_seed(0)
+    N, H, Hkv, S, hd = 3, 6, 2, 11, 8
+    query = torch.randn(N, H, 1, hd, generator=g)
+    key, value = torch.randn(N, Hkv, S, hd, generator=g), torch.randn(N, Hkv, S, hd, generator=g)
+    bias = torch.zeros(N, 1, 1, S).masked_fill(torch.rand(N, 1, 1, S, generator=g) < 0.4, torch.finfo(torch.float32).min)
+    bias[..., 0] = 0.0
+    module = torch.nn.Module()
+    module.num_key_value_groups = H // Hkv
+    out, _ = gqa_decode_attention(module, query, key, value, bias, scaling=0.3)
+    expected, _ = sdpa_attention_forward(module, query, key, value, bias, scaling=0.3)
+    assert out.shape == expected.shape == (N, 1, H, hd)
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=0)
+
+
+def test_bad_inputs_are_rejected():
+    lm = tiny_lm()
+    embeds, attention = prompts(lm, [3, 6])
+    kw = dict(max_new_tokens=2, stop_token_ids=[1])
+    with pytest.raises(ValueError, match="num_generations"):
+        fast_sample_completions(lm, embeds, attention, num_generations=0, **kw)
+    with pytest.raises(ValueError, match="left padded"):
+        fast_sample_completions(lm, embeds, attention.flip(-1), **kw)
+    with pytest.raises(ValueError, match="stop_token_ids"):
+        fast_sample_completions(lm, embeds, attention, max_new_tokens=2, stop_token_ids=[])
+    with pytest.raises(ValueError, match="use_cuda_graph"):
+        fast_sample_completions(lm, embeds, attention, use_cuda_graph=True, **kw)
+    with pytest.raises(ValueError, match="top_p"):
+        fast_sample_completions(lm, embeds, attention, top_p=0.0, **kw)
+    short = tiny_lm("llama", max_position_embeddings=32, rope_scaling={"type": "dynamic", "factor": 2.0})
+    with pytest.raises(NotImplementedError, match="dynamic"):
+        fast_sample_completions(short, embeds, attention, **kw)
+
+    class BodylessLM(torch.nn.Module):
+        def get_decoder(self):
+            return torch.nn.Identity()
+
+        def get_output_embeddings(self):
+            return lm.lm_head
+
+    with pytest.raises(TypeError, match="rotary_emb"):
+        fast_sample_completions(BodylessLM(), embeds, attention, **kw)
