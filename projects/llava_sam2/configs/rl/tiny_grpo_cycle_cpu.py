@@ -23,7 +23,10 @@ train_cfg.algorithm.config.update(num_generations=2, max_completion_length=6)  #
 train_cfg.algorithm.update(seg_answer_max_tokens=4)  # noqa: F405
 max_iters = 4
 train_cfg.update(max_iters=max_iters)  # noqa: F405
-param_scheduler = warmup_cosine(max_iters, warmup_ratio=0.5)  # noqa: F405
+param_scheduler = [
+    dict(type=LinearLR, start_factor=1e-5, by_epoch=False, begin=0, end=2),  # noqa: F405
+    dict(type=CosineAnnealingLR, eta_min=0.0, by_epoch=False, begin=2, end=max_iters),  # noqa: F405
+]
 
 # 8 shapes scenes of 64 px
 shapes_region_dataset.update(num_samples=8, image_size=64)

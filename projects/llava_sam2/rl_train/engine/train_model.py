@@ -26,10 +26,10 @@ from torch import nn
 from ..grpo.config import GRPOConfig
 from ..grpo.weights import WeightSets
 from ..model.lora import apply_lora, configure_trainable
-from ..model.presets import build_preset
 from ..model.processor import Sa2VAProcessor
 from ..model.sa2va import Sa2VAModel
 from ..model.sft_loss import sft_loss
+from .builders import build_tokenizer, model_config
 from .checkpointing import keep_trainable_state
 from .registry import ALGORITHMS, build_component
 
@@ -44,28 +44,6 @@ def _dtype(value: str | torch.dtype | None) -> torch.dtype | None:
         raise ValueError(f"Sa2VATrainModel: torch_dtype={value!r} is not a torch dtype name; use 'bfloat16', "
                          "'float16', 'float32' or None (the checkpoint's).")
     return getattr(torch, str(value))
-
-
-def build_tokenizer(tokenizer: Any, pretrained_path: str | None, preset: str | None):
-    """The tokenizer object from a built tokenizer, a config dict (``type=AutoTokenizer.from_pretrained, ...``), a
-    path, or None: the checkpoint's (``pretrained_path``) or, for ``preset='tiny'``, the shipped tiny tokenizer."""
-    if isinstance(tokenizer, Mapping):
-        args = dict(tokenizer.items())
-        return args.pop("type")(**args)
-    if isinstance(tokenizer, (str, os.PathLike)):
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(os.fspath(tokenizer), trust_remote_code=True)
-    if tokenizer is not None:
-        return tokenizer
-    if pretrained_path is not None:
-        return build_tokenizer(os.fspath(pretrained_path), None, None)
-    if preset == "tiny":
-        from ..model.tokenizer import load_tiny_tokenizer
-
-        return load_tiny_tokenizer()
-    raise ValueError(f"Sa2VATrainModel: preset={preset!r} needs a tokenizer (a path, a config dict or an object) "
-                     "whose special tokens match the checkpoint you will load.")
 
 
 @MODELS.register_module()
@@ -92,16 +70,13 @@ class Sa2VATrainModel(BaseModel):
                  processor_cfg: Mapping[str, Any] | None = None, sft_loss_cfg: Mapping[str, Any] | None = None,
                  data_preprocessor: dict | None = None) -> None:
         super().__init__(data_preprocessor=data_preprocessor)
-        if (pretrained_path is None) == (preset is None):
-            raise ValueError(f"Sa2VATrainModel: give exactly one of pretrained_path (a local HF Sa2VA checkpoint, "
-                             f"e.g. ./pretrained/Sa2VA-4B) and preset (tiny/1b/4b/8b); got pretrained_path="
-                             f"{pretrained_path!r}, preset={preset!r}.")
         tokenizer = build_tokenizer(tokenizer, pretrained_path, preset)
+        config = model_config(pretrained_path, preset, vocab_size=len(tokenizer))
         dtype = _dtype(torch_dtype)
         if pretrained_path is not None:
             sa2va = Sa2VAModel.from_pretrained(pretrained_path, torch_dtype=dtype).train()
         else:
-            sa2va = Sa2VAModel(build_preset(preset, vocab_size=len(tokenizer)))
+            sa2va = Sa2VAModel(config)
             if dtype is not None:
                 sa2va.to(dtype)
         sa2va.bind_tokenizer(tokenizer)

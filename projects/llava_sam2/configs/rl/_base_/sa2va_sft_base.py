@@ -9,8 +9,9 @@
 #         from ._base_.sa2va_sft_base import *
 #
 # The base's variables arrive as copies: change a nested setting through its dict
-# (`optim_wrapper.optimizer.update(lr=1e-5)`, `model.update(preset='tiny')`), and after changing max_iters rebuild
-# the schedule with `param_scheduler = warmup_cosine(max_iters)`.
+# (`optim_wrapper.optimizer.update(lr=1e-5)`, `model.update(preset='tiny')`); values computed from another variable
+# (param_scheduler from max_iters) are written again by a child that changes that variable. Configs hold data
+# only: a function defined here would break MMEngine's config dump.
 from mmengine.hooks import (CheckpointHook, DistSamplerSeedHook, IterTimerHook, LoggerHook,
                             ParamSchedulerHook)
 from mmengine.optim import AmpOptimWrapper, CosineAnnealingLR, LinearLR
@@ -48,18 +49,14 @@ optim_wrapper = dict(
 max_iters = 10000
 
 
-def warmup_cosine(max_iters, warmup_ratio=0.05):
-    """Upstream schedule: LinearLR from 1e-5 x lr over the first warmup_ratio of the iterations, then cosine to 0.
-
-    MMEngine's LinearLR reaches the full lr at its last step, so the warmup spans at least 2 iterations."""
-    warmup_iters = max(2, int(warmup_ratio * max_iters))
-    return [
-        dict(type=LinearLR, start_factor=1e-5, by_epoch=False, begin=0, end=warmup_iters),
-        dict(type=CosineAnnealingLR, eta_min=0.0, by_epoch=False, begin=warmup_iters, end=max_iters),
-    ]
-
-
-param_scheduler = warmup_cosine(max_iters)
+# Upstream schedule: LinearLR from 1e-5 x lr over the first 5% of the iterations, then cosine to 0. A child that
+# changes max_iters writes these two entries again with its own numbers (MMEngine's LinearLR reaches the full lr
+# at its last step, so give the warmup at least 2 iterations).
+warmup_iters = int(0.05 * max_iters)
+param_scheduler = [
+    dict(type=LinearLR, start_factor=1e-5, by_epoch=False, begin=0, end=warmup_iters),
+    dict(type=CosineAnnealingLR, eta_min=0.0, by_epoch=False, begin=warmup_iters, end=max_iters),
+]
 
 # ---- hooks and runtime --------------------------------------------------------------------------------------
 default_hooks = dict(

@@ -1,0 +1,48 @@
+# Tiny Sa2VA SFT on the shapes world with XTuner's own TrainLoop, on CPU: the SFT forward of Sa2VATrainModel
+# (upstream losses: LM cross-entropy + mask BCE + Dice) trained exactly as upstream SFT configs are, and the
+# same model / optimizer / hooks settings the GRPO configs inherit.
+#
+#   python tools/train.py projects/llava_sam2/configs/rl/tiny_sft_cpu.py --work-dir work_dirs/tiny_sft
+from mmengine.config import read_base
+
+with read_base():
+    from ._base_.datasets.shapes_regions import shapes_region_dataset
+    from ._base_.sa2va_sft_base import *  # noqa: F401,F403
+
+from mmengine.dataset import DefaultSampler
+from mmengine.optim import OptimWrapper
+from xtuner.engine.runner import TrainLoop
+
+from projects.llava_sam2.rl_train.engine.builders import region_sft_dataset
+from projects.llava_sam2.rl_train.model.processor import sft_collate
+
+model.update(  # noqa: F405
+    pretrained_path=None, preset="tiny", torch_dtype=None, gradient_checkpointing=False,
+    lora=dict(r=8, lora_alpha=16, lora_dropout=0.05),
+    processor_cfg=dict(empty_region="dilate_to_one_cell"),
+    sft_loss_cfg=dict(num_points=256),  # mask-loss points per mask (upstream 12544 for 256x256 logits)
+)
+
+# caption and segment items of 8 shapes scenes, with the processor of the same tiny model
+shapes_region_dataset.update(num_samples=8, image_size=64)
+train_dataloader = dict(
+    batch_size=2, num_workers=0,
+    dataset=dict(type=region_sft_dataset, region_dataset=shapes_region_dataset, preset="tiny",
+                 processor_cfg=dict(empty_region="dilate_to_one_cell"), tasks=("caption", "segment"), max_length=512),
+    sampler=dict(type=DefaultSampler, shuffle=True),
+    collate_fn=dict(type=sft_collate),
+)
+
+max_iters = 4
+train_cfg = dict(type=TrainLoop, max_iters=max_iters)
+param_scheduler = [
+    dict(type=LinearLR, start_factor=1e-5, by_epoch=False, begin=0, end=2),  # noqa: F405
+    dict(type=CosineAnnealingLR, eta_min=0.0, by_epoch=False, begin=2, end=max_iters),  # noqa: F405
+]
+# CPU: fp32 optimizer wrapper (AmpOptimWrapper needs CUDA), one step per batch, gloo
+optim_wrapper = dict(type=OptimWrapper, optimizer=optim_wrapper.optimizer,  # noqa: F405
+                     clip_grad=optim_wrapper.clip_grad, accumulative_counts=1)  # noqa: F405
+default_hooks.logger.update(interval=1)  # noqa: F405
+default_hooks.checkpoint.update(interval=2)  # noqa: F405
+env_cfg.update(dist_cfg=dict(backend="gloo"))  # noqa: F405
+randomness = dict(seed=0)

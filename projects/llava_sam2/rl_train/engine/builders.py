@@ -1,0 +1,74 @@
+"""Config-time builders shared by the train model and the SFT datasets.
+
+Both sides must agree on the tokenizer and the chat template, so both build them from the same description: a
+local HF Sa2VA checkpoint (``pretrained_path``: its ``config.json`` and tokenizer) or a size preset plus a tokenizer.
+Config values may be built objects, config dicts (``dict(type=<callable>, **kwargs)``, as lazy configs write them)
+or, for the tokenizer, a path.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from mmengine.registry import DATASETS
+
+from ..model.configuration import Sa2VAConfig
+from ..model.presets import build_preset
+from ..model.processor import Sa2VAProcessor
+from ..model.sft_data import RegionSFTDataset
+from .registry import build_component
+
+
+def build_tokenizer(tokenizer: Any = None, pretrained_path: str | os.PathLike | None = None,
+                    preset: str | None = None):
+    """The tokenizer from an object, a config dict, a path, or None: the checkpoint's (``pretrained_path``) or, for
+    ``preset='tiny'``, the shipped tiny tokenizer."""
+    if isinstance(tokenizer, Mapping):
+        args = dict(tokenizer.items())
+        return args.pop("type")(**args)
+    if isinstance(tokenizer, (str, os.PathLike)):
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(os.fspath(tokenizer), trust_remote_code=True)
+    if tokenizer is not None:
+        return tokenizer
+    if pretrained_path is not None:
+        return build_tokenizer(pretrained_path)
+    if preset == "tiny":
+        from ..model.tokenizer import load_tiny_tokenizer
+
+        return load_tiny_tokenizer()
+    raise ValueError(f"preset={preset!r} needs a tokenizer (a path, a config dict or an object) whose special "
+                     "tokens match the checkpoint; only preset='tiny' has a built-in one.")
+
+
+def model_config(pretrained_path: str | os.PathLike | None, preset: str | None, vocab_size: int) -> Sa2VAConfig:
+    """The Sa2VA config of a checkpoint directory or of a preset sized to ``vocab_size``."""
+    if (pretrained_path is None) == (preset is None):
+        raise ValueError(f"give exactly one of pretrained_path (a local HF Sa2VA checkpoint, e.g. "
+                         f"./pretrained/Sa2VA-4B) and preset (tiny/1b/4b/8b); got pretrained_path={pretrained_path!r}, "
+                         f"preset={preset!r}.")
+    if preset is not None:
+        return build_preset(preset, vocab_size=vocab_size)
+    config_file = Path(pretrained_path) / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{config_file} is missing; pretrained_path must be a Sa2VA HF checkpoint directory.")
+    return Sa2VAConfig.from_json_file(config_file)
+
+
+def region_sft_dataset(region_dataset: Any, *, pretrained_path: str | None = None, preset: str | None = None,
+                       tokenizer: Any = None, processor_cfg: Mapping[str, Any] | None = None,
+                       **kwargs: Any) -> RegionSFTDataset:
+    """``RegionSFTDataset`` (caption + segment items) over a region dataset, with the processor of the model given
+    by ``pretrained_path`` / ``preset`` (same arguments as ``Sa2VATrainModel``), so SFT prompts use its template.
+
+    ``region_dataset`` is a dataset or its config; ``kwargs`` go to ``RegionSFTDataset`` (tasks, seed, max_length...).
+    """
+    if isinstance(region_dataset, Mapping):
+        region_dataset = build_component(DATASETS, region_dataset)
+    tokenizer = build_tokenizer(tokenizer, pretrained_path, preset)
+    config = model_config(pretrained_path, preset, vocab_size=len(tokenizer))
+    processor = Sa2VAProcessor.from_config(tokenizer, config, **dict(processor_cfg or {}))
+    return RegionSFTDataset(region_dataset, processor, **kwargs)
