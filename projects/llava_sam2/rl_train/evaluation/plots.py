@@ -1,0 +1,215 @@
+"""PNG figures for the evaluation report (matplotlib's object API on the Agg canvas, no pyplot state).
+
+* :func:`plot_curves` — training curves from MMEngine's ``<work_dir>/<timestamp>/vis_data/scalars.json``
+  (JSON lines: ``{"<key>": value, ..., "step": iteration}``; keys as ``LoggerHook`` writes them, e.g.
+  ``loop1/reward_mean``, or ``train/loop1/reward_mean`` with ``log_with_hierarchy``).
+* :func:`plot_metric_bars` — systems × headline metrics, bars with bootstrap-CI whiskers.
+* :func:`plot_examples` — per sample: the image with the GT region, then each system's predicted mask
+  and text, for a few held-out samples.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import textwrap
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from matplotlib.figure import Figure
+from scipy.ndimage import binary_erosion
+
+from ..data.rle import decode_rle
+from .metrics import PRIMARY, TASKS
+from .records import EvalRecord
+
+GT_COLOUR = (0, 230, 255)  # cyan
+PRED_COLOUR = (255, 0, 200)  # magenta
+DEFAULT_CURVES = {"Loop 1 reward (mask → caption → mask')": "loop1/reward_mean",
+                  "Loop 2 reward (caption → mask → caption')": "loop2/reward_mean"}
+
+
+def find_scalars(path: str) -> str:
+    """``path`` itself if it is a file, else the newest ``**/vis_data/scalars.json`` under it."""
+    if os.path.isfile(path):
+        return path
+    found = sorted(glob.glob(os.path.join(path, "**", "vis_data", "scalars.json"), recursive=True))
+    if not found:
+        raise ValueError(f"{path}: no <timestamp>/vis_data/scalars.json under it; pass the training work_dir "
+                         "(MMEngine's LocalVisBackend writes it) or the scalars.json file itself")
+    return max(found, key=os.path.getmtime)
+
+
+def read_scalars(path: str) -> list[dict]:
+    """The JSON lines of a scalars file, with a leading ``train/`` stripped from every key."""
+    rows = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}:{number}: not a JSON line ({error})") from None
+            rows.append({k.removeprefix("train/"): v for k, v in row.items()})
+    return rows
+
+
+def _moving_average(values: np.ndarray, window: int) -> np.ndarray:
+    """Trailing mean over ``window`` points (shorter at the start)."""
+    cumulative = np.cumsum(np.insert(values, 0, 0.0))
+    index = np.arange(1, len(values) + 1)
+    start = np.maximum(index - window, 0)
+    return (cumulative[index] - cumulative[start]) / (index - start)
+
+
+def plot_curves(scalars: str, out_png: str, curves: Mapping[str, str] | None = None,
+                smooth: int | None = None) -> str:
+    """One panel per curve: raw values (faint) and a trailing moving average (``smooth`` points,
+    default ~5% of the points). ``curves`` maps a panel title to a scalar key (default: the two loop
+    rewards). Keys missing from the file raise, listing the keys it has."""
+    curves = dict(DEFAULT_CURVES if curves is None else curves)
+    rows = read_scalars(find_scalars(scalars))
+    available = sorted({k for row in rows for k in row} - {"step"})
+    missing = [key for key in curves.values() if not any(key in row for row in rows)]
+    if missing or not curves:
+        raise ValueError(f"{scalars}: no values for scalar keys {missing}; the file has {available[:40]}. "
+                         "Pass --curve 'title=key' with one of them")
+    fig = Figure(figsize=(5.0 * len(curves), 3.6), dpi=110, layout="constrained")
+    for axis, (title, key) in zip(fig.subplots(1, len(curves), squeeze=False)[0], curves.items()):
+        points = [(row.get("step", i), row[key]) for i, row in enumerate(rows) if isinstance(row.get(key), (int, float))]
+        steps, values = (np.asarray(v, dtype=float) for v in zip(*points))
+        window = smooth or max(1, len(values) // 20)
+        axis.plot(steps, values, color="tab:blue", alpha=0.3, linewidth=1, label="logged")
+        axis.plot(steps, _moving_average(values, window), color="tab:blue", linewidth=2,
+                  label=f"moving average ({window})")
+        axis.set(title=title, xlabel="iteration", ylabel=key)
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+    fig.savefig(out_png)
+    return out_png
+
+
+def plot_metric_bars(metrics: Mapping[str, Mapping[str, Mapping]], out_png: str,
+                     primary: Mapping[str, Sequence[str]] = PRIMARY) -> str:
+    """Grouped bars: one panel per task, one group per headline metric, one bar per system.
+
+    Args:
+        metrics: system → task → metric name → Estimate (of that system's run).
+    """
+    systems = list(metrics)
+    panels = [(task, [m for m in primary[task] if any(m in metrics[s].get(task, {}) for s in systems)])
+              for task in TASKS]
+    panels = [(task, names) for task, names in panels if names]
+    if not panels:
+        raise ValueError("plot_metric_bars: no headline metric in any run; evaluate at least one task first")
+    fig = Figure(figsize=(max(4.0, 1.2 * len(systems) * sum(len(n) for _, n in panels) + 2), 3.8), dpi=110,
+                 layout="constrained")
+    width = 0.8 / len(systems)
+    for axis, (task, names) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
+        for k, system in enumerate(systems):
+            ests = [metrics[system].get(task, {}).get(name) for name in names]
+            x = np.arange(len(names)) + (k - (len(systems) - 1) / 2) * width
+            values = [np.nan if e is None else e.value for e in ests]
+            errors = np.array([[0.0, 0.0] if e is None or np.isnan(e.low) else [e.value - e.low, e.high - e.value]
+                               for e in ests]).T  # [2, M]
+            axis.bar(x, values, width, yerr=errors, capsize=3, label=system, color=f"C{k}")
+        axis.set_xticks(np.arange(len(names)), names, fontsize=8)
+        axis.set_title(task)
+        axis.set_ylim(0, 1)
+        axis.grid(axis="y", alpha=0.3)
+    axis.legend(fontsize=8, loc="upper right")
+    fig.suptitle("held-out metrics (bars: estimate, whiskers: 95% bootstrap CI)", fontsize=10)
+    fig.savefig(out_png)
+    return out_png
+
+
+def _edge(region: np.ndarray) -> np.ndarray:
+    """Boundary pixels of a bool ``[H, W]`` region (about 1% of the image side thick)."""
+    width = max(1, round(min(region.shape) / 100))
+    return region & ~binary_erosion(region, iterations=width, border_value=0)
+
+
+def overlay(image: np.ndarray, region: np.ndarray | None, colour: tuple[int, int, int],
+            reference: np.ndarray | None = None, dim: float = 0.45) -> np.ndarray:
+    """uint8 ``[H, W, 3]``: pixels outside ``region`` dimmed, its boundary drawn in ``colour``, and the
+    boundary of ``reference`` (the GT, for comparison) in ``GT_COLOUR``. Dimming keeps the region readable
+    whatever the colours of the scene; ``region=None`` (no mask) dims the whole image."""
+    out = image.astype(np.float32)
+    inside = np.zeros(image.shape[:2], dtype=bool) if region is None else region
+    out[~inside] *= dim
+    if reference is not None and reference.any():
+        out[_edge(reference)] = GT_COLOUR
+    if region is not None and region.any():
+        out[_edge(region)] = colour
+    return out.astype(np.uint8)
+
+
+def _record_view(record: EvalRecord, gt_mask: np.ndarray) -> tuple[np.ndarray | None, str]:
+    """(mask to draw, text to print) of one system's record."""
+    pred = None
+    if record.mask is not None and record.mask.rle is not None:
+        h, w = record.mask.rle["size"]
+        pred = decode_rle(record.mask.rle, h, w, file="records", sample_id=record.sample_id)
+    elif record.mask is not None and record.mask.pred_area == 0:
+        pred = np.zeros_like(gt_mask)  # an empty or missing prediction: nothing to outline
+    score = f"{'IoU' if record.task in ('res', 'cycle_iou') else 'METEOR'} {record.score:.2f}"
+    if record.mask is not None and not record.mask.has_mask:
+        score += " · no [SEG]"
+    if record.task == "res":
+        return pred, f"{record.answer_a}\n{score}"
+    if record.task == "caption":
+        return gt_mask, f"“{record.caption}”\n{score}"
+    if record.task == "cycle_iou":
+        return pred, f"A: “{record.caption}”\nB: {record.answer_b or '—'}\n{score}"
+    return pred, f"A: {record.answer_a}\nB: “{record.caption}”\n{score}"
+
+
+def _wrap(text: str, width: int = 34, lines: int = 6) -> str:
+    wrapped = [line for part in text.split("\n") for line in (textwrap.wrap(part, width) or [""])]
+    return "\n".join(wrapped[:lines] + (["…"] if len(wrapped) > lines else []))
+
+
+def plot_examples(task: str, samples: Sequence, records: Mapping[str, Mapping[str, EvalRecord]], out_png: str
+                  ) -> str:
+    """Rows = samples; columns = ground truth, then each system's prediction (mask overlay + text).
+
+    Args:
+        samples: the RegionSample rows to show.
+        records: system → sample_id → that system's record of ``task``.
+    """
+    systems = list(records)
+    fig = Figure(figsize=(2.9 * (1 + len(systems)), 3.9 * len(samples)), dpi=100, layout="constrained")
+    axes = fig.subplots(len(samples), 1 + len(systems), squeeze=False)
+    for row, sample in zip(axes, samples):
+        image, gt_mask = np.asarray(sample.image.convert("RGB")), np.asarray(sample.gt_mask, dtype=bool)
+        gt_text = (record_text_in(records, sample.sample_id) or (sample.captions or sample.expressions or [""])[0])
+        row[0].imshow(overlay(image, gt_mask, GT_COLOUR), interpolation="nearest")
+        row[0].set_title(f"ground truth\n{sample.sample_id}", fontsize=8)
+        row[0].set_xlabel(_wrap(f"“{gt_text}”"), fontsize=8)
+        for axis, system in zip(row[1:], systems):
+            record = records[system].get(sample.sample_id)
+            if record is None:
+                raise ValueError(f"plot_examples: system {system!r} has no {task} record for {sample.sample_id!r}")
+            pred, text = _record_view(record, gt_mask)
+            shown = overlay(image, gt_mask, GT_COLOUR) if record.task == "caption" else \
+                overlay(image, pred, PRED_COLOUR, reference=gt_mask)
+            axis.imshow(shown, interpolation="nearest")
+            axis.set_title(system, fontsize=9)
+            axis.set_xlabel(_wrap(text), fontsize=8)
+        for axis in row:
+            axis.set_xticks([])
+            axis.set_yticks([])
+    what = "the region prompt is the ground truth" if task == "caption" else "magenta = predicted mask (outside dimmed)"
+    fig.suptitle(f"{task}: cyan = ground-truth outline, {what}", fontsize=10)
+    fig.savefig(out_png)
+    return out_png
+
+
+def record_text_in(records: Mapping[str, Mapping[str, EvalRecord]], sample_id: str) -> str | None:
+    """The input text of a sample's records (expression / GT caption), if the task has one."""
+    for by_id in records.values():
+        record = by_id.get(sample_id)
+        if record is not None and record.text_in:
+            return record.text_in
+    return None
