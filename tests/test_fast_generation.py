@@ -137,6 +137,18 @@ def test_sampling_distributions_and_logprobs_match_the_reference_logits():
     assert bool((out.token_logp[~is_active] == 0).all())
 
 
+def test_sampling_with_the_reference_seed_draws_the_reference_tokens():
+    """The exponential race is torch.multinomial's own draw, so one generator seed gives the same tokens."""
+    lm = tiny_lm()
+    embeds, attention = prompts(lm, [6, 3, 9])
+    G, kw = 4, dict(max_new_tokens=12, temperature=0.8, top_p=0.9, stop_token_ids=list(range(1, 9)))
+    ref = sample_completions(lm, *per_row(embeds, attention, G), generator=torch.Generator().manual_seed(11), **kw)
+    fast = fast_sample_completions(lm, embeds, attention, num_generations=G,
+                                   generator=torch.Generator().manual_seed(11), **kw)
+    assert_same_completions(fast, ref)
+    assert fast.is_truncated.any() and not fast.is_truncated.all() and fast.completion_mask.sum() > 40
+
+
 def test_draws_follow_the_step_distributions():
     """E[onehot(c_t) - p_t | prefix] = 0 for a correct sampler: the mean over many rows and steps is ~0.
     A sampler of the wrong distribution (here: no temperature) shows a clear bias on the same draws."""
@@ -253,3 +265,24 @@ def test_bad_inputs_are_rejected():
 
     with pytest.raises(TypeError, match="rotary_emb"):
         fast_sample_completions(BodylessLM(), embeds, attention, **kw)
+
+
+def test_bench_decode_tool_runs_on_cpu(tmp_path):
+    import importlib.util
+    import json
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "tools", "bench_decode.py")
+    spec = importlib.util.spec_from_file_location("bench_decode", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "decode.json"
+    report = bench.main(["--lm", "tiny", "--device", "cpu", "--batch", "2", "--num-generations", "2",
+                         "--prompt-len", "12", "--new-tokens", "4", "--repeats", "1", "--profile-steps", "2",
+                         "--check-tokens", "4", "--json", str(out)])
+    assert set(report["modes"]) == {"hf_generate", "reference", "fast"}
+    assert all(r["tokens_per_s"] > 0 for r in report["modes"].values())
+    assert report["profile"]["fast"]["kernels_per_step"] > 0
+    assert report["check"]["greedy_rows_equal_reference"] == 1.0
+    assert report["check"]["token_logp_max_abs_diff_teacher"] < 1e-5
+    assert json.loads(out.read_text())["config"]["N"] == 4

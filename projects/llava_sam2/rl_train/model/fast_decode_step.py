@@ -1,9 +1,11 @@
 """The fixed-shape decode step of :mod:`fast_generation`, and what it needs.
 
-:func:`decode_step` advances every row by one token reading and writing only preallocated tensors
-(:class:`DecodeState`), so :class:`GraphedStep` can capture it once into a CUDA graph and replay it.
-:class:`TokenChooser` picks tokens on device (greedy or top-p exponential race) and applies the stop
-rule; :func:`gqa_decode_attention` is the registered attention implementation the step runs with.
+One step is ``choose(decode_logits())``. :func:`decode_logits` runs the LM for one token per row reading
+and writing only preallocated tensors (:class:`DecodeState`), so :class:`GraphedCall` captures it once
+into a CUDA graph and replays it. :class:`TokenChooser` then picks the tokens on device (greedy, or
+top-p sampling with ``torch.multinomial``'s exponential race minus its host-side checks) and applies
+the stop rule; its ~20 launches run eagerly, queued behind the graph without any host synchronisation.
+:func:`gqa_decode_attention` is the registered attention implementation the step runs with.
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ def gqa_decode_attention(module: nn.Module, query: Tensor, key: Tensor, value: T
         ``(out [N, 1, H, hd], None)``, the layout of transformers' ``sdpa_attention_forward``.
     """
     N, H, q_len, hd = query.shape
-    if q_len != 1:  # a multi-token call (not made by decode_step) keeps transformers' path
+    if q_len != 1:  # a multi-token call (not made by decode_logits) keeps transformers' path
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
     Hkv = key.shape[1]
@@ -137,9 +139,12 @@ class DecodeState:
 
 @dataclass(frozen=True)
 class TokenChooser:
-    """How a token is picked from logits: greedy or top-p sampling, and the stop rule."""
+    """Pick one token per row from temperature-scaled logits, on device, and apply the stop rule.
 
-    temperature: float
+    Greedy: ``argmax logits``. Sampling: ``argmax_i p_i / E_i`` with ``p = softmax(top_p(logits))`` and
+    ``E ~ Exp(1)`` drawn from ``generator`` (``torch.multinomial``'s draw, without its host-side checks).
+    """
+
     do_sample: bool
     top_p: TopPLogitsWarper | None  # None when top_p == 1
     stop_ids: Tensor  # [K] long
@@ -156,7 +161,8 @@ class TokenChooser:
         probs = self.distribution(logits) if self.do_sample or state.step_probs is not None else None
         if self.do_sample:
             noise = torch.empty_like(probs).exponential_(generator=self.generator)  # [N, V] ~ Exp(1)
-            token = (probs / noise.clamp_min(torch.finfo(noise.dtype).tiny)).argmax(-1)  # [N] exponential race
+            # E = 0 would make 0/0 = NaN on a filtered token, and argmax picks NaN: keep E > 0
+            token = (probs / noise.clamp_min(torch.finfo(noise.dtype).tiny)).argmax(-1)  # [N]
         else:
             token = logits.argmax(-1)  # [N]
         is_active = ~state.is_finished
@@ -172,9 +178,10 @@ class TokenChooser:
         state.column += 1
 
 
-def decode_step(parts: DecoderParts, cache: StaticCache, state: DecodeState, choose: TokenChooser) -> None:
-    """Feed ``state.token`` at ``state.cache_position``, pick the next token into ``state``; fixed shapes,
-    no host synchronisation (the function a CUDA graph captures). Runs with :func:`gqa_decode_attention`."""
+def decode_logits(parts: DecoderParts, cache: StaticCache, state: DecodeState, temperature: float) -> Tensor:
+    """Feed ``state.token`` at ``state.cache_position`` and return the next logits ``[N, V]`` (float32,
+    divided by temperature); advances the position and cache slot. Fixed shapes, no host synchronisation:
+    the function a CUDA graph captures. Runs with :func:`gqa_decode_attention` as the attention."""
     hidden = parts.embed(state.token)[:, None].to(state.attention_bias.dtype)  # [N, 1, D]
     state.attention_bias.index_fill_(3, state.cache_position, 0.0)  # the input's own slot becomes visible
     rope = (F.embedding(state.position, state.cos)[:, None], F.embedding(state.position, state.sin)[:, None])
@@ -183,39 +190,39 @@ def decode_step(parts: DecoderParts, cache: StaticCache, state: DecodeState, cho
         hidden = layer(hidden, attention_mask=state.attention_bias, position_ids=position_ids,
                        past_key_value=cache, use_cache=True, cache_position=state.cache_position,
                        position_embeddings=rope)[0]  # [N, 1, D]
-    logits = parts.head(parts.norm(hidden)[:, -1]).float() / choose.temperature  # [N, V]
-    choose(logits, state)
+    logits = parts.head(parts.norm(hidden)[:, -1]).float() / temperature  # [N, V]
     state.position += 1
     state.cache_position += 1
+    return logits
 
 
-class GraphedStep:
-    """Run ``step`` eagerly on a side stream for the first ``warmup`` calls, then capture it once into a
+class GraphedCall:
+    """Run ``fn`` eagerly on a side stream for the first ``warmup`` calls, then capture it once into a
     ``torch.cuda.CUDAGraph`` and replay it on every later call (the capture call replays it too).
 
-    Every call is one real decode step: warm-up steps are not wasted. ``generator`` (a non-default CUDA
-    generator drawn from inside the step) is registered with the graph so each replay draws fresh noise.
+    Every call does the real work (warm-up calls are real decode steps) and returns ``fn``'s output; after
+    capture that is the graph's static output tensor, overwritten by the next replay.
     """
 
-    def __init__(self, step: Callable[[], None], generator: torch.Generator | None,
-                 warmup: int = GRAPH_WARMUP_STEPS):
-        self.step, self.generator, self.warmup = step, generator, warmup
+    def __init__(self, fn: Callable[[], Tensor], warmup: int = GRAPH_WARMUP_STEPS):
+        self.fn, self.warmup = fn, warmup
         self.calls = 0
         self.graph: torch.cuda.CUDAGraph | None = None
+        self.output: Tensor | None = None
 
-    def __call__(self) -> None:
-        if self.graph is None and self.calls < self.warmup:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                self.step()
-            torch.cuda.current_stream().wait_stream(side)
-        else:
-            if self.graph is None:
-                self.graph = torch.cuda.CUDAGraph()
-                if self.generator is not None:
-                    self.graph.register_generator_state(self.generator)
-                with torch.cuda.graph(self.graph):
-                    self.step()  # recorded, not executed
-            self.graph.replay()
+    def __call__(self) -> Tensor:
         self.calls += 1
+        if self.graph is None and self.calls <= self.warmup:
+            main, side = torch.cuda.current_stream(), torch.cuda.Stream()
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                output = self.fn()
+            main.wait_stream(side)
+            output.record_stream(main)  # read on the main stream after the side stream lets go of it
+            return output
+        if self.graph is None:
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.output = self.fn()  # recorded, not executed
+        self.graph.replay()
+        return self.output

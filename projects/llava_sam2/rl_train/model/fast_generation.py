@@ -10,17 +10,21 @@ How one call runs (issue #8, "rollout and step speed on GPU"):
    as the reference prefills; their keys/values are then copied G times into a transformers
    ``StaticCache`` of N rows and ``S = L + max_new_tokens`` slots (rounded up to :data:`CACHE_ALIGN`).
    The G samples of a prompt share its prefix, so prefill costs B rows, not N.
-2. **One fixed-shape decode step.** :func:`decode_step` reads and writes only tensors allocated before
-   the loop (:class:`DecodeState`: next input token, its position id and cache slot, an additive attention
-   bias ``[N, 1, 1, S]``, finished flags, output columns). Running it once advances every row by one token
-   with no host work, so on CUDA it is captured once into a ``torch.cuda.CUDAGraph`` (after warm-up steps
-   on a side stream) and replayed; on CPU the same function runs eagerly (what the tests exercise).
-3. **Sampling on device.** ``p = softmax(top_p(logits / temperature))`` with transformers'
-   ``TopPLogitsWarper`` (as the reference), then the exponential race ``argmax_i p_i / E_i`` with
-   ``E_i ~ Exp(1)`` i.i.d.: ``E_i / p_i ~ Exp(p_i)`` and the smallest of independent exponentials is
-   index k with probability ``p_k / Σ p``, so the drawn token has exactly the reference's per-token
-   distribution. The random stream is not ``torch.multinomial``'s: a seed gives other tokens than the
-   reference with the same seed. ``generator`` must live on the prompts' device.
+2. **One fixed-shape model step.** :func:`fast_decode_step.decode_logits` reads and writes only tensors
+   allocated before the loop (:class:`fast_decode_step.DecodeState`: next input token, its position id
+   and cache slot, an additive attention bias ``[N, 1, 1, S]``), so on CUDA it is captured once into a
+   ``torch.cuda.CUDAGraph`` (after warm-up steps on a side stream) and replayed: one launch instead of
+   ~40 per layer. On CPU the same function runs eagerly (what the tests exercise).
+3. **Sampling on device, outside the graph.** ``p = softmax(top_p(logits / temperature))`` with
+   transformers' ``TopPLogitsWarper`` (as the reference), then the exponential race
+   ``argmax_i p_i / E_i``, ``E = empty_like(p).exponential_(generator)``. ``E_i / p_i ~ Exp(p_i)`` and the
+   smallest of independent exponentials is index k with probability ``p_k / Σ p``, so the token has
+   exactly the reference's distribution. It is also how ``torch.multinomial(p, 1)`` draws (torch 2.11,
+   ``Distributions.cpp``), minus that function's ``.item()`` validity checks (two host syncs per step):
+   with the same generator the fast path draws the reference's tokens (up to float-level differences in
+   p). The sampler's ~20 kernels are
+   queued eagerly behind each replay (the GPU step takes milliseconds, the launches microseconds), which
+   keeps sorting (top-p) and RNG out of the captured graph. ``generator`` must be on the prompts' device.
 4. **Stops on device.** A row finishes on a token of ``stop_token_ids`` (a device-side flag); it keeps
    feeding ``pad_token_id``, masked out. The host reads ``all finished`` only every
    ``stop_check_interval`` steps; the output is trimmed to the longest row, as the reference does.
@@ -48,8 +52,8 @@ import torch
 from torch import Tensor, nn
 from transformers import DynamicCache, StaticCache, TopPLogitsWarper
 
-from .fast_decode_step import (CACHE_ALIGN, GQA_DECODE_ATTENTION, DecodeState, DecoderParts, GraphedStep,
-                               TokenChooser, attention_implementation, decode_step, rope_table)
+from .fast_decode_step import (CACHE_ALIGN, GQA_DECODE_ATTENTION, DecodeState, DecoderParts, GraphedCall,
+                               TokenChooser, attention_implementation, decode_logits, rope_table)
 from .generation import Completions, _check_prompt, position_ids_from_attention
 
 
@@ -189,20 +193,20 @@ def fast_sample_completions(
                        vocab_size=first_logits.shape[-1], pad_token_id=pad_token_id, rope=rope,
                        return_step_probs=return_step_probs)
     choose = TokenChooser(
-        temperature=temperature, do_sample=do_sample, top_p=TopPLogitsWarper(top_p) if top_p < 1.0 else None,
+        do_sample=do_sample, top_p=TopPLogitsWarper(top_p) if top_p < 1.0 else None,
         stop_ids=torch.as_tensor(list(stop_token_ids), device=device), pad_token_id=pad_token_id,
         generator=generator,
     )
     choose(first_logits.repeat_interleave(G, 0), state)  # column 0 from the shared prefill, [N, V]
 
-    step = partial(decode_step, parts, cache, state, choose)
+    forward = partial(decode_logits, parts, cache, state, temperature)
     use_graph = device.type == "cuda" if use_cuda_graph is None else use_cuda_graph
-    run = GraphedStep(step, generator) if use_graph else step
+    next_logits = GraphedCall(forward) if use_graph else forward
     with attention_implementation(parts.body.config, GQA_DECODE_ATTENTION):
         for t in range(1, T):
             if t % stop_check_interval == 0 and bool(state.is_finished.all()):  # host sync every k steps
                 break
-            run()
+            choose(next_logits(), state)  # column t
     return _completions(state, return_step_probs)
 
 
