@@ -201,28 +201,31 @@ class GraphedCall:
     ``torch.cuda.CUDAGraph`` and replay it on every later call (the capture call replays it too).
 
     Every call does the real work (warm-up calls are real decode steps) and returns ``fn``'s output; after
-    capture that is the graph's static output tensor, overwritten by the next replay.
+    capture that is the graph's static output tensor, overwritten by the next replay. The capture uses
+    ``capture_error_mode='thread_local'`` so that other threads of a training process (data loader pinning,
+    async reward clients) may keep using CUDA meanwhile.
     """
 
-    def __init__(self, fn: Callable[[], Tensor], warmup: int = GRAPH_WARMUP_STEPS):
-        self.fn, self.warmup = fn, warmup
+    def __init__(self, fn: Callable[[], Tensor], device: torch.device, warmup: int = GRAPH_WARMUP_STEPS):
+        self.fn, self.device, self.warmup = fn, device, warmup
         self.calls = 0
         self.graph: torch.cuda.CUDAGraph | None = None
         self.output: Tensor | None = None
 
     def __call__(self) -> Tensor:
         self.calls += 1
-        if self.graph is None and self.calls <= self.warmup:
-            main, side = torch.cuda.current_stream(), torch.cuda.Stream()
-            side.wait_stream(main)
-            with torch.cuda.stream(side):
-                output = self.fn()
-            main.wait_stream(side)
-            output.record_stream(main)  # read on the main stream after the side stream lets go of it
-            return output
-        if self.graph is None:
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.output = self.fn()  # recorded, not executed
-        self.graph.replay()
-        return self.output
+        with torch.cuda.device(self.device):
+            if self.graph is None and self.calls <= self.warmup:
+                main, side = torch.cuda.current_stream(), torch.cuda.Stream()
+                side.wait_stream(main)
+                with torch.cuda.stream(side):
+                    output = self.fn()
+                main.wait_stream(side)
+                output.record_stream(main)  # read on the main stream after the side stream lets go of it
+                return output
+            if self.graph is None:
+                self.graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+                    self.output = self.fn()  # recorded, not executed
+            self.graph.replay()
+            return self.output

@@ -201,7 +201,7 @@ def fast_sample_completions(
 
     forward = partial(decode_logits, parts, cache, state, temperature)
     use_graph = device.type == "cuda" if use_cuda_graph is None else use_cuda_graph
-    next_logits = GraphedCall(forward) if use_graph else forward
+    next_logits = GraphedCall(forward, device) if use_graph else forward
     with attention_implementation(parts.body.config, GQA_DECODE_ATTENTION):
         for t in range(1, T):
             if t % stop_check_interval == 0 and bool(state.is_finished.all()):  # host sync every k steps
