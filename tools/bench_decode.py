@@ -123,13 +123,13 @@ def bench_mode(mode: str, lm, embeds, attention, args) -> dict:
 
 
 def _kernel_table(prof, device: torch.device) -> dict[str, tuple[int, float]]:
-    """name -> (launches, device µs) of device kernels (CPU ops on a CPU run)."""
+    """name -> (launches, device µs) of device kernels, memcpys and memsets (aten ops on a CPU run)."""
     table: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for evt in prof.events():
         is_kernel = evt.device_type == torch.autograd.DeviceType.CUDA
         if device.type == "cuda" and is_kernel or device.type == "cpu" and evt.name.startswith("aten::"):
             table[evt.name][0] += 1
-            table[evt.name][1] += evt.device_time if device.type == "cuda" else evt.self_cpu_time_total
+            table[evt.name][1] += evt.device_time_total if device.type == "cuda" else evt.self_cpu_time_total
     return {name: (int(c), t) for name, (c, t) in table.items()}
 
 

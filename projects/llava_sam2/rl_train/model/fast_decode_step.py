@@ -24,7 +24,7 @@ from .generation import decoder_and_head
 
 GQA_DECODE_ATTENTION = "sa2va_gqa_decode"
 CACHE_ALIGN = 64  # static cache slots are rounded up to this (aligned attention-bias rows; masked anyway)
-GRAPH_WARMUP_STEPS = 2  # eager steps on a side stream before capture (lazy cuBLAS/SDPA initialisation)
+GRAPH_WARMUP_STEPS = 1  # eager steps on a side stream before capture (lazy cuBLAS/SDPA initialisation)
 _STATEFUL_ROPE = ("dynamic", "longrope")
 
 
