@@ -74,16 +74,19 @@ def run_level(base_url: str, concurrency: int, mode: str, n_captions: int, cache
     entry = bench_entry()
     captions = [f"A red car number {i} parked at level {concurrency} in {mode} mode." for i in range(n_captions)]
 
-    async def both() -> tuple[float, float]:
+    async def both() -> tuple[float, float, float]:
+        cpu_start = time.process_time()
         cold = await judge_all(judge, captions, entry)
+        cpu = time.process_time() - cpu_start  # this process only: the server runs elsewhere
         warm = await judge_all(judge, captions, entry)  # every request is now a cache hit
         await client.aclose()
-        return cold, warm
+        return cold, warm, cpu
 
-    cold, warm = asyncio.run(both())
-    row = {"mode": mode, "concurrency": concurrency, "captions": n_captions,
-           "requests": client.counters["requests"], "captions_per_s": n_captions / cold,
-           "requests_per_s": client.counters["requests"] / cold, "cached_captions_per_s": n_captions / warm}
+    cold, warm, cpu = asyncio.run(both())
+    requests = client.counters["requests"]
+    row = {"mode": mode, "concurrency": concurrency, "captions": n_captions, "requests": requests,
+           "captions_per_s": n_captions / cold, "requests_per_s": requests / cold,
+           "client_cpu_ms_per_request": 1000 * cpu / requests, "cached_captions_per_s": n_captions / warm}
     if cache_path is not None:  # a new process would start here: fresh client, same SQLite file
         disk = DLCJudge(JudgeClient(dict(base_url=base_url, cache_path=cache_path)), mode)
         row["sqlite_cached_captions_per_s"] = n_captions / asyncio.run(judge_all(disk, captions, entry))
@@ -117,12 +120,16 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         proc.stdin.close()
         proc.wait(10)
-    print(f"\nlatency {args.latency_ms:g} ms/request, {os.cpu_count()} CPU cores, client and server in separate processes")
-    print("| mode | concurrency | captions | captions/s | requests/s | cached captions/s (memory) | cached (SQLite, new client) |")
-    print("|---|---|---|---|---|---|---|")
+    load = os.getloadavg()[0]
+    print(f"\nlatency {args.latency_ms:g} ms/request, {os.cpu_count()} CPU cores (load average {load:.1f}), "
+          "client and server in separate processes")
+    print("| mode | concurrency | captions | captions/s | requests/s | client CPU ms/request "
+          "| cached captions/s (memory) | cached (SQLite, new client) |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['mode']} | {r['concurrency']} | {r['captions']} | {r['captions_per_s']:.1f} | "
-              f"{r['requests_per_s']:.1f} | {r['cached_captions_per_s']:.0f} | {r.get('sqlite_cached_captions_per_s', float('nan')):.0f} |")
+              f"{r['requests_per_s']:.1f} | {r['client_cpu_ms_per_request']:.2f} | {r['cached_captions_per_s']:.0f} | "
+              f"{r.get('sqlite_cached_captions_per_s', float('nan')):.0f} |")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0
