@@ -66,7 +66,8 @@ def fake_scalars(work_dir) -> str:
     rng = np.random.default_rng(0)
     with open(path, "w") as handle:
         for step in range(1, 61):
-            handle.write(json.dumps({"lr": 1e-5, "loop1/reward_mean": 0.2 + 0.5 * step / 60 + 0.05 * rng.standard_normal(),
+            loop1 = 0.2 + 0.5 * step / 60 + 0.05 * rng.standard_normal()
+            handle.write(json.dumps({"lr": 1e-5, "loop1/reward_mean": loop1,
                                      "train/loop2/reward_mean": 0.1 + 0.3 * step / 60, "step": step}) + "\n")
         handle.write(json.dumps({"val/accuracy": 0.5, "step": 60}) + "\n")  # a line without the keys
     return str(path)

@@ -72,7 +72,8 @@ def test_greedy_answers_equal_predict_batch(tiny, world, monkeypatch):
     assert [a.text for a in got] == [e["prediction"] for e in expected]
     assert [a.num_seg for a in got] == [2, 0, 1] and got[1].pred_mask is None
     assert [a.is_truncated for a in got] == [False, True, False]
-    np.testing.assert_array_equal(got[0].pred_mask, expected[0]["prediction_masks"][0] | expected[0]["prediction_masks"][1])
+    first_seg, second_seg = expected[0]["prediction_masks"]
+    np.testing.assert_array_equal(got[0].pred_mask, first_seg | second_seg)
     np.testing.assert_array_equal(got[2].pred_mask, expected[2]["prediction_masks"][0])
     assert got[0].plain == "It is" and "<|im_end|>" in got[0].text  # plain: stop token and [SEG] removed
     first = greedy_answers(model, proc, features, rows[:1], max_new_tokens=4, want_masks=True, multi_seg="first")

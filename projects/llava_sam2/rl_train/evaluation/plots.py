@@ -77,7 +77,8 @@ def plot_curves(scalars: str, out_png: str, curves: Mapping[str, str] | None = N
                          "Pass --curve 'title=key' with one of them")
     fig = Figure(figsize=(5.0 * len(curves), 3.6), dpi=110, layout="constrained")
     for axis, (title, key) in zip(fig.subplots(1, len(curves), squeeze=False)[0], curves.items()):
-        points = [(row.get("step", i), row[key]) for i, row in enumerate(rows) if isinstance(row.get(key), (int, float))]
+        points = [(row.get("step", i), row[key]) for i, row in enumerate(rows)
+                  if isinstance(row.get(key), (int, float))]
         steps, values = (np.asarray(v, dtype=float) for v in zip(*points))
         window = smooth or max(1, len(values) // 20)
         axis.plot(steps, values, color="tab:blue", alpha=0.3, linewidth=1, label="logged")

@@ -30,8 +30,8 @@ NOTES = """\
   `cIoU_seg_only` leaves those samples out, `no_seg_rate` counts them.
 * Captions: `METEOR_nltk` is nltk's METEOR (mean over samples); `METEOR15_*` is the official METEOR 1.5 jar
   (corpus score and sentence mean). nltk runs ~1.7-1.9x higher than the jar; never compare across the two.
-* `cycle_IoU` (Loop 1: mask → caption → mask') and `cycle_METEOR_nltk` (Loop 2: caption → mask → caption') use the
-  evaluated model as both A and B unless the run says otherwise; greedy decoding everywhere.
+* `cycle_IoU` (Loop 1: mask → caption → mask') and `cycle_METEOR_nltk` (Loop 2: caption → mask → caption')
+  use the evaluated model as both A and B unless the setup table names a partner; greedy decoding everywhere.
 """
 
 

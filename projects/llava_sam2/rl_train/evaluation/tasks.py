@@ -23,7 +23,6 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
-import torch
 from tqdm.auto import tqdm
 
 from ..data.bad_samples import SkippedSample
@@ -123,7 +122,7 @@ class _Batch:
         self.features_a = encode_images(model_a, processor_a, images, names)
         self.features_b = self.features_a if model_b is model_a and processor_b is processor_a else \
             encode_images(model_b, processor_b, images, names)
-        self._captions_a: tuple[list[Answer], list[torch.Tensor]] | None = None
+        self._captions_a: tuple[list[Answer], list[int]] | None = None
 
     def answer(self, which: str, rows: list[PromptRow], want_masks: bool) -> list[Answer]:
         model, processor, features = ((self.model_a, self.processor_a, self.features_a) if which == "a"
