@@ -4,9 +4,10 @@ and upstream Sa2VA inference code:
 
     python tools/export_hf.py CONFIG CKPT --save-path DIR [--max-shard-size 5GB] [--cfg-options k=v ...]
 
-CONFIG builds the model as in training (its pretrained weights or preset); CKPT holds the trained tensors: an
-MMEngine checkpoint file (``state_dict``, trainable tensors only) or a DeepSpeed checkpoint directory
-(``mp_rank_00_model_states.pt``). Every trainable tensor of the model must be in CKPT.
+CONFIG builds the model as in training: from its pretrained checkpoint, or for a preset (random weights) from the
+config's ``randomness.seed``, as the Runner did. CKPT holds the trained tensors: an MMEngine checkpoint file
+(``state_dict``, trainable tensors only) or a DeepSpeed checkpoint directory (``mp_rank_00_model_states.pt``). Every
+trainable tensor of the model must be in CKPT.
 """
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ def main(argv: list[str]) -> int:
         sys.path.insert(0, str(REPO_ROOT))
     from mmengine.config import Config, DictAction
     from mmengine.registry import MODELS
+    from mmengine.runner import set_random_seed
 
     from projects.llava_sam2.rl_train.engine.registry import build_component
 
@@ -59,6 +61,9 @@ def main(argv: list[str]) -> int:
     cfg = Config.fromfile(args.config)
     if args.cfg_options:
         cfg.merge_from_dict(args.cfg_options)
+    seed = cfg.get("randomness", {}).get("seed")
+    if seed is not None:  # a preset model's frozen weights are random: rebuild them as the run did
+        set_random_seed(seed)
     model = build_component(MODELS, cfg.model)
     result = model.load_state_dict(read_trained_state(Path(args.checkpoint)), strict=True)
     print(f"loaded {args.checkpoint} ({result})")

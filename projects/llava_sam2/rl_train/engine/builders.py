@@ -31,7 +31,10 @@ def build_tokenizer(tokenizer: Any = None, pretrained_path: str | os.PathLike | 
     if isinstance(tokenizer, (str, os.PathLike)):
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(os.fspath(tokenizer), trust_remote_code=True)
+        if not os.path.isdir(tokenizer):  # never fall through to a Hub download
+            raise FileNotFoundError(f"tokenizer directory {os.fspath(tokenizer)!r} does not exist; give a local "
+                                    "checkpoint or tokenizer directory (nothing is downloaded).")
+        return AutoTokenizer.from_pretrained(os.fspath(tokenizer), trust_remote_code=True, local_files_only=True)
     if tokenizer is not None:
         return tokenizer
     if pretrained_path is not None:
@@ -44,12 +47,16 @@ def build_tokenizer(tokenizer: Any = None, pretrained_path: str | os.PathLike | 
                      "tokens match the checkpoint; only preset='tiny' has a built-in one.")
 
 
-def model_config(pretrained_path: str | os.PathLike | None, preset: str | None, vocab_size: int) -> Sa2VAConfig:
-    """The Sa2VA config of a checkpoint directory or of a preset sized to ``vocab_size``."""
+def check_model_source(pretrained_path: str | os.PathLike | None, preset: str | None) -> None:
     if (pretrained_path is None) == (preset is None):
         raise ValueError(f"give exactly one of pretrained_path (a local HF Sa2VA checkpoint, e.g. "
                          f"./pretrained/Sa2VA-4B) and preset (tiny/1b/4b/8b); got pretrained_path={pretrained_path!r}, "
                          f"preset={preset!r}.")
+
+
+def model_config(pretrained_path: str | os.PathLike | None, preset: str | None, vocab_size: int) -> Sa2VAConfig:
+    """The Sa2VA config of a checkpoint directory or of a preset sized to ``vocab_size``."""
+    check_model_source(pretrained_path, preset)
     if preset is not None:
         return build_preset(preset, vocab_size=vocab_size)
     config_file = Path(pretrained_path) / "config.json"
@@ -66,6 +73,7 @@ def region_sft_dataset(region_dataset: Any, *, pretrained_path: str | None = Non
 
     ``region_dataset`` is a dataset or its config; ``kwargs`` go to ``RegionSFTDataset`` (tasks, seed, max_length...).
     """
+    check_model_source(pretrained_path, preset)
     if isinstance(region_dataset, Mapping):
         region_dataset = build_component(DATASETS, region_dataset)
     tokenizer = build_tokenizer(tokenizer, pretrained_path, preset)

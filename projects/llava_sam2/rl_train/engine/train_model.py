@@ -29,7 +29,7 @@ from ..model.lora import apply_lora, configure_trainable
 from ..model.processor import Sa2VAProcessor
 from ..model.sa2va import Sa2VAModel
 from ..model.sft_loss import sft_loss
-from .builders import build_tokenizer, model_config
+from .builders import build_tokenizer, check_model_source, model_config
 from .checkpointing import keep_trainable_state
 from .registry import ALGORITHMS, build_component
 
@@ -70,6 +70,7 @@ class Sa2VATrainModel(BaseModel):
                  processor_cfg: Mapping[str, Any] | None = None, sft_loss_cfg: Mapping[str, Any] | None = None,
                  data_preprocessor: dict | None = None) -> None:
         super().__init__(data_preprocessor=data_preprocessor)
+        check_model_source(pretrained_path, preset)
         tokenizer = build_tokenizer(tokenizer, pretrained_path, preset)
         config = model_config(pretrained_path, preset, vocab_size=len(tokenizer))
         dtype = _dtype(torch_dtype)

@@ -13,6 +13,7 @@ from projects.llava_sam2.rl_train.engine.hooks import (EMAPartnerHook, RewardFai
                                                        TrainStateHook)
 from projects.llava_sam2.rl_train.engine.loop import GRPOLoop
 from projects.llava_sam2.rl_train.grpo.trainer import CycleGRPO
+from projects.llava_sam2.rl_train.rewards import DLCJudgeReward, IoUReward, MeteorReward
 
 train_cfg = dict(
     type=GRPOLoop,
@@ -39,7 +40,15 @@ train_cfg = dict(
             # loop-2 mask action
             mask_policy="bernoulli",  # bernoulli | gaussian_seg | multimask
         ),
-        rewards=None,  # None: trainer.DEFAULT_REWARDS; else dict(mask_to_caption=[...], caption_to_mask=[...])
+        # per loop, combined by RewardComposer (a failed reward falls back onto the others, counted and logged)
+        rewards=dict(
+            mask_to_caption=[dict(type=IoUReward, weight=1.0)],  # IoU(gt_mask, partner's mask')
+            caption_to_mask=[  # partner's caption' against gt_caption
+                dict(type=MeteorReward, weight=0.25),
+                # OpenAI-compatible judge at $JUDGE_BASE_URL (model $JUDGE_MODEL); unset: METEOR only, counted
+                dict(type=DLCJudgeReward, weight=0.75, judge=dict(max_concurrency=64, timeout_s=60.0)),
+            ],
+        ),
         minibatch_size=None,  # rollouts per loop and train_step; None: one minibatch per iteration
         seed=None,  # None: sample from the global RNG, which TrainStateHook checkpoints (exact resume)
     ),

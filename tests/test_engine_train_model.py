@@ -1,0 +1,97 @@
+"""Sa2VATrainModel on the tiny preset: trainable-only checkpoints, SFT and GRPO forwards, loss parsing."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
+from projects.llava_sam2.rl_train.engine.builders import region_sft_dataset
+from projects.llava_sam2.rl_train.engine.train_model import Sa2VATrainModel
+from projects.llava_sam2.rl_train.model.processor import sft_collate
+
+TINY = dict(preset="tiny", lora=dict(r=4, lora_alpha=8, lora_dropout=0.0),
+            processor_cfg=dict(empty_region="dilate_to_one_cell"), sft_loss_cfg=dict(num_points=64))
+
+# one tensor of each trainable group: LoRA, projector, [SEG] projection, SAM2 mask decoder
+GROUPS = ("lora_B", "sa2va.mlp1.", "sa2va.text_hidden_fcs.", "sam_mask_decoder.")
+
+
+def perturb_lora_b(model: Sa2VATrainModel) -> None:
+    """LoRA B starts at 0, where lora_A gets no gradient; give B values so every LoRA tensor is on a path."""
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=g) * 0.02)
+
+
+@pytest.fixture(scope="module")
+def sft_batch():
+    world = ShapesWorld("train", num_samples=1, seed=0, image_size=64)
+    dataset = region_sft_dataset(world, preset="tiny", processor_cfg=dict(empty_region="dilate_to_one_cell"),
+                                 max_length=512)  # item 0: caption task, item 1: segment task
+    return sft_collate([dataset[0], dataset[1]])
+
+
+def test_state_dict_holds_only_trainable_tensors_and_loads_strictly():
+    model = Sa2VATrainModel(**TINY)
+    state = model.state_dict()
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert set(state) == trainable
+    assert any("lora_A" in k for k in state) and any("sam_mask_decoder" in k for k in state)
+    assert not any("vision_model" in k or "image_encoder" in k for k in state)
+    # loading the trainable-only dict strictly reports no missing frozen keys ...
+    other = Sa2VATrainModel(**TINY)
+    assert not other.load_state_dict(state, strict=True).missing_keys
+    # ... but a missing trainable tensor still fails
+    state.pop(next(iter(state)))
+    with pytest.raises(RuntimeError, match="Missing key"):
+        other.load_state_dict(state, strict=True)
+
+
+def test_sft_forward_reaches_every_trainable_group(sft_batch):
+    model = Sa2VATrainModel(**TINY)
+    perturb_lora_b(model)
+    losses = model(**sft_batch, mode="loss")
+    assert set(losses) == {"llm_loss", "loss_mask", "loss_dice"}
+    loss, log_vars = model.parse_losses(losses)
+    assert loss.item() == pytest.approx(sum(v.item() for v in losses.values()), rel=1e-6)
+    loss.backward()
+    for group in GROUPS:
+        grads = [p.grad for n, p in model.named_parameters() if group in n and p.grad is not None]
+        assert grads and max(g.abs().max().item() for g in grads) > 0, f"no gradient reaches {group}"
+
+
+def test_grpo_forward_returns_the_algorithm_loss_and_mixes_weighted_sft(sft_batch):
+    model = Sa2VATrainModel(**TINY)
+    seen = {}
+
+    def policy_loss(policy, minibatch):
+        seen["policy"] = policy
+        head = policy.text_hidden_fcs[0].weight
+        return {"loss": head.sum() * 0 + 2.0, "loop1/pg_loss": torch.tensor(5.0), "loop1/kl": torch.tensor(0.1)}
+
+    minibatch = SimpleNamespace(algo=SimpleNamespace(policy_loss=policy_loss))
+    losses = model(grpo_batch=minibatch, **sft_batch, sft_loss_weight=0.5)
+    assert seen["policy"] is model.sa2va
+    sft_only = model(**sft_batch)  # the LM loss is deterministic (the mask losses sample points at random)
+    assert losses["llm_loss"].item() == pytest.approx(0.5 * sft_only["llm_loss"].item(), rel=1e-5)
+    loss, log_vars = model.parse_losses(losses)
+    # namespaced diagnostics are logged, never summed (MMEngine's default would add loop1/pg_loss)
+    expected = 2.0 + sum(losses[k].item() for k in ("llm_loss", "loss_mask", "loss_dice"))
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+    assert log_vars["loop1/pg_loss"].item() == 5.0 and log_vars["grpo_loss"].item() == 2.0
+
+
+def test_bad_arguments_are_rejected_with_the_fix():
+    with pytest.raises(ValueError, match="exactly one of pretrained_path"):
+        Sa2VATrainModel(pretrained_path="./pretrained/Sa2VA-4B", preset="tiny")
+    with pytest.raises(ValueError, match="torch_dtype"):
+        Sa2VATrainModel(**{**TINY, "torch_dtype": "float99"})
+    model = Sa2VATrainModel(**TINY)
+    with pytest.raises(NotImplementedError, match="only training"):
+        model(mode="predict")
+    with pytest.raises(ValueError, match="neither an SFT batch"):
+        model()
