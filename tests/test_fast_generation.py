@@ -82,6 +82,8 @@ def test_greedy_equals_reference_with_groups_stops_and_truncation(stop_check_int
     ("llama", {}),
     ("llama", {"rope_scaling": {"type": "dynamic", "factor": 2.0}}),  # InternLM2 (8b) rope, below its limit
     ("phi3", {"num_key_value_heads": 4}),
+    ("phi3", {"rope_scaling": {"type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.3],  # below its switch
+                               "long_factor": [2.0] * 4}, "original_max_position_embeddings": 4096}),
     ("qwen2", {"num_key_value_heads": 1}),
 ])
 def test_greedy_equals_reference_for_other_architectures(arch, overrides):
@@ -255,6 +257,10 @@ def test_bad_inputs_are_rejected():
     short = tiny_lm("llama", max_position_embeddings=32, rope_scaling={"type": "dynamic", "factor": 2.0})
     with pytest.raises(NotImplementedError, match="dynamic"):
         fast_sample_completions(short, embeds, attention, **kw)
+    longrope = tiny_lm("phi3", original_max_position_embeddings=32,
+                       rope_scaling={"type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4})
+    with pytest.raises(NotImplementedError, match="longrope"):
+        fast_sample_completions(longrope, embeds, attention, **kw)
 
     class BodylessLM(torch.nn.Module):
         def get_decoder(self):

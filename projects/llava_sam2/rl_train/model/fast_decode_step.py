@@ -95,7 +95,9 @@ class DecoderParts:
 def rope_table(rotary: nn.Module, length: int, like: Tensor) -> tuple[Tensor, Tensor]:
     """``(cos, sin)`` ``[S, hd]`` for positions ``0..S-1`` in ``like``'s dtype/device, from the LM's own module."""
     rope_type = getattr(rotary, "rope_type", "default")
-    limit = getattr(rotary, "original_max_seq_len", None)
+    limit = getattr(rotary, "original_max_seq_len", None)  # dynamic NTK rescales past this
+    if rope_type == "longrope":  # longrope switches to its long factors past the pre-training length
+        limit = getattr(getattr(rotary, "config", None), "original_max_position_embeddings", None) or limit
     if any(kind in rope_type for kind in _STATEFUL_ROPE) and limit is not None and length >= limit:
         raise NotImplementedError(
             f"fast_generation: RoPE type {rope_type!r} rescales past {limit} positions, and prompt + "
