@@ -230,7 +230,8 @@ def test_gqa_decode_attention_equals_repeat_kv_sdpa():
     N, H, Hkv, S, hd = 3, 6, 2, 11, 8
     query = torch.randn(N, H, 1, hd, generator=g)
     key, value = torch.randn(N, Hkv, S, hd, generator=g), torch.randn(N, Hkv, S, hd, generator=g)
-    bias = torch.zeros(N, 1, 1, S).masked_fill(torch.rand(N, 1, 1, S, generator=g) < 0.4, torch.finfo(torch.float32).min)
+    is_hidden = torch.rand(N, 1, 1, S, generator=g) < 0.4
+    bias = torch.zeros(N, 1, 1, S).masked_fill(is_hidden, torch.finfo(torch.float32).min)  # additive
     bias[..., 0] = 0.0
     module = torch.nn.Module()
     module.num_key_value_groups = H // Hkv
