@@ -183,6 +183,19 @@ def test_deadline_and_bad_config(qa_files):
         DLCJudgeReward(qa_path="qa.json")
 
 
+def test_unreachable_server_counts_connection():
+    import socket
+
+    with socket.socket() as probe:  # a port with nothing listening
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    reward = DLCJudgeReward(judge=dict(base_url=f"http://127.0.0.1:{port}/v1", max_retries=0, timeout_s=5))
+    composer = RewardComposer([ConstReward(0.5), reward])
+    total, stats = composer.compute(RewardInputs(sample_ids=["a"], pred_captions=["x"], gt_captions=["y"]))
+    composer.close()
+    assert total.tolist() == [0.5] and stats["dlc_judge/failures/questions/connection"] == 1
+
+
 def test_eval_and_precompute_tools(qa_files, tmp_path, capsys):
     sys.path.insert(0, str(TOOLS))
     import eval_dlc_bench

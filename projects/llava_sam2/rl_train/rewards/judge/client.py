@@ -104,10 +104,21 @@ class JudgeConfig:
             raise ValueError(f"judge http_backend must be 'aiohttp' or 'httpx', got {self.http_backend!r}")
 
 
+def _refused(error: BaseException) -> bool:
+    """True when the chain of causes holds a refused/failed TCP connect."""
+    seen = 0
+    while error is not None and seen < 8:
+        if isinstance(error, ConnectionRefusedError) or type(error).__name__ == "ClientConnectorError":
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
+
+
 def _classify(error: Exception) -> str:
     """openai exception -> failure cause."""
     if isinstance(error, openai.APITimeoutError):
-        return "timeout"
+        # openai's aiohttp transport reports a refused connect as a connect *timeout*
+        return "connection" if _refused(error) else "timeout"
     if isinstance(error, openai.APIStatusError):
         return f"http_{error.status_code}"
     if isinstance(error, openai.APIConnectionError):
