@@ -6,6 +6,7 @@ the checkpoint) and FlexibleRunner (state in side files, as under DeepSpeed).
 """
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -57,7 +58,9 @@ def trainable_state(runner) -> dict[str, torch.Tensor]:
 
 
 def test_loop_hook_points_metrics_and_checkpoint_content(tmp_path):
-    runner, record = run_toy(tmp_path, **{"train_cfg.max_iters": 3})
+    hooks = [dict(type="EMAPartnerHook"), dict(type="TrainStateHook"), dict(type="RewardFailureHook"),
+             dict(type="RolloutLoggingHook", interval=2, max_prompts=2, max_rollouts=3)]
+    runner, record = run_toy(tmp_path, **{"train_cfg.max_iters": 3, "custom_hooks": hooks})
     # after_rollout sees unscored rollouts, after_reward scored ones, in that order, once per iteration
     assert [(stage, i) for stage, i, _ in record.seen] == [
         (stage, i) for i in range(3) for stage in ("after_rollout", "after_reward")]
@@ -75,6 +78,14 @@ def test_loop_hook_points_metrics_and_checkpoint_content(tmp_path):
     assert checkpoint["ema_partner"]["num_updates"] == 3
     assert set(checkpoint["rng_state"]) >= {"python", "numpy", "torch"}
     assert {"optimizer", "param_schedulers"} <= set(checkpoint)
+
+    # RewardFailureHook: the toy reports one judge timeout per iteration; run totals live in the message hub
+    assert runner.message_hub.get_info("reward_failures") == {"loop1/judge/failures/timeout": 3.0}
+    # RolloutLoggingHook: iterations 1 and 2 (interval 2), 2 prompts x 3 rollouts each, token ids without a tokenizer
+    rows = [json.loads(line) for line in open(os.path.join(runner.log_dir, "rollouts.jsonl"))]
+    assert [(r["iter"], r["sample_id"] is not None, r["rollout"]) for r in rows] == [
+        (i, True, g) for i in (1, 2) for _ in range(2) for g in range(3)]
+    assert all(r["completion"].isdigit() for r in rows)
 
 
 def test_ema_partner_follows_the_policy_at_the_configured_decay(tmp_path):

@@ -5,13 +5,10 @@ Our MMEngine classes register into MMEngine's root registries with a decorator i
 (``from ... import GRPOLoop`` + ``type=GRPOLoop``, as upstream Sa2VA's) need no registration at all; it serves
 string configs (``type='GRPOLoop'`` with ``custom_imports=dict(imports=['projects.llava_sam2.rl_train.engine'])``).
 
-``grpo/`` and ``rewards/`` stay framework-free (DESIGN §2), so their extension points are mirrored here:
-
-* ``ALGORITHMS``: GRPO algorithm classes, built by the train model's ``build_algorithm``.
-* ``REWARDS``: every reward class registered with ``rewards.base.register_reward``, under the same name.
-
-Build them with :func:`build_component`: these registries have no parent in MMEngine's tree, and
-``Registry.build`` would look for the runner's default scope (``mmengine``) there and warn on every build.
+``grpo/`` stays framework-free (DESIGN §2), so its algorithm classes are registered here, in ``ALGORITHMS``
+(``CycleGRPO``); rewards keep their own name registry (``rewards.base.REWARDS``), which ``CycleGRPO`` builds
+from. Build with :func:`build_component`: ``ALGORITHMS`` has no parent in MMEngine's tree, and ``Registry.build``
+would look for the runner's default scope (``mmengine``) there and warn on every build.
 """
 from __future__ import annotations
 
@@ -21,19 +18,14 @@ from typing import Any
 from mmengine.registry import Registry
 
 ALGORITHMS = Registry("grpo algorithm", scope="sa2va_rl")
-REWARDS = Registry("reward", scope="sa2va_rl")
 
 
-def sync_reward_registry() -> list[str]:
-    """Copy ``rewards.base.REWARDS`` (name -> class) into ``REWARDS``; returns the names added."""
-    from ..rewards.base import REWARDS as FRAMEWORK_FREE_REWARDS
+def register_algorithms() -> None:
+    """Register the framework-free algorithm classes of ``grpo/`` (idempotent)."""
+    from ..grpo.trainer import CycleGRPO
 
-    added = []
-    for name, cls in sorted(FRAMEWORK_FREE_REWARDS.items()):
-        if REWARDS.get(name) is None:
-            REWARDS.register_module(name=name, module=cls)
-            added.append(name)
-    return added
+    if ALGORITHMS.get("CycleGRPO") is None:
+        ALGORITHMS.register_module(module=CycleGRPO)
 
 
 def build_component(registry: Registry, cfg: Mapping[str, Any], **default_args: Any) -> Any:
