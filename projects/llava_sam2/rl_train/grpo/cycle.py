@@ -1,0 +1,283 @@
+"""The two cycle loops of DESIGN §3: each samples its action with the policy, scores it under the reference, lets
+the EMA partner close the cycle, and hands back a ``Rollout`` plus the inputs of its rewards.
+
+* Loop 1, mask → caption → mask' (``MaskToCaptionLoop``): the policy captions the gt region G times (region
+  prompt, sampled tokens); the partner segments each caption (greedy RES answer, ``[SEG]`` → SAM2); reward
+  IoU(gt_mask, mask'). Action = caption tokens.
+* Loop 2, caption → mask → caption' (``CaptionToMaskLoop``): the policy grounds the gt caption; its ``[SEG]``
+  state parametrises the configured stochastic mask policy, which samples G masks; the partner describes each
+  mask (region prompt, greedy caption); reward from the caption rewards (METEOR + judge). Action = the mask.
+
+Loop 2's answer text is teacher-forced, not sampled: it is a fixed in-distribution SFT answer (``Sure, [SEG].``,
+one of Sa2VA's five RES answers). Sampling it would add a second, text action whose tokens only shift the ``[SEG]``
+state, could omit ``[SEG]`` altogether (no mask, no reward), and would make the G masks of a group differ by their
+preambles rather than by the mask policy. With a fixed answer the ``[SEG]`` state is one deterministic function of
+(image, caption) per prompt, computed on B rows and shared by the group's G samples, and the mask policy is the
+only source of randomness.
+
+Each loop's ``action_logp`` is the single function that scores a given action (CleanRL's
+``get_action_and_value``): the rollout calls it (no grad) for ``old_logp`` and, inside ``WeightSets.reference``,
+for ``ref_logp``; the loss calls it with grad. The sampling pass builds the same prompt embeddings / mask head.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from functools import cached_property
+
+import torch
+from torch import Tensor
+
+from ..model.generation import completion_logprobs
+from ..model.inference import eval_mode
+from ..rewards.base import RewardInputs
+from .features import StepFeatures
+from .mask_policy import MaskHead
+from .passes import (
+    TextDecoding, cat_chunks, completion_texts, group_chunks, partner_describe, partner_segment, prompt_embeds,
+    sample_text, slice_rows)
+from .rollout import CaptionReplay, MaskReplay, Rollout
+
+
+@dataclass
+class CycleContext:
+    """What both loops share (built once by ``CycleGRPO``).
+
+    Attributes:
+        model, processor, weights, config: the unwrapped ``Sa2VAModel``, its processor, the ``WeightSets`` and the
+            validated ``GRPOConfig``.
+        mask_policy: the loop-2 ``MaskPolicy``.
+        decoding: stop tokens / words of the template.
+        seg_answer_ids: ``[A]`` long, the teacher-forced loop-2 answer; seg_answer_index: position of its ``[SEG]``.
+        seg_answer_max_tokens: greedy budget of the partner's RES answer in loop 1.
+        use_partner_captions: loop 2 runs the partner's description pass (False only for mask-only rewards).
+        generator: RNG of every sampling draw (None: torch's global RNG).
+    """
+
+    model: object
+    processor: object
+    weights: object
+    config: object
+    mask_policy: object
+    decoding: TextDecoding
+    seg_answer_ids: Tensor
+    seg_answer_index: int
+    seg_answer_max_tokens: int
+    use_partner_captions: bool
+    generator: torch.Generator | None
+
+
+@dataclass
+class LoopRollout:
+    """One loop's output of a step: the rollout, its reward inputs (N rows) and partner/action statistics."""
+
+    rollout: Rollout
+    reward_inputs: RewardInputs
+    stats: dict[str, float]
+
+
+def _repeat(items: Sequence, G: int) -> list:
+    """``[x_0]*G + [x_1]*G + ...``: per-sample values laid out per rollout (n = b * G + g)."""
+    return [x for x in items for _ in range(G)]
+
+
+def reward_inputs(features: StepFeatures, G: int, pred_masks=None, pred_captions=None) -> RewardInputs:
+    """N-row reward inputs: the step's targets repeated per rollout plus a loop's predictions."""
+    return RewardInputs(sample_ids=_repeat(features.sample_ids, G), pred_masks=pred_masks,
+                        gt_masks=_repeat(features.gt_masks, G), pred_captions=pred_captions,
+                        gt_captions=_repeat(features.references, G),
+                        images=_repeat([s.image for s in features.samples], G))
+
+
+# ---- loop 1: the caption action ------------------------------------------------------------------------------
+
+
+def caption_logp(model, features: StepFeatures, tile_embeds: Tensor, replay: CaptionReplay, completion_mask: Tensor,
+                 samples: Sequence[int], group_size: int, temperature: float) -> Tensor:
+    """log pi(c_t | region prompt, c_<t) of stored caption tokens under the weights in effect: ``[n, T]``.
+
+    The n = b * G rows hold b prompts repeated G times; the prompt embeddings are built for the b distinct prompts
+    (image tokens + region tokens from ``tile_embeds``) and repeated, then one teacher-forced pass scores the tokens
+    at the sampling temperature (``completion_logprobs``).
+    """
+    G = group_size
+    cells = features.region_cells[list(samples)]  # [b, g, g]
+    embeds = prompt_embeds(model, features, tile_embeds, replay.prompt_ids[::G],
+                           [features.image_of(s) for s in samples], list(cells))  # [b, L, D]
+    return completion_logprobs(model.language_model, embeds.repeat_interleave(G, 0), replay.prompt_attention,
+                               replay.completion_ids, completion_mask, temperature=temperature)  # [n, T]
+
+
+class MaskToCaptionLoop:
+    """Loop 1 (mask → caption → mask'), reward IoU(gt_mask, partner mask') by default."""
+
+    name = "loop1"
+    config_key = "mask_to_caption"
+    replay_type = CaptionReplay
+
+    def __init__(self, ctx: CycleContext, composer, weight: float):
+        self.ctx, self.composer, self.weight = ctx, composer, weight
+
+    def action_logp(self, model, features: StepFeatures, tile_embeds: Tensor, rollout: Rollout,
+                    samples: Sequence[int]) -> Tensor:
+        """Caption-token log-probs ``[n, T]`` of a (sliced) loop-1 rollout; carries grad outside ``no_grad``."""
+        return caption_logp(model, features, tile_embeds, rollout.replay, rollout.action_mask, samples,
+                            rollout.group_size, self.ctx.config.temperature)
+
+    @torch.no_grad()
+    def rollout(self, features: StepFeatures, *, needs_old_logp: bool) -> LoopRollout:
+        ctx, model, proc, cfg = self.ctx, self.ctx.model, self.ctx.processor, self.ctx.config
+        B, G, chunk = features.num_samples, cfg.num_generations, cfg.generation_chunk_size
+        images = features.image_index.tolist()
+        ids, attention = proc.tokenize_prompts(
+            [proc.caption_prompt(features.n_tiles(i), features.region_cells[b]) for b, i in enumerate(images)])
+        ids, attention = ids.to(model.device), attention.to(model.device)  # [B, L]
+        with eval_mode(model):
+            tiles = model.project_vision(features.vit_tokens)  # [n_tiles, t, D]
+            embeds = prompt_embeds(model, features, tiles, ids, images, list(features.region_cells))  # [B, L, D]
+            completions = sample_text(
+                model, embeds.repeat_interleave(G, 0), attention.repeat_interleave(G, 0), ctx.decoding,
+                max_new_tokens=cfg.max_completion_length, do_sample=True, temperature=cfg.temperature,
+                top_p=cfg.top_p, chunk_size=chunk, generator=ctx.generator)  # ids [N, T]
+            replay = CaptionReplay(prompt_ids=ids.repeat_interleave(G, 0), prompt_attention=attention.repeat_interleave(
+                G, 0), completion_ids=completions.ids, image_index=features.image_index.repeat_interleave(G))
+
+            def score(tile_embeds: Tensor) -> Callable[[int, int], Tensor]:
+                return lambda b0, b1: caption_logp(
+                    model, features, tile_embeds, slice_rows(replay, b0 * G, b1 * G),
+                    completions.completion_mask[b0 * G:b1 * G], range(b0, b1), G, cfg.temperature)
+
+            old_logp = cat_chunks(score(tiles), B, G, chunk) if needs_old_logp else None
+            ref_logp = None
+            if cfg.beta > 0:
+                with ctx.weights.reference(model):
+                    ref_logp = cat_chunks(score(model.project_vision(features.vit_tokens)), B, G, chunk)
+            captions = completion_texts(completions, ctx.decoding)
+            with ctx.weights.partner(model):
+                pred_masks, stats = partner_segment(
+                    model, proc, features, model.project_vision(features.vit_tokens), captions, _repeat(images, G),
+                    ctx.decoding, max_new_tokens=ctx.seg_answer_max_tokens, chunk_size=chunk)
+        rollout = Rollout(group_size=G, old_logp=old_logp, ref_logp=ref_logp, action_mask=completions.completion_mask,
+                          rewards=torch.full((B, G), float("nan")), is_truncated=completions.is_truncated,
+                          max_action_length=cfg.max_completion_length, replay=replay)
+        return LoopRollout(rollout, reward_inputs(features, G, pred_masks=pred_masks, pred_captions=captions), stats)
+
+
+# ---- loop 2: the mask action ---------------------------------------------------------------------------------
+
+
+@dataclass
+class GroupedMaskHead(MaskHead):
+    """A ``MaskHead`` whose N = B * G rows are B prompts repeated G times: ``decoded`` runs the SAM2 decoder on the
+    B distinct prompts only and repeats its outputs (a group's G rollouts share one deterministic ``[SEG]``).
+
+    Attributes (besides ``MaskHead``'s ``seg_prompt [N, C]`` and ``decode``, which stays N-row for perturbed
+    prompts): group_prompt ``[B, C]``, decode_groups (prompt ``[B, C]`` → decoder output of B rows), group_size G.
+    """
+
+    group_prompt: Tensor | None = None
+    decode_groups: Callable | None = None
+    group_size: int = 1
+
+    @cached_property
+    def decoded(self):
+        out = self.decode_groups(self.group_prompt)  # fields [B, ...]
+        return replace(out, **{name: value.repeat_interleave(self.group_size, 0)  # [N, ...]
+                               for name, value in vars(out).items() if torch.is_tensor(value)})
+
+
+def seg_mask_head(model, features: StepFeatures, tile_embeds: Tensor, replay: MaskReplay, samples: Sequence[int],
+                  group_size: int) -> GroupedMaskHead:
+    """The loop-2 policy head of n = b * G rows under the weights in effect.
+
+    Teacher-forced pass over (RES prompt, fixed answer) for the b distinct prompts → final-norm hidden at the
+    answer's ``[SEG]`` ``[b, D]`` → ``text_hidden_fcs`` → seg prompt ``[b, C]``; the SAM2 decoder runs on the
+    step's cached image features when the mask policy asks for it.
+    """
+    G = group_size
+    embeds = prompt_embeds(model, features, tile_embeds, replay.prompt_ids[::G],
+                           [features.image_of(s) for s in samples])  # [b, L, D]
+    answer_ids = replay.answer_ids[::G]  # [b, A]
+    _, hidden = completion_logprobs(model.language_model, embeds, replay.prompt_attention[::G], answer_ids,
+                                    torch.ones_like(answer_ids, dtype=torch.bool), return_hidden=True)  # [b, A, D]
+    seg_index = replay.seg_index[::G]  # [b]
+    group_prompt = model.seg_hidden_to_prompt(hidden[torch.arange(len(seg_index)), seg_index])  # [b, C]
+    image_index = replay.image_index  # [n]
+
+    def decode(prompt: Tensor):
+        return model.decode_masks(prompt, features.grounding, image_index)
+
+    def decode_groups(prompt: Tensor):
+        return model.decode_masks(prompt, features.grounding, image_index[::G])
+
+    return GroupedMaskHead(seg_prompt=group_prompt.repeat_interleave(G, 0), decode=decode, group_prompt=group_prompt,
+                           decode_groups=decode_groups, group_size=G)
+
+
+class CaptionToMaskLoop:
+    """Loop 2 (caption → mask → caption'), reward 0.25 METEOR + 0.75 judge of the partner's caption by default."""
+
+    name = "loop2"
+    config_key = "caption_to_mask"
+    replay_type = MaskReplay
+
+    def __init__(self, ctx: CycleContext, composer, weight: float):
+        self.ctx, self.composer, self.weight = ctx, composer, weight
+
+    def action_logp(self, model, features: StepFeatures, tile_embeds: Tensor, rollout: Rollout,
+                    samples: Sequence[int]) -> Tensor:
+        """Mask-action log-probs ``[n, T]`` (the policy's elements) of a (sliced) loop-2 rollout."""
+        head = seg_mask_head(model, features, tile_embeds, rollout.replay, samples, rollout.group_size)
+        return self.ctx.mask_policy.log_prob(head, rollout.replay.action)
+
+    def _replay(self, features: StepFeatures) -> MaskReplay:
+        """N-row replay without the action (a placeholder until the policy has sampled)."""
+        proc, model, G = self.ctx.processor, self.ctx.model, self.ctx.config.num_generations
+        ids, attention = proc.tokenize_prompts(
+            [proc.segment_prompt(features.n_tiles(features.image_of(b)), text)
+             for b, text in enumerate(features.prompt_texts)])
+        N = features.num_samples * G
+        answer_ids = self.ctx.seg_answer_ids.to(model.device)
+        return MaskReplay(prompt_ids=ids.to(model.device).repeat_interleave(G, 0),
+                          prompt_attention=attention.to(model.device).repeat_interleave(G, 0),
+                          answer_ids=answer_ids[None].expand(N, -1),
+                          seg_index=torch.full((N,), self.ctx.seg_answer_index, device=model.device),
+                          image_index=features.image_index.repeat_interleave(G), action=torch.empty(N))
+
+    @torch.no_grad()
+    def rollout(self, features: StepFeatures, *, needs_old_logp: bool) -> LoopRollout:
+        ctx, model, cfg, policy = self.ctx, self.ctx.model, self.ctx.config, self.ctx.mask_policy
+        B, G, chunk = features.num_samples, cfg.num_generations, cfg.generation_chunk_size
+        replay = self._replay(features)
+        with eval_mode(model):
+            tiles = model.project_vision(features.vit_tokens)
+            draws = []
+            for b0, b1 in group_chunks(B, G, chunk):
+                head = seg_mask_head(model, features, tiles, slice_rows(replay, b0 * G, b1 * G), range(b0, b1), G)
+                action, logp = policy.sample(head, generator=ctx.generator)
+                draws.append((action, logp, policy.decision_logits(head, action)))  # decision [n, h, w]
+            action, logp, decision = (torch.cat(parts) for parts in zip(*draws))
+            replay = replace(replay, action=action)
+            sizes = [features.image_sizes[i] for i in replay.image_index.tolist()]
+            pred_masks = [m.cpu() for m in model.logits_to_masks(decision, sizes)]  # N x bool [H, W]
+            ref_logp = None
+            if cfg.beta > 0:
+                with ctx.weights.reference(model):
+                    ref_tiles = model.project_vision(features.vit_tokens)
+                    ref_logp = cat_chunks(lambda b0, b1: policy.log_prob(seg_mask_head(
+                        model, features, ref_tiles, slice_rows(replay, b0 * G, b1 * G), range(b0, b1), G),
+                        action[b0 * G:b1 * G]), B, G, chunk)
+            captions, stats = None, {}
+            if ctx.use_partner_captions:
+                with ctx.weights.partner(model):
+                    captions, stats = partner_describe(
+                        model, ctx.processor, features, model.project_vision(features.vit_tokens), pred_masks,
+                        replay.image_index.tolist(), _repeat(features.sample_ids, G), ctx.decoding,
+                        max_new_tokens=cfg.max_completion_length, chunk_size=chunk)
+        stats["mask/area_frac"] = float(sum(m.float().mean() for m in pred_masks) / len(pred_masks))
+        rollout = Rollout(group_size=G, old_logp=logp if needs_old_logp else None, ref_logp=ref_logp,
+                          action_mask=torch.ones_like(logp, dtype=torch.bool), rewards=torch.full((B, G), float("nan")),
+                          is_truncated=torch.zeros(B * G, dtype=torch.bool, device=logp.device),
+                          max_action_length=logp.shape[1], replay=replay)
+        return LoopRollout(rollout, reward_inputs(features, G, pred_masks=pred_masks, pred_captions=captions), stats)
+

@@ -1,0 +1,282 @@
+"""CycleGRPO: the framework-free algorithm object of a dual-loop GRPO step (docs/architecture.md, grpo/ ↔ engine/).
+
+The engine's ``GRPOLoop`` calls, per iteration::
+
+    features = algo.encode(batch)               # frozen encoders, once per image (StepFeatures)
+    rollouts = algo.rollout(features)           # loop 1 and/or loop 2, no grad, partner and reference inside
+    algo.score(rollouts)                        # rewards [B, G] + per-loop reward stats
+    algo.compute_advantages(rollouts)           # group-normalised, in place
+    for mb in algo.minibatches(rollouts):       # num_iterations x chunks
+        runner.model.train_step({'grpo_batch': mb})   # -> algo.policy_loss(model, mb) inside forward
+    algo.after_optimizer_step()
+
+Loss of a minibatch: ``mask_to_caption_weight * L1 + caption_to_mask_weight * L2``, each ``L`` the clipped GRPO
+objective (``PolicyLoss``) of that loop's rows; a loop with weight 0 is not run at all.
+
+Minibatches: every minibatch holds the same prompt range of each active loop (whole groups), at most
+``minibatch_size`` rollouts per loop. With several minibatches per rollout batch (or ``num_iterations > 1``) the
+later ones are off-policy, so the rollout stores ``old_logp`` from a teacher-forced no-grad pass; with one
+minibatch and one iteration ``old_logp`` is None and the loss uses ``logp.detach()`` (ratio exactly 1, same
+gradient, one forward fewer). ``dapo``'s normaliser is the loop's active elements over all chunks divided by the
+number of chunks, so gradient accumulation over the chunks (MMEngine ``accumulative_counts``) averages to the
+token mean of the whole batch (TRL's ``num_items_in_batch``).
+
+Dropout is switched off in every pass (rollouts run in eval mode; the loss runs with train-mode flags, so LLM
+gradient checkpointing stays on, but dropout modules off): the loss must score the policy that sampled, and LoRA
+dropout would otherwise make the first ratio differ from 1.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..rewards import RewardComposer
+from .advantages import group_advantages
+from .config import GRPOConfig
+from .cycle import CaptionToMaskLoop, CycleContext, MaskToCaptionLoop
+from .features import StepFeatures, encode_step
+from .losses import PolicyLoss
+from .mask_policy import build_mask_policy
+from .passes import TextDecoding, group_chunks, slice_rows
+from .rollout import Rollout
+
+# Loop classes in step order; a loop runs when its config weight (``<config_key>_weight``) is > 0.
+CYCLE_LOOPS = (MaskToCaptionLoop, CaptionToMaskLoop)
+
+# Default rewards per loop (DESIGN §3): IoU for loop 1; 0.25 METEOR + 0.75 judge for loop 2 (a judge without an
+# endpoint returns None and the composer re-normalises onto METEOR).
+DEFAULT_REWARDS = {
+    "mask_to_caption": [dict(type="iou", weight=1.0)],
+    "caption_to_mask": [dict(type="meteor", weight=0.25), dict(type="dlc_judge", weight=0.75)],
+}
+
+
+@dataclass
+class LoopBatch:
+    """One loop's rows of a minibatch.
+
+    Attributes:
+        loop: the loop object (``name``, ``weight``, ``action_logp``).
+        rollout: the loop's rollout restricted to whole groups ``samples`` (rows ``b * G + g``).
+        samples: the prompt indices ``b`` of those groups.
+        num_active_tokens: dapo's normaliser (None: the rows' own count, i.e. a single minibatch).
+    """
+
+    loop: Any
+    rollout: Rollout
+    samples: range
+    num_active_tokens: float | None
+
+
+@dataclass
+class PolicyMinibatch:
+    """What ``train_step({'grpo_batch': mb})`` carries: ``mb.algo.policy_loss(model, mb)`` computes the loss."""
+
+    algo: "CycleGRPO"
+    features: StepFeatures
+    parts: list[LoopBatch]
+    iteration: int
+
+
+@contextmanager
+def dropout_disabled(model: nn.Module) -> Iterator[None]:
+    """Dropout modules in eval mode for the body (other modules keep their flags), restored afterwards."""
+    dropouts = [m for m in model.modules() if isinstance(m, nn.modules.dropout._DropoutNd) and m.training]
+    for module in dropouts:
+        module.training = False
+    try:
+        yield
+    finally:
+        for module in dropouts:
+            module.training = True
+
+
+def slice_groups(rollout: Rollout, b0: int, b1: int) -> Rollout:
+    """The rollout's groups ``[b0, b1)``: rows ``[b0 * G, b1 * G)`` of every per-rollout tensor."""
+    G = rollout.group_size
+    r0, r1 = b0 * G, b1 * G
+
+    def rows(x: Tensor | None) -> Tensor | None:
+        return None if x is None else x[r0:r1]
+
+    return Rollout(group_size=G, old_logp=rows(rollout.old_logp), ref_logp=rows(rollout.ref_logp),
+                   action_mask=rollout.action_mask[r0:r1], rewards=rollout.rewards[b0:b1],
+                   is_truncated=rollout.is_truncated[r0:r1], max_action_length=rollout.max_action_length,
+                   replay=slice_rows(rollout.replay, r0, r1), advantages=rows(rollout.advantages),
+                   reward_stats=rollout.reward_stats)
+
+
+def build_composer(rewards, config: GRPOConfig, loop_key: str) -> RewardComposer:
+    """A loop's ``RewardComposer`` from a composer, a list of rewards / reward configs, or None (the default);
+    ``config.reward_weights`` (name -> weight) overrides the weights of rewards with those names."""
+    composer = rewards if isinstance(rewards, RewardComposer) else RewardComposer(
+        DEFAULT_REWARDS[loop_key] if rewards is None else list(rewards))
+    for reward in composer.rewards:
+        if config.reward_weights and reward.name in config.reward_weights:
+            reward.weight = float(config.reward_weights[reward.name])
+    if not any(r.weight > 0 for r in composer.rewards):
+        raise ValueError(f"CycleGRPO: every {loop_key} reward has weight 0 after reward_weights="
+                         f"{config.reward_weights}; give at least one of {[r.name for r in composer.rewards]} a "
+                         f"weight > 0, or set {loop_key}_weight=0 to switch the loop off.")
+    return composer
+
+
+class CycleGRPO:
+    """Dual-loop GRPO on one Sa2VA backbone (policy, EMA partner and reference share it through ``weights``).
+
+    Args:
+        model: the unwrapped ``Sa2VAModel`` (LoRA applied, trainable set configured).
+        processor: its ``Sa2VAProcessor``.
+        weights: ``WeightSets`` over the model's trainable tensors (``use_reference=True`` when ``beta > 0``).
+        rewards: per loop (``mask_to_caption`` / ``caption_to_mask``) a ``RewardComposer`` or a list of rewards /
+            reward configs; a missing key takes ``DEFAULT_REWARDS``. A loop-2 list with a mask reward (e.g.
+            ``[dict(type='iou')]``: sampled mask vs gt_mask) is the supervised ablation.
+        config: ``GRPOConfig`` or its dict.
+        minibatch_size: rollouts of each loop per ``train_step`` (a multiple of ``num_generations``); None puts
+            all B * G rollouts of the step in one minibatch.
+        seg_answer: loop 2's teacher-forced answer; must hold exactly one ``[SEG]`` (default: an SFT answer).
+        seg_answer_max_tokens: greedy budget of the partner's RES answer in loop 1.
+        use_partner_captions: False skips the partner's description in loop 2 (``pred_captions`` is then None, so
+            only mask rewards can score loop 2).
+        seed: seeds one ``torch.Generator`` on the model's device for every sampling draw; None uses torch's
+            global RNG (seeded by the runner).
+    """
+
+    def __init__(self, model, processor, weights, rewards: Mapping[str, Any] | None = None,
+                 config: GRPOConfig | Mapping[str, Any] | None = None, *, minibatch_size: int | None = None,
+                 seg_answer: str = "Sure, [SEG].", seg_answer_max_tokens: int = 16,
+                 use_partner_captions: bool = True, seed: int | None = None):
+        config = config if isinstance(config, GRPOConfig) else GRPOConfig(**dict(config or {}))
+        G = config.num_generations
+        if minibatch_size is not None and (minibatch_size <= 0 or minibatch_size % G):
+            raise ValueError(f"CycleGRPO: minibatch_size={minibatch_size} is not a positive multiple of "
+                             f"num_generations={G}; a group's G rollouts share one baseline, so use a multiple of "
+                             f"{G} or None.")
+        if seg_answer_max_tokens < 2:
+            raise ValueError(f"CycleGRPO: seg_answer_max_tokens={seg_answer_max_tokens}; the partner needs at least "
+                             "2 tokens ('[SEG]' plus the token that feeds it back), e.g. 16.")
+        unknown = sorted(set(rewards or {}) - {loop.config_key for loop in CYCLE_LOOPS})
+        if unknown:
+            raise ValueError(f"CycleGRPO: rewards has keys {unknown}; expected 'mask_to_caption' and/or "
+                             "'caption_to_mask'.")
+        if model.seg_token_id is None:
+            model.bind_tokenizer(processor.tokenizer)
+        self.model, self.processor, self.weights, self.config = model, processor, weights, config
+        self.minibatch_size = minibatch_size
+        self.loss_fn = PolicyLoss.from_config(config)
+        answer_ids, seg_position = self._seg_answer(seg_answer)
+        generator = None
+        if seed is not None:
+            generator = torch.Generator(device=model.device)
+            generator.manual_seed(int(seed))
+        self.context = CycleContext(
+            model=model, processor=processor, weights=weights, config=config, mask_policy=build_mask_policy(config),
+            decoding=TextDecoding.from_processor(processor), seg_answer_ids=answer_ids, seg_answer_index=seg_position,
+            seg_answer_max_tokens=int(seg_answer_max_tokens), use_partner_captions=bool(use_partner_captions),
+            generator=generator)
+        self.loops = []
+        for loop_cls in CYCLE_LOOPS:
+            weight = float(getattr(config, f"{loop_cls.config_key}_weight"))
+            if weight > 0:
+                composer = build_composer((rewards or {}).get(loop_cls.config_key), config, loop_cls.config_key)
+                self.loops.append(loop_cls(self.context, composer, weight))
+        self._features: StepFeatures | None = None
+        self._pending: dict[int, tuple[Any, Any, dict]] = {}  # id(rollout) -> (loop, reward inputs, stats)
+
+    def _seg_answer(self, text: str) -> tuple[Tensor, int]:
+        ids = self.processor.tokenizer.encode(text, add_special_tokens=False)
+        positions = [t for t, token in enumerate(ids) if token == self.model.seg_token_id]
+        if len(positions) != 1:
+            raise ValueError(f"CycleGRPO: seg_answer={text!r} holds {len(positions)} [SEG] tokens; it must hold "
+                             "exactly one, e.g. 'Sure, [SEG].' (an upstream SFT answer).")
+        return torch.tensor(ids, dtype=torch.long), positions[0]
+
+    # ---- the step ------------------------------------------------------------------------------------------
+
+    def encode(self, batch: Sequence) -> StepFeatures:
+        """Frozen ViT and SAM2 features of the batch, once per distinct image (``grpo.features``)."""
+        keys = {loop.config_key for loop in self.loops}
+        self._features = encode_step(self.model, self.processor, batch, use_region_cells="mask_to_caption" in keys,
+                                     use_prompt_texts="caption_to_mask" in keys)
+        return self._features
+
+    def _num_chunks(self, features: StepFeatures) -> int:
+        return len(group_chunks(features.num_samples, self.config.num_generations, self.minibatch_size))
+
+    def rollout(self, features: StepFeatures) -> list[Rollout]:
+        """One rollout per active loop (loop 1 first), no grad; rewards stay NaN until ``score``."""
+        self._features, self._pending = features, {}
+        needs_old_logp = self.config.num_iterations > 1 or self._num_chunks(features) > 1
+        rollouts = []
+        for loop in self.loops:
+            out = loop.rollout(features, needs_old_logp=needs_old_logp)
+            self._pending[id(out.rollout)] = (loop, out.reward_inputs, out.stats)
+            rollouts.append(out.rollout)
+        return rollouts
+
+    def score(self, rollouts: Sequence[Rollout]) -> None:
+        """Fill ``rewards [B, G]`` (NaN where no reward applies) and ``reward_stats`` of each rollout."""
+        for rollout in rollouts:
+            if id(rollout) not in self._pending:
+                raise ValueError("CycleGRPO.score: this rollout was not produced by the last CycleGRPO.rollout() call "
+                                 "(or was scored already); score the list rollout() returned, once.")
+            loop, inputs, stats = self._pending.pop(id(rollout))
+            total, reward_stats = loop.composer.compute(inputs)  # [N]
+            rollout.rewards = total.reshape(rollout.rewards.shape).to(rollout.rewards.dtype)  # [B, G]
+            rollout.reward_stats = {**reward_stats, **stats}
+
+    def compute_advantages(self, rollouts: list[Rollout]) -> None:
+        """Replace each rollout by its copy with group advantages (``config.scale_rewards``), on the loss device."""
+        for index, rollout in enumerate(rollouts):
+            advantages, _ = group_advantages(rollout.rewards, self.config.scale_rewards)  # [N]
+            rollouts[index] = rollout.with_advantages(advantages.to(rollout.action_mask.device))
+
+    def _loop_of(self, rollout: Rollout):
+        for loop in self.loops:
+            if isinstance(rollout.replay, loop.replay_type):
+                return loop
+        raise TypeError(f"CycleGRPO: no active loop produces {type(rollout.replay).__name__} rollouts.")
+
+    def minibatches(self, rollouts: Sequence[Rollout]) -> Iterator[PolicyMinibatch]:
+        """``num_iterations`` passes over the prompt chunks; each minibatch holds that chunk of every loop."""
+        if self._features is None:
+            raise ValueError("CycleGRPO.minibatches: call encode() and rollout() first.")
+        B = self._features.num_samples
+        chunks = group_chunks(B, self.config.num_generations, self.minibatch_size)
+        loops = [(self._loop_of(r), r, self._active_tokens(r) / len(chunks) if len(chunks) > 1 else None)
+                 for r in rollouts]
+        for iteration in range(self.config.num_iterations):
+            for b0, b1 in chunks:
+                parts = [LoopBatch(loop, slice_groups(r, b0, b1), range(b0, b1), n) for loop, r, n in loops]
+                yield PolicyMinibatch(algo=self, features=self._features, parts=parts, iteration=iteration)
+
+    def _active_tokens(self, rollout: Rollout) -> float:
+        is_active = rollout.action_mask
+        if self.config.mask_truncated_completions:
+            is_active = is_active & ~rollout.is_truncated[:, None]  # [N, T]
+        return float(is_active.sum())
+
+    def policy_loss(self, model, minibatch: PolicyMinibatch) -> dict[str, Tensor]:
+        """``{'loss': sum_loop weight * L_loop, '<loop>/<stat>': ...}``; log-probs recomputed with grad.
+
+        ``mlp1`` re-projects the cached ViT tokens once for both loops; stats are ``PolicyLoss``'s (no key contains
+        'loss', so MMEngine's ``parse_losses`` sums only the loss).
+        """
+        features = minibatch.features
+        total, stats = None, {}
+        with dropout_disabled(model):
+            tile_embeds = model.project_vision(features.vit_tokens)  # [n_tiles, t, D], with grad through mlp1
+            for part in minibatch.parts:
+                logp = part.loop.action_logp(model, features, tile_embeds, part.rollout, part.samples)  # [n, T]
+                loss, loop_stats = self.loss_fn(logp, part.rollout, num_active_tokens=part.num_active_tokens)
+                total = part.loop.weight * loss if total is None else total + part.loop.weight * loss
+                stats.update({f"{part.loop.name}/{key}": value for key, value in loop_stats.items()})
+        return {"loss": total, **stats}
+
+    def after_optimizer_step(self) -> None:
+        """Nothing: the EMA partner update is the ``EMAPartnerHook``'s (timing lives in hooks)."""
