@@ -107,7 +107,8 @@ def plot_metric_bars(metrics: Mapping[str, Mapping[str, Mapping]], out_png: str,
     fig = Figure(figsize=(max(4.0, 1.2 * len(systems) * sum(len(n) for _, n in panels) + 2), 3.8), dpi=110,
                  layout="constrained")
     width = 0.8 / len(systems)
-    for axis, (task, names) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
+    axes = fig.subplots(1, len(panels), squeeze=False, width_ratios=[len(n) + 1 for _, n in panels])[0]
+    for axis, (task, names) in zip(axes, panels):
         for k, system in enumerate(systems):
             ests = [metrics[system].get(task, {}).get(name) for name in names]
             x = np.arange(len(names)) + (k - (len(systems) - 1) / 2) * width
@@ -119,7 +120,8 @@ def plot_metric_bars(metrics: Mapping[str, Mapping[str, Mapping]], out_png: str,
         axis.set_title(task)
         axis.set_ylim(0, 1)
         axis.grid(axis="y", alpha=0.3)
-    axis.legend(fontsize=8, loc="upper right")
+    handles, labels = axis.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(len(systems), 6), fontsize=8)
     fig.suptitle("held-out metrics (bars: estimate, whiskers: 95% bootstrap CI)", fontsize=10)
     fig.savefig(out_png)
     return out_png
