@@ -34,5 +34,9 @@ $(NLTK_DATA)/corpora/wordnet/lexnames: tools/provision_wordnet.py | $(STAMP)
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS) tests
 
+# The embedded demo: shapes world -> SFT (xtuner TrainLoop) -> GRPO cycle RL -> held-out report.
+demo: setup
+	$(BIN)/python tools/demo.py --work-dir work_dirs/demo
+
 clean-venv:
 	rm -rf $(VENV)
