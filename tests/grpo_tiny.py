@@ -18,6 +18,15 @@ from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer
 TINY_CONFIG = dict(num_generations=4, max_completion_length=6, beta=0.0, mask_pool=4)
 
 
+def one_thread():
+    """Generator body of an autouse fixture: run on one intra-op thread. The tiny model's ops are too small to gain
+    from a second thread, and OpenMP spin-waiting makes 2 threads ~30x slower on a loaded 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @functools.lru_cache(maxsize=1)
 def tokenizer():
     return load_tiny_tokenizer()
@@ -47,7 +56,7 @@ def shapes_batch(n: int, seed: int = 0, image_size: int = 64):
 
 def make_algo(model, processor, rewards=None, *, seed: int = 0, **overrides):
     """CycleGRPO over fresh weight sets (reference kept when beta > 0)."""
-    algo_kwargs = {k: overrides.pop(k) for k in ("minibatch_size", "use_partner_captions", "seg_answer_max_tokens")
+    algo_kwargs = {k: overrides.pop(k) for k in ("minibatch_size", "use_partner_captions", "seg_answer", "seg_answer_max_tokens")
                    if k in overrides}
     algo_kwargs.setdefault("seg_answer_max_tokens", 4)
     config = {**TINY_CONFIG, **overrides}

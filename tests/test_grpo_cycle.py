@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from grpo_tiny import (
-    CaptionParityReward, build_tiny, make_algo, run_rollout, shapes_batch, step_loss, tokenizer)
+    CaptionParityReward, build_tiny, make_algo, one_thread, run_rollout, shapes_batch, step_loss, tokenizer)
 from projects.llava_sam2.rl_train.grpo import cycle, passes
 from projects.llava_sam2.rl_train.grpo.cycle import seg_mask_head
 from projects.llava_sam2.rl_train.grpo.mask_policy import MaskHead
@@ -17,6 +17,8 @@ from projects.llava_sam2.rl_train.grpo.passes import (
 from projects.llava_sam2.rl_train.model import inference
 from projects.llava_sam2.rl_train.model.generation import Completions
 from projects.llava_sam2.rl_train.model.prompts import RES_EVAL_PROMPT
+
+_one_thread = pytest.fixture(autouse=True)(one_thread)
 
 DECODER = "grounding_encoder.sam2_model.sam_mask_decoder."
 LOOP1_ONLY = dict(mask_to_caption_weight=1.0, caption_to_mask_weight=0.0)

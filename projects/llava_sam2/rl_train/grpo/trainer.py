@@ -185,6 +185,11 @@ class CycleGRPO:
             if weight > 0:
                 composer = build_composer((rewards or {}).get(loop_cls.config_key), config, loop_cls.config_key)
                 self.loops.append(loop_cls(self.context, composer, weight))
+        names = {r.name for loop in self.loops for r in loop.composer.rewards}
+        unused = sorted(set(config.reward_weights or {}) - names)
+        if unused:
+            raise ValueError(f"CycleGRPO: reward_weights names {unused}, which no active loop's reward has (they have "
+                             f"{sorted(names)}); fix the names or drop them.")
         self._features: StepFeatures | None = None
         self._pending: dict[int, tuple[Any, Any, dict]] = {}  # id(rollout) -> (loop, reward inputs, stats)
 

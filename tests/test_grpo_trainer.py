@@ -1,0 +1,194 @@
+"""grpo/trainer.py CycleGRPO on the tiny Sa2VA: frozen encoders once per image, minibatches and the old_logp rule,
+the weighted two-loop loss, switched-off loops, bit-exact partner/reference swaps (also when something raises), and
+the build-time errors."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from grpo_tiny import build_tiny, make_algo, one_thread, run_rollout, shapes_batch, step_loss
+from projects.llava_sam2.rl_train.grpo import cycle
+from projects.llava_sam2.rl_train.grpo.rollout import CaptionReplay, MaskReplay
+
+_one_thread = pytest.fixture(autouse=True)(one_thread)
+
+
+class CaptionWordsReward:
+    """Loop-2 test reward: words in the partner's caption (records what it was given)."""
+
+    name, weight = "words", 1.0
+
+    def __init__(self):
+        self.seen = []
+
+    def __call__(self, inputs):
+        self.seen.append(inputs)
+        return [float(len(c.split())) for c in inputs.pred_captions]
+
+
+class RaisingReward:
+    name, weight = "boom", 1.0
+
+    def __call__(self, inputs):
+        raise RuntimeError("reward failed on purpose")
+
+
+def both_loops_rewards():
+    return {"mask_to_caption": [dict(type="iou")], "caption_to_mask": [CaptionWordsReward()]}
+
+
+def trainable_snapshot(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def assert_bit_identical(model, snapshot):
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            assert torch.equal(param, snapshot[name]), f"policy tensor {name} changed"
+
+
+def test_frozen_encoders_run_once_per_image_per_step(monkeypatch):
+    model, processor = build_tiny()
+    rewards = both_loops_rewards()
+    algo, _ = make_algo(model, processor, rewards, beta=0.04)
+    calls = {"vision": [], "grounding": []}
+    encode_vision, encode_grounding = model.encode_vision, model.encode_grounding
+    monkeypatch.setattr(model, "encode_vision", lambda x: calls["vision"].append(len(x)) or encode_vision(x))
+    monkeypatch.setattr(model, "encode_grounding", lambda x: calls["grounding"].append(len(x)) or encode_grounding(x))
+    batch = shapes_batch(3)
+    batch[2] = dataclasses.replace(batch[2], image=batch[0].image)  # a second region of the first image
+    features, rollouts = run_rollout(algo, batch)
+    out = step_loss(algo, model, rollouts)
+    assert calls == {"vision": [2], "grounding": [2]}, "each distinct image must be encoded once per step"
+    assert features.image_index.tolist() == [0, 1, 0]
+    assert [type(r.replay) for r in rollouts] == [CaptionReplay, MaskReplay]
+    assert all(r.ref_logp is not None for r in rollouts)  # beta > 0: the reference pass ran, without re-encoding
+    assert torch.isfinite(out["loss"])
+    inputs = rewards["caption_to_mask"][0].seen[0]
+    assert len(inputs.pred_captions) == 12 and all(isinstance(c, str) for c in inputs.pred_captions)
+    assert inputs.gt_captions[4] == batch[1].captions and len(inputs.pred_masks) == 12
+    assert rollouts[1].reward_stats["partner/empty_mask"] >= 0 and "partner/no_seg" in rollouts[0].reward_stats
+
+
+def test_minibatches_chunk_groups_and_old_logp_makes_ratio_one():
+    model, processor = build_tiny()
+    algo, _ = make_algo(model, processor, both_loops_rewards(), minibatch_size=4, num_iterations=2)
+    _, rollouts = run_rollout(algo, shapes_batch(2))
+    assert all(r.old_logp is not None for r in rollouts)  # several optimizer steps per rollout batch
+    minibatches = list(algo.minibatches(rollouts))
+    assert [mb.iteration for mb in minibatches] == [0, 0, 1, 1]
+    assert [list(part.samples) for part in minibatches[1].parts] == [[1], [1]]
+    for part in minibatches[0].parts:
+        assert part.rollout.num_rollouts == 4 and part.rollout.rewards.shape == (1, 4)
+        assert part.num_active_tokens == pytest.approx(float(rollouts[0 if part.loop.name == "loop1" else 1]
+                                                             .action_mask.sum()) / 2)
+    with torch.no_grad():
+        stats = algo.policy_loss(model, minibatches[0])
+    for loop in ("loop1", "loop2"):  # the loss re-scores the action exactly as the sampling pass did
+        assert stats[f"{loop}/ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+        assert stats[f"{loop}/approx_kl"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_loss_is_the_weighted_sum_of_the_loop_losses():
+    model, processor = build_tiny()
+    algo, _ = make_algo(model, processor, both_loops_rewards(), beta=0.04, caption_to_mask_weight=0.5,
+                        loss_type="dapo")
+    _, rollouts = run_rollout(algo, shapes_batch(2))
+    assert all(r.old_logp is None for r in rollouts)  # one minibatch, one iteration: ratio is logp - logp.detach()
+    (minibatch,) = list(algo.minibatches(rollouts))
+    out = algo.policy_loss(model, minibatch)
+    assert [k for k in out if "loss" in k] == ["loss"] and out["loss"].requires_grad
+    # dapo over one minibatch: L = pg_term + beta * mean_k3, per loop; total = 1.0 * L1 + 0.5 * L2
+    per_loop = {loop: out[f"{loop}/pg_term"] + 0.04 * out[f"{loop}/kl"] for loop in ("loop1", "loop2")}
+    torch.testing.assert_close(out["loss"].detach(), per_loop["loop1"] + 0.5 * per_loop["loop2"])
+    assert out["loop1/kl"] > 0  # the perturbed LoRA differs from the adapter-off reference
+
+
+def test_a_loop_with_weight_zero_is_not_run(monkeypatch):
+    model, processor = build_tiny()
+
+    def never(*args, **kwargs):
+        raise AssertionError("loop 1's partner pass ran although mask_to_caption_weight=0")
+
+    monkeypatch.setattr(cycle, "partner_segment", never)
+    algo, _ = make_algo(model, processor, {"caption_to_mask": [dict(type="iou")]}, mask_to_caption_weight=0.0,
+                        use_partner_captions=False)
+    features, rollouts = run_rollout(algo, shapes_batch(2))
+    assert [type(r.replay) for r in rollouts] == [MaskReplay] and features.region_cells is None
+    out = step_loss(algo, model, rollouts)
+    assert not any(k.startswith("loop1/") for k in out)
+    algo, _ = make_algo(model, processor, {"mask_to_caption": [dict(type="iou")]}, caption_to_mask_weight=0.0)
+    batch = [dataclasses.replace(s, captions=[], expressions=[]) for s in shapes_batch(2)]  # no text needed
+    features = algo.encode(batch)
+    assert features.prompt_texts is None and features.region_cells.shape == (2, 8, 8)
+
+
+def test_partner_and_reference_swaps_leave_the_policy_bit_identical(monkeypatch):
+    model, processor = build_tiny()
+    algo, weights = make_algo(model, processor, {"mask_to_caption": [dict(type="iou")],
+                                                 "caption_to_mask": [RaisingReward()]}, beta=0.04)
+    with torch.no_grad():  # policy != partner != reference, so a missed restore would show
+        for param in model.parameters():
+            if param.requires_grad:
+                param.add_(0.01 * torch.randn_like(param))
+    snapshot = trainable_snapshot(model)
+    with weights.partner(model):
+        assert any(not torch.equal(p, snapshot[n]) for n, p in model.named_parameters() if p.requires_grad)
+    batch = shapes_batch(2)
+    rollouts = algo.rollout(algo.encode(batch))
+    assert_bit_identical(model, snapshot)
+    with pytest.raises(RuntimeError, match="on purpose"):
+        algo.score(rollouts)  # loop 2's reward raises
+    assert_bit_identical(model, snapshot)
+
+    calls = []
+    project_vision = model.project_vision
+
+    def fail_in_second_pass(x):  # loop 1: 1st projection = sampling policy, 2nd = inside the reference swap
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("reference pass failed")
+        return project_vision(x)
+
+    monkeypatch.setattr(model, "project_vision", fail_in_second_pass)
+    with pytest.raises(RuntimeError, match="reference pass failed"):
+        algo.rollout(algo.encode(batch))
+    monkeypatch.setattr(model, "project_vision", project_vision)
+    monkeypatch.setattr(processor, "caption_prompt", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("partner")))
+    algo2, _ = make_algo(model, processor, {"caption_to_mask": [dict(type="iou")]}, mask_to_caption_weight=0.0)
+    with pytest.raises(RuntimeError, match="partner"):  # loop 2 calls caption_prompt only inside the partner swap
+        algo2.rollout(algo2.encode(batch))
+    assert_bit_identical(model, snapshot)
+    with weights.reference(model):  # no swap was left active
+        pass
+
+
+def test_build_and_call_errors_name_the_knob():
+    model, processor = build_tiny()
+    with pytest.raises(ValueError, match="minibatch_size=6 is not a positive multiple of num_generations=4"):
+        make_algo(model, processor, minibatch_size=6)
+    with pytest.raises(ValueError, match="exactly one"):
+        make_algo(model, processor, seg_answer="Sure.", mask_to_caption_weight=1.0,
+                  rewards={"caption_to_mask": [dict(type="iou")]})
+    with pytest.raises(ValueError, match="'mask_to_caption' and/or"):
+        make_algo(model, processor, {"loop3": []})
+    with pytest.raises(ValueError, match=r"reward_weights names \['ioo'\]"):
+        make_algo(model, processor, {"caption_to_mask": [dict(type="iou")]}, reward_weights={"ioo": 1.0})
+    with pytest.raises(ValueError, match="weight 0 after reward_weights"):
+        make_algo(model, processor, {"caption_to_mask": [dict(type="iou")]}, reward_weights={"iou": 0.0})
+    algo, _ = make_algo(model, processor, {"caption_to_mask": [dict(type="iou", name="mask_iou")]},
+                        reward_weights={"iou": 0.5, "mask_iou": 2.0})
+    assert [r.weight for r in algo.loops[0].composer.rewards] == [0.5]
+    assert [r.weight for r in algo.loops[1].composer.rewards] == [2.0]
+    with pytest.raises(ValueError, match="empty batch"):
+        algo.encode([])
+    batch = shapes_batch(2)
+    batch[1] = dataclasses.replace(batch[1], captions=[], expressions=[])
+    with pytest.raises(ValueError, match=batch[1].sample_id):
+        algo.encode(batch)
+    rollouts = algo.rollout(algo.encode(shapes_batch(2)))
+    algo.score(rollouts)
+    with pytest.raises(ValueError, match="scored already"):
+        algo.score(rollouts)
