@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 from pathlib import Path
 
 import pytest
@@ -101,7 +102,7 @@ def test_tiny_grpo_config_trains_both_loops_and_resumes_exactly(tmp_path):
 
 
 def test_tiny_sft_config_trains_with_xtuner_trainloop_and_exports(tmp_path):
-    from tools.export_hf import main as export_hf
+    export_hf = runpy.run_path(str(REPO / "tools/export_hf.py"), run_name="export_tool")["main"]
 
     runner, record = run("tiny_sft_cpu.py", tmp_path, **{"train_cfg.max_iters": 2})
     assert type(runner.train_loop).__name__ == "TrainLoop"  # xtuner's, unchanged
