@@ -66,8 +66,8 @@ def test_loop_hook_points_metrics_and_checkpoint_content(tmp_path):
         (stage, i) for i in range(3) for stage in ("after_rollout", "after_reward")]
     assert [nan_frac for _, _, nan_frac in record.seen] == [1.0, 0.0] * 3
     logged = record.outputs[3]
-    for key in ("loss", "grpo_loss", "loop1/reward_mean", "loop1/reward_std", "loop1/completion_length",
-                "loop1/hit/mean", "loop1/judge/failures/timeout"):
+    for key in ("loss", "grpo_loss", "loop1/reward_mean", "loop1/reward_std", "loop1/frac_reward_zero_std",
+                "loop1/completion_length", "loop1/hit/mean", "loop1/judge/failures/timeout"):
         assert key in logged, key
     assert logged["loss"] == logged["grpo_loss"]
     assert runner.message_hub.get_scalar("train/loop1/reward_mean").current() == logged["loop1/reward_mean"]

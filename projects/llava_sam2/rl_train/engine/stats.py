@@ -14,6 +14,7 @@ from contextlib import contextmanager
 import torch
 from mmengine.dist import all_reduce, get_world_size
 
+from ..grpo.advantages import group_advantages
 from ..grpo.rollout import CaptionReplay, MaskReplay, Rollout
 
 # Metric prefix of each loop, looked up by the type of the rollout's replay inputs (DESIGN §3).
@@ -47,22 +48,16 @@ def loop_names(rollouts: Sequence[Rollout]) -> list[str]:
 
 
 def rollout_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
-    """Reward mean/std (over scored rollouts), unscored and truncated fractions, zero-std group fraction,
-    action length (caption tokens in loop 1) and the reward terms' own stats, under ``<loop>/``."""
+    """Per loop (``<loop>/``): the reward statistics of ``group_advantages`` (mean/std over scored rollouts,
+    zero-std group and unscored fractions), the action length (caption tokens in loop 1), the truncated
+    fraction and the reward terms' own stats (``rollout.reward_stats``)."""
     stats: dict[str, float] = {}
     for name, rollout in zip(loop_names(rollouts), rollouts):
-        rewards = rollout.rewards.detach().float().cpu()  # [B, G]
-        is_scored = torch.isfinite(rewards)  # [B, G]
-        scored = rewards[is_scored]  # [n_scored]
-        group_std = torch.where(is_scored, rewards, torch.nan).nan_to_num(0.0).std(dim=1)  # [B]
-        stats[f"{name}/reward_mean"] = scored.mean().item() if scored.numel() else float("nan")
-        stats[f"{name}/reward_std"] = scored.std().item() if scored.numel() > 1 else 0.0
-        stats[f"{name}/unscored_frac"] = 1.0 - is_scored.float().mean().item()
-        stats[f"{name}/zero_std_frac"] = (group_std == 0).float().mean().item()
+        _, reward_stats = group_advantages(rollout.rewards.detach().float().cpu(), "group")
+        stats.update({f"{name}/{key}": value for key, value in reward_stats.items()})
         stats[f"{name}/completion_length"] = rollout.action_mask.sum(dim=-1).float().mean().item()
         stats[f"{name}/truncated_frac"] = rollout.is_truncated.float().mean().item()
-        for key, value in rollout.reward_stats.items():
-            stats[f"{name}/{key}"] = float(value)
+        stats.update({f"{name}/{key}": float(value) for key, value in rollout.reward_stats.items()})
     return stats
 
 
