@@ -70,7 +70,8 @@ def train(args: argparse.Namespace) -> dict:
     torch.manual_seed(args.seed)
     model, tokenizer = build_model(args.init, args.seed)
     processor = Sa2VAProcessor.from_config(tokenizer, model.config)
-    data = RegionSFTDataset(ShapesWorld("train", args.num_samples, seed=args.seed), processor,
+    world = ShapesWorld("train", args.num_samples, seed=args.seed, min_objects=args.min_objects)
+    data = RegionSFTDataset(world, processor,
                             tasks=("segment",), seed=args.seed)
     loader = DataLoader(data, batch_size=args.batch_size, shuffle=True, collate_fn=sft_collate, drop_last=True,
                         generator=torch.Generator().manual_seed(args.seed))
@@ -117,6 +118,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lr", type=float, default=2e-3, help="AdamW peak learning rate")
     parser.add_argument("--warmup", type=int, default=20, help="linear warm-up steps")
     parser.add_argument("--num-samples", type=int, default=4000, help="ShapesWorld('train') pool size")
+    parser.add_argument("--min-objects", type=int, default=2,
+                        help="objects per training scene, at least (2: the text must pick the target; 1 lets a "
+                             "text-blind 'most salient object' model look good)")
     parser.add_argument("--num-points", type=int, default=784,
                         help="PointRend points per mask (784 = 19%% of 64x64 logits, upstream's fraction of 256x256)")
     parser.add_argument("--eval-samples", type=int, default=64, help="ShapesWorld('val') images for the held-out IoU")

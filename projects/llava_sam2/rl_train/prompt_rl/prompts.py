@@ -74,8 +74,9 @@ def check_prompt_specs(specs: Sequence[PromptSpec], where: str = "prompt list") 
 def default_prompt_specs(num_prompts: int = DEFAULT_NUM_PROMPTS) -> tuple[PromptSpec, ...]:
     """The first ``num_prompts`` entries of DEFAULT_PROMPT_SPECS (K in [2, 24])."""
     if not MIN_PROMPTS <= num_prompts <= len(DEFAULT_PROMPT_SPECS):
-        raise ValueError(f"num_prompts={num_prompts}: expected {MIN_PROMPTS}..{len(DEFAULT_PROMPT_SPECS)} for the "
-                         "default list; pass explicit specs ('template:slot,...') for other sets")
+        raise ValueError(f"num_prompts={num_prompts}: prompt selection needs K >= {MIN_PROMPTS}, and the default list "
+                         f"holds {len(DEFAULT_PROMPT_SPECS)} (expected 2..{len(DEFAULT_PROMPT_SPECS)}); pass explicit "
+                         "specs ('template:slot,...') for other sets")
     return DEFAULT_PROMPT_SPECS[:num_prompts]
 
 

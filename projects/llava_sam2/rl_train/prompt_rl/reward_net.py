@@ -78,7 +78,7 @@ def resize_logits(logits: np.ndarray, side: int) -> np.ndarray:
 
 def make_inputs(images: np.ndarray, masks: np.ndarray, probs: np.ndarray | None = None) -> Tensor:
     """uint8 images ``[N, R, R, 3]`` + mask fractions ``[N, R, R]`` (+ probabilities) -> ``[N, C, R, R]``."""
-    x = torch.as_tensor(images, dtype=torch.float32).permute(0, 3, 1, 2) / 255.0 - 0.5  # [N, 3, R, R]
+    x = torch.from_numpy(np.array(images, dtype=np.float32)).permute(0, 3, 1, 2) / 255.0 - 0.5  # [N, 3, R, R]
     parts = [x, torch.as_tensor(masks, dtype=torch.float32)[:, None]]
     if probs is not None:
         parts.append(torch.as_tensor(probs, dtype=torch.float32)[:, None])
