@@ -148,3 +148,25 @@ def test_loop_rejects_bad_config(tmp_path):
     with pytest.raises(ValueError, match="sft_loss_weight"):
         cfg = Config.fromfile(write_toy_config(tmp_path))
         run_toy(tmp_path, **{"train_cfg.sft_dataloader": cfg.sft_dataloader, "train_cfg.sft_loss_weight": 0.0})
+
+
+def test_skipped_sample_hook_counts_distinct_bad_samples_and_reports():
+    from types import SimpleNamespace
+
+    from mmengine.logging import MessageHub
+
+    from projects.llava_sam2.rl_train.data.bad_samples import SkippedSample
+    from projects.llava_sam2.rl_train.data.collate import RegionBatch
+    from projects.llava_sam2.rl_train.engine.hooks import SkippedSampleHook
+
+    messages = []
+    runner = SimpleNamespace(message_hub=MessageHub.get_instance("skipped_sample_test"),
+                             logger=SimpleNamespace(warning=messages.append, info=messages.append))
+    bad = SkippedSample("coco/1#2", "ann.json", "bad_mask", "empty polygon")
+    hook = SkippedSampleHook()
+    hook.before_train_iter(runner, 0, RegionBatch([], [bad]))
+    hook.before_train_iter(runner, 1, RegionBatch([], [bad, SkippedSample("coco/3#4", "3.jpg", "bad_image", "x")]))
+    hook.before_train_iter(runner, 2, [])  # plain lists (no .skipped) are fine
+    assert runner.message_hub.get_scalar("train/data/skipped_samples").current() == 2.0  # distinct ids
+    hook.after_train(runner)
+    assert "2 bad sample(s) skipped" in messages[-1] and "bad_mask: 1" in messages[-1]

@@ -3,7 +3,7 @@
 Importing this package registers ``GRPOLoop`` (LOOPS), ``Sa2VATrainModel`` (MODELS), the hooks (HOOKS) and the
 GRPO algorithms (``registry.ALGORITHMS``), so string configs can name them too.
 """
-from .hooks import EMAPartnerHook, RewardFailureHook, RolloutLoggingHook, TrainStateHook
+from .hooks import EMAPartnerHook, RewardFailureHook, RolloutLoggingHook, SkippedSampleHook, TrainStateHook
 from .loop import GRPOLoop
 from .registry import ALGORITHMS, build_component, register_algorithms
 from .train_model import Sa2VATrainModel
@@ -12,5 +12,5 @@ register_algorithms()
 
 __all__ = [
     "ALGORITHMS", "EMAPartnerHook", "GRPOLoop", "RewardFailureHook", "RolloutLoggingHook", "Sa2VATrainModel",
-    "TrainStateHook", "build_component", "register_algorithms",
+    "SkippedSampleHook", "TrainStateHook", "build_component", "register_algorithms",
 ]

@@ -16,8 +16,8 @@ One iteration (``run_iter``) reads as DESIGN §3 and the contract in docs/archit
 
 Gradient-carrying work always runs inside ``runner.model.train_step`` so DDP / DeepSpeed wrappers see a normal
 forward and backward. ``outputs`` holds the mean ``train_step`` logs over the iteration's minibatches (loss, KL,
-clip fractions, ...), per-loop rollout metrics (``engine/stats.py``, averaged over ranks) and the seconds per
-phase (``time/encode``, ``time/rollout``, ``time/score``, ``time/update``); ``LoggerHook`` prints them.
+clip fractions, ...), per-loop rollout metrics (``engine/stats.py``) and the seconds per phase (``time/encode``,
+``time/rollout``, ``time/score``, ``time/update``), each averaged over ranks; ``LoggerHook`` prints them.
 
 The algorithm object is built at ``run()`` by the train model (``build_algorithm(cfg)``), after the runner has
 placed and wrapped the model, so it holds the live (unwrapped) module.
@@ -118,7 +118,7 @@ class GRPOLoop(IterBasedTrainLoop):
         with timer("update"):
             step_logs = self._update(algo, rollouts)
             algo.after_optimizer_step()
-        outputs = {**step_logs, **reduce_across_ranks(rollout_metrics(rollouts)), **timer.seconds}
+        outputs = reduce_across_ranks({**step_logs, **rollout_metrics(rollouts), **timer.seconds})
         runner.call_hook("after_train_iter", batch_idx=self._iter, data_batch=data_batch, outputs=outputs)
         self._iter += 1
 

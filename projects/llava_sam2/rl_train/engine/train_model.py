@@ -54,8 +54,7 @@ class Sa2VATrainModel(BaseModel):
         pretrained_path: HF Sa2VA checkpoint directory (``Sa2VAModel.from_pretrained``); or None with ``preset``.
         preset: size preset name (``tiny`` / ``1b`` / ``4b`` / ``8b``) for a randomly initialised model.
         tokenizer: tokenizer object, config dict or path; None reads it from ``pretrained_path`` (or the tiny one).
-        lora: ``apply_lora`` kwargs (r, lora_alpha, lora_dropout, target_modules); None trains no LoRA (and so
-            no LLM weights).
+        lora: ``apply_lora`` kwargs (r, lora_alpha, lora_dropout, target_modules).
         train_embeddings: also train the LLM input embeddings and LM head (upstream SFT does; off for RL).
         gradient_checkpointing: LLM gradient checkpointing (memory for compute).
         torch_dtype: parameter dtype (``'bfloat16'`` ...); None keeps the checkpoint's (fp32 for presets).
@@ -65,26 +64,24 @@ class Sa2VATrainModel(BaseModel):
     """
 
     def __init__(self, *, pretrained_path: str | None = None, preset: str | None = None, tokenizer: Any = None,
-                 lora: Mapping[str, Any] | None = DEFAULT_LORA, train_embeddings: bool = False,
+                 lora: Mapping[str, Any] = DEFAULT_LORA, train_embeddings: bool = False,
                  gradient_checkpointing: bool = False, torch_dtype: str | torch.dtype | None = None,
                  processor_cfg: Mapping[str, Any] | None = None, sft_loss_cfg: Mapping[str, Any] | None = None,
                  data_preprocessor: dict | None = None) -> None:
         super().__init__(data_preprocessor=data_preprocessor)
         check_model_source(pretrained_path, preset)
         tokenizer = build_tokenizer(tokenizer, pretrained_path, preset)
-        config = model_config(pretrained_path, preset, vocab_size=len(tokenizer))
         dtype = _dtype(torch_dtype)
         if pretrained_path is not None:
             sa2va = Sa2VAModel.from_pretrained(pretrained_path, torch_dtype=dtype).train()
         else:
-            sa2va = Sa2VAModel(config)
+            sa2va = Sa2VAModel(model_config(None, preset, vocab_size=len(tokenizer)))
             if dtype is not None:
                 sa2va.to(dtype)
         sa2va.bind_tokenizer(tokenizer)
         if gradient_checkpointing:
             sa2va.language_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if lora is not None:
-            sa2va.language_model = apply_lora(sa2va.language_model, **dict(lora))
+        sa2va.language_model = apply_lora(sa2va.language_model, **dict(lora))
         configure_trainable(sa2va, train_embeddings=train_embeddings)
         self.sa2va = sa2va
         self.processor = Sa2VAProcessor.from_config(tokenizer, sa2va.config, **dict(processor_cfg or {}))

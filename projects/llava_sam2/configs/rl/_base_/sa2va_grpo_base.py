@@ -10,7 +10,7 @@ with read_base():
 from mmengine.dataset import DefaultSampler
 
 from projects.llava_sam2.rl_train.engine.hooks import (EMAPartnerHook, RewardFailureHook, RolloutLoggingHook,
-                                                       TrainStateHook)
+                                                       SkippedSampleHook, TrainStateHook)
 from projects.llava_sam2.rl_train.engine.loop import GRPOLoop
 from projects.llava_sam2.rl_train.grpo.trainer import CycleGRPO
 from projects.llava_sam2.rl_train.rewards import DLCJudgeReward, IoUReward, MeteorReward
@@ -52,6 +52,10 @@ train_cfg = dict(
         minibatch_size=None,  # rollouts per loop and train_step; None: one minibatch per iteration
         seed=None,  # None: sample from the global RNG, which TrainStateHook checkpoints (exact resume)
     ),
+    # SFT mixing: each iteration adds sft_loss_weight x the SFT loss of one batch to its first minibatch, e.g.
+    # sft_dataloader=dict(batch_size=2, num_workers=2, dataset=dict(type=region_sft_dataset, ...),
+    #                     sampler=dict(type=DefaultSampler, shuffle=True), collate_fn=dict(type=sft_collate)),
+    # sft_loss_weight=0.1,
 )
 
 # one optimizer step per minibatch (gradient accumulation counts minibatches, see GRPOLoop)
@@ -71,6 +75,7 @@ custom_hooks = [
     dict(type=EMAPartnerHook),
     dict(type=TrainStateHook),
     dict(type=RewardFailureHook),
+    dict(type=SkippedSampleHook),  # counts samples a dataset with on_bad_sample='skip' left out
     dict(type=RolloutLoggingHook, interval=50, max_prompts=4, max_rollouts=4),
 ]
 # loop 1 gives the mask decoder no gradient and some decoder heads never get one: DDP must allow it

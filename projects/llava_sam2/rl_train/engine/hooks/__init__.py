@@ -1,7 +1,9 @@
-"""Hooks of the GRPO engine: EMA partner, train state (RNG + side files), rollout logging, reward accounting."""
+"""Hooks of the GRPO engine: EMA partner, train state (RNG + side files), rollout logging, reward and bad-sample
+accounting."""
+from .data_hooks import SkippedSampleHook
 from .ema_partner import EMAPartnerHook
 from .reward_hooks import RewardFailureHook
 from .rollout_logging import RolloutLoggingHook
 from .train_state import TrainStateHook
 
-__all__ = ["EMAPartnerHook", "RewardFailureHook", "RolloutLoggingHook", "TrainStateHook"]
+__all__ = ["EMAPartnerHook", "RewardFailureHook", "RolloutLoggingHook", "SkippedSampleHook", "TrainStateHook"]
