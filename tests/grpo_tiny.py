@@ -56,8 +56,8 @@ def shapes_batch(n: int, seed: int = 0, image_size: int = 64):
 
 def make_algo(model, processor, rewards=None, *, seed: int = 0, **overrides):
     """CycleGRPO over fresh weight sets (reference kept when beta > 0)."""
-    algo_kwargs = {k: overrides.pop(k) for k in ("minibatch_size", "use_partner_captions", "seg_answer", "seg_answer_max_tokens")
-                   if k in overrides}
+    algo_keys = ("minibatch_size", "use_partner_captions", "seg_answer", "seg_answer_max_tokens")
+    algo_kwargs = {k: overrides.pop(k) for k in algo_keys if k in overrides}
     algo_kwargs.setdefault("seg_answer_max_tokens", 4)
     config = {**TINY_CONFIG, **overrides}
     weights = WeightSets.from_model(model, ema_decay=0.9, use_reference=config["beta"] > 0)

@@ -162,9 +162,9 @@ def test_grpo_steps_raise_the_expected_reward(loop, monkeypatch):
     Loop 1: fraction of caption tokens in a fixed half of the vocabulary (the tokens whose LM-head row points along a
     random direction). The random tiny LM head is scaled x10 first: at init its logits span +-0.2, and LoRA cannot
     move a distribution through a frozen head that flat (RMSNorm fixes |h|). Loop 2: pixel accuracy of the sampled
-    Bernoulli mask against gt_mask. (IoU is the natural mask reward, but on random weights it only improves by placing the mask,
-    a slow 256-cell credit assignment: tens of steps, too slow for this test; pixel accuracy also rewards shrinking
-    the 50%-area initial masks towards the small shapes.)
+    Bernoulli mask against gt_mask. (IoU is the natural mask reward, but on random weights it only improves by
+    placing the mask, a slow 256-cell credit assignment that needs tens of steps; pixel accuracy also rewards
+    shrinking the 50%-area initial masks towards the small shapes.)
     """
     model, processor = build_tiny(seed=1)
     if loop == "loop1":

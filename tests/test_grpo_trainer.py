@@ -91,6 +91,27 @@ def test_minibatches_chunk_groups_and_old_logp_makes_ratio_one():
         assert stats[f"{loop}/approx_kl"] == pytest.approx(0.0, abs=1e-6)
 
 
+def test_dropout_is_off_and_checkpointed_loss_gives_the_same_gradients():
+    model, processor = build_tiny()
+    algo, _ = make_algo(model, processor, both_loops_rewards())
+    assert algo.num_dropouts_disabled > 0  # LoRA's dropout 0.05 modules
+    assert all(m.p == 0 for m in model.modules() if isinstance(m, torch.nn.Dropout))
+    _, rollouts = run_rollout(algo, shapes_batch(2))
+    grads = []
+    for use_checkpointing in (False, True):
+        if use_checkpointing:  # as in training: train mode, checkpointed LLM layers recomputed in backward
+            model.language_model.gradient_checkpointing_enable()
+            model.language_model.enable_input_require_grads()
+            assert model.language_model.get_decoder().gradient_checkpointing
+        model.train()
+        model.zero_grad(set_to_none=True)
+        step_loss(algo, model, rollouts)
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and any("lora_" in n for n in grads[0])
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-4, atol=1e-7, msg=name)
+
+
 def test_loss_is_the_weighted_sum_of_the_loop_losses():
     model, processor = build_tiny()
     algo, _ = make_algo(model, processor, both_loops_rewards(), beta=0.04, caption_to_mask_weight=0.5,

@@ -87,7 +87,9 @@ def cut_at_stop_words(completions: Completions, decoding: TextDecoding) -> Compl
     cut = []
     for row, n in enumerate(lengths):
         ids = completions.ids[row, :n].tolist()
-        cut.append(textual_stop_length(decoding.tokenizer, ids, decoding.stop_words))
+        text = decoding.tokenizer.decode(ids, skip_special_tokens=False).replace("\r", "").replace("\n", "")
+        is_stopped = any(word in text for word in decoding.stop_words)  # one decode; the scan below is O(T^2)
+        cut.append(textual_stop_length(decoding.tokenizer, ids, decoding.stop_words) if is_stopped else n)
     new_lengths = torch.tensor(cut, device=completions.ids.device)  # [N]
     T = max(1, max(cut))
     completion_mask = torch.arange(T, device=new_lengths.device)[None] < new_lengths[:, None]  # [N, T]

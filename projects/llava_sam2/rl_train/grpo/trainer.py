@@ -21,14 +21,15 @@ gradient, one forward fewer). ``dapo``'s normaliser is the loop's active element
 number of chunks, so gradient accumulation over the chunks (MMEngine ``accumulative_counts``) averages to the
 token mean of the whole batch (TRL's ``num_items_in_batch``).
 
-Dropout is switched off in every pass (rollouts run in eval mode; the loss runs with train-mode flags, so LLM
-gradient checkpointing stays on, but dropout modules off): the loss must score the policy that sampled, and LoRA
-dropout would otherwise make the first ratio differ from 1.
+Dropout: ``disable_dropout=True`` (TRL GRPOConfig's knob; False there, True here) sets p = 0 in every dropout
+module of the model at build time (LoRA's 0.05 included), so rollouts (eval mode), ``old_logp`` / ``ref_logp`` and
+the loss (train mode, LLM gradient checkpointing on) all score the same deterministic policy; with dropout the loss
+would score a perturbed policy and the first ratio would not be 1. It is set on the modules rather than toggled
+around the forward because checkpointed layers re-run their forward during ``backward()``, after the loss returned.
 """
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,17 +84,13 @@ class PolicyMinibatch:
     iteration: int
 
 
-@contextmanager
-def dropout_disabled(model: nn.Module) -> Iterator[None]:
-    """Dropout modules in eval mode for the body (other modules keep their flags), restored afterwards."""
-    dropouts = [m for m in model.modules() if isinstance(m, nn.modules.dropout._DropoutNd) and m.training]
-    for module in dropouts:
-        module.training = False
-    try:
-        yield
-    finally:
-        for module in dropouts:
-            module.training = True
+def zero_dropout(model: nn.Module) -> int:
+    """Set p = 0 in every dropout module of ``model``; returns how many had p > 0."""
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0:
+            module.p, changed = 0.0, changed + 1
+    return changed
 
 
 def slice_groups(rollout: Rollout, b0: int, b1: int) -> Rollout:
@@ -145,12 +142,14 @@ class CycleGRPO:
             only mask rewards can score loop 2).
         seed: seeds one ``torch.Generator`` on the model's device for every sampling draw; None uses torch's
             global RNG (seeded by the runner).
+        disable_dropout: set every dropout probability of the model to 0 (module docstring); False keeps dropout
+            in the loss pass only (rollouts run in eval mode), so ratios start off 1 by the dropout noise.
     """
 
     def __init__(self, model, processor, weights, rewards: Mapping[str, Any] | None = None,
                  config: GRPOConfig | Mapping[str, Any] | None = None, *, minibatch_size: int | None = None,
                  seg_answer: str = "Sure, [SEG].", seg_answer_max_tokens: int = 16,
-                 use_partner_captions: bool = True, seed: int | None = None):
+                 use_partner_captions: bool = True, seed: int | None = None, disable_dropout: bool = True):
         config = config if isinstance(config, GRPOConfig) else GRPOConfig(**dict(config or {}))
         G = config.num_generations
         if minibatch_size is not None and (minibatch_size <= 0 or minibatch_size % G):
@@ -166,6 +165,7 @@ class CycleGRPO:
                              "'caption_to_mask'.")
         if model.seg_token_id is None:
             model.bind_tokenizer(processor.tokenizer)
+        self.num_dropouts_disabled = zero_dropout(model) if disable_dropout else 0
         self.model, self.processor, self.weights, self.config = model, processor, weights, config
         self.minibatch_size = minibatch_size
         self.loss_fn = PolicyLoss.from_config(config)
@@ -274,13 +274,12 @@ class CycleGRPO:
         """
         features = minibatch.features
         total, stats = None, {}
-        with dropout_disabled(model):
-            tile_embeds = model.project_vision(features.vit_tokens)  # [n_tiles, t, D], with grad through mlp1
-            for part in minibatch.parts:
-                logp = part.loop.action_logp(model, features, tile_embeds, part.rollout, part.samples)  # [n, T]
-                loss, loop_stats = self.loss_fn(logp, part.rollout, num_active_tokens=part.num_active_tokens)
-                total = part.loop.weight * loss if total is None else total + part.loop.weight * loss
-                stats.update({f"{part.loop.name}/{key}": value for key, value in loop_stats.items()})
+        tile_embeds = model.project_vision(features.vit_tokens)  # [n_tiles, t, D], with grad through mlp1
+        for part in minibatch.parts:
+            logp = part.loop.action_logp(model, features, tile_embeds, part.rollout, part.samples)  # [n, T]
+            loss, loop_stats = self.loss_fn(logp, part.rollout, num_active_tokens=part.num_active_tokens)
+            total = part.loop.weight * loss if total is None else total + part.loop.weight * loss
+            stats.update({f"{part.loop.name}/{key}": value for key, value in loop_stats.items()})
         return {"loss": total, **stats}
 
     def after_optimizer_step(self) -> None:
