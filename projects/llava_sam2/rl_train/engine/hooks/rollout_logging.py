@@ -64,7 +64,7 @@ def hstack(tiles: list[Image.Image]) -> np.ndarray:
 
 
 class RolloutDecoder:
-    """Text and mask of rollout ``n`` for display."""
+    """Prompt, completion and (binary) mask of rollout ``n``, for display."""
 
     def __init__(self, tokenizer=None) -> None:
         self.tokenizer = tokenizer
@@ -83,9 +83,8 @@ class RolloutDecoder:
         replay = rollout.replay
         if isinstance(replay, CaptionReplay):
             return self.text(replay.completion_ids[n][rollout.action_mask[n]])
-        if isinstance(replay, MaskReplay) and self.mask(rollout, n) is not None:
-            return f"<mask: {int(self.mask(rollout, n).sum())} of {self.mask(rollout, n).size} cells>"
-        return "<mask action>"
+        grid = self.mask(rollout, n)
+        return "<mask action>" if grid is None else f"<mask: {int(grid.sum())} of {grid.size} cells>"
 
     @staticmethod
     def mask(rollout, n: int) -> np.ndarray | None:
