@@ -74,7 +74,8 @@ def test_frozen_encoders_run_once_per_image_per_step(monkeypatch):
 
 def test_minibatches_chunk_groups_and_old_logp_makes_ratio_one():
     model, processor = build_tiny()
-    algo, _ = make_algo(model, processor, both_loops_rewards(), minibatch_size=4, num_iterations=2)
+    algo, _ = make_algo(model, processor, both_loops_rewards(), minibatch_size=4, num_iterations=2,
+                        generation_chunk_size=4)  # sampling and no-grad scoring one group per call
     _, rollouts = run_rollout(algo, shapes_batch(2))
     assert all(r.old_logp is not None for r in rollouts)  # several optimizer steps per rollout batch
     minibatches = list(algo.minibatches(rollouts))
