@@ -12,7 +12,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from mmengine.config import Config
+from mmengine.hooks import Hook
 from mmengine.model import BaseModel
+from mmengine.registry import RUNNERS
 from torch import nn
 from torch.utils.data import Dataset
 
@@ -190,3 +193,42 @@ def write_toy_config(directory) -> str:
     with open(path, "w") as f:
         f.write(TOY_CONFIG)
     return path
+
+
+class RecordHook(Hook):
+    """Keeps what the loop hands to hooks, to compare runs: the hook points seen and each iteration's outputs
+    (without wall-clock values such as ``time/<phase>`` or ``<reward>/time_s``, which differ between runs)."""
+
+    priority = "LOWEST"
+
+    def __init__(self) -> None:
+        self.outputs: dict[int, dict[str, float]] = {}
+        self.seen: list[tuple[str, int, float]] = []
+
+    def after_rollout(self, runner, batch_idx, data_batch, rollouts) -> None:
+        self.seen.append(("after_rollout", batch_idx, float(torch.isnan(rollouts[0].rewards).float().mean())))
+
+    def after_reward(self, runner, batch_idx, data_batch, rollouts) -> None:
+        self.seen.append(("after_reward", batch_idx, float(torch.isnan(rollouts[0].rewards).float().mean())))
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
+        self.outputs[batch_idx + 1] = {k: v for k, v in outputs.items()
+                                       if not (k.startswith("time/") or k.endswith("/time_s"))}
+
+
+def run_config(config: str, work_dir, *, runner_type: str | None = None, resume_from: str | None = None,
+               **options):
+    """Train ``config`` in-process (``options``: ``--cfg-options`` style overrides); returns (runner, RecordHook)."""
+    cfg = Config.fromfile(str(config))
+    cfg.work_dir = str(work_dir)
+    cfg.log_level = "WARNING"
+    if runner_type is not None:
+        cfg.runner_type = runner_type
+    if resume_from is not None:
+        cfg.resume, cfg.load_from = True, resume_from
+    cfg.merge_from_dict(options)
+    runner = RUNNERS.build(cfg)  # Runner unless cfg.runner_type says otherwise
+    record = RecordHook()
+    runner.register_hook(record)
+    runner.train()
+    return runner, record

@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 from mmengine.config import Config
-from mmengine.hooks import Hook
-from mmengine.runner import Runner
 
+from engine_toy import run_config
 from projects.llava_sam2.rl_train.engine.checkpointing import unwrap_model
 from projects.llava_sam2.rl_train.engine.loop import GRPOLoop
 from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
@@ -36,29 +35,8 @@ class CaptionHashReward:
         return [(sum(map(ord, caption)) % 97) / 97 for caption in inputs.pred_captions]
 
 
-class RecordHook(Hook):
-    priority = "LOWEST"
-
-    def __init__(self) -> None:
-        self.outputs = {}
-
-    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
-        # wall-clock stats (time/<phase>, <reward>/time_s) differ between runs by nature
-        self.outputs[batch_idx + 1] = {k: v for k, v in outputs.items() if "time" not in k}
-
-
-def run(config: str, work_dir: Path, resume_from: str | None = None, **options):
-    cfg = Config.fromfile(str(CONFIGS / config))
-    cfg.work_dir = str(work_dir)
-    cfg.log_level = "WARNING"
-    if resume_from:
-        cfg.resume, cfg.load_from = True, resume_from
-    cfg.merge_from_dict(options)
-    runner = Runner.from_cfg(cfg)
-    record = RecordHook()
-    runner.register_hook(record)
-    runner.train()
-    return runner, record
+def run(config: str, work_dir: Path, **options):
+    return run_config(CONFIGS / config, work_dir, **options)
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("*.py")))

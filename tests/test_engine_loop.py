@@ -12,44 +12,14 @@ import os
 import pytest
 import torch
 from mmengine.config import Config
-from mmengine.hooks import Hook
-from mmengine.registry import RUNNERS
 
-from engine_toy import write_toy_config
+from engine_toy import run_config, write_toy_config
 from projects.llava_sam2.rl_train.engine.checkpointing import side_file, unwrap_model
 
 
-class RecordHook(Hook):
-    """Keeps what the loop hands to hooks, to compare runs."""
-
-    priority = "LOWEST"
-
-    def __init__(self) -> None:
-        self.outputs: dict[int, dict[str, float]] = {}
-        self.seen: list[tuple[str, int, float]] = []
-
-    def after_rollout(self, runner, batch_idx, data_batch, rollouts) -> None:
-        self.seen.append(("after_rollout", batch_idx, float(torch.isnan(rollouts[0].rewards).float().mean())))
-
-    def after_reward(self, runner, batch_idx, data_batch, rollouts) -> None:
-        self.seen.append(("after_reward", batch_idx, float(torch.isnan(rollouts[0].rewards).float().mean())))
-
-    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
-        self.outputs[batch_idx + 1] = {k: v for k, v in outputs.items() if not k.startswith("time/")}
-
-
 def run_toy(work_dir, *, runner_type: str = "Runner", resume_from: str | None = None, **options):
-    cfg = Config.fromfile(write_toy_config(work_dir))
-    cfg.work_dir = os.fspath(work_dir)
-    cfg.runner_type = runner_type
-    if resume_from is not None:
-        cfg.resume, cfg.load_from = True, resume_from
-    cfg.merge_from_dict(options)
-    runner = RUNNERS.build(cfg)
-    record = RecordHook()
-    runner.register_hook(record)
-    runner.train()
-    return runner, record
+    return run_config(write_toy_config(work_dir), work_dir, runner_type=runner_type, resume_from=resume_from,
+                      **options)
 
 
 def trainable_state(runner) -> dict[str, torch.Tensor]:

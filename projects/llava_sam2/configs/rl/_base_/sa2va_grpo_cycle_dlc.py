@@ -1,0 +1,20 @@
+# Dual-loop GRPO (cycle RL) on describe-anything (DLC) regions: the settings the sa2va_{1b,4b,8b}_grpo_cycle
+# configs share. They differ only in the checkpoint they start from (as upstream SFT configs do).
+# The data path is a local default to edit (_base_/datasets/dlc_regions.py: data/describe-anything-dataset).
+# Loop 2's judge is the OpenAI-compatible endpoint in $JUDGE_BASE_URL / $JUDGE_MODEL; without one it falls back
+# to METEOR, counted and logged every iteration.
+from mmengine.config import read_base
+
+with read_base():
+    from .datasets.dlc_regions import dlc_region_dataset, region_collate_fn
+    from .sa2va_grpo_base import *  # noqa: F401,F403
+
+train_dataloader.update(dataset=dlc_region_dataset, collate_fn=region_collate_fn)  # noqa: F405
+
+max_iters = 2000
+train_cfg.update(max_iters=max_iters)  # noqa: F405
+warmup_iters = int(0.05 * max_iters)
+param_scheduler = [
+    dict(type=LinearLR, start_factor=1e-5, by_epoch=False, begin=0, end=warmup_iters),  # noqa: F405
+    dict(type=CosineAnnealingLR, eta_min=0.0, by_epoch=False, begin=warmup_iters, end=max_iters),  # noqa: F405
+]
