@@ -126,6 +126,8 @@ class MaskToCaptionLoop:
 
     @torch.no_grad()
     def rollout(self, features: StepFeatures, *, needs_old_logp: bool) -> LoopRollout:
+        """G sampled captions per gt region (policy), their ``old_logp`` (if needed) and ``ref_logp`` (if beta > 0),
+        and the partner's mask' for each; rewards are left NaN for ``CycleGRPO.score``."""
         ctx, model, proc, cfg = self.ctx, self.ctx.model, self.ctx.processor, self.ctx.config
         B, G, chunk = features.num_samples, cfg.num_generations, cfg.generation_chunk_size
         images = features.image_index.tolist()
@@ -139,8 +141,9 @@ class MaskToCaptionLoop:
                 model, embeds.repeat_interleave(G, 0), attention.repeat_interleave(G, 0), ctx.decoding,
                 max_new_tokens=cfg.max_completion_length, do_sample=True, temperature=cfg.temperature,
                 top_p=cfg.top_p, chunk_size=chunk, generator=ctx.generator)  # ids [N, T]
-            replay = CaptionReplay(prompt_ids=ids.repeat_interleave(G, 0), prompt_attention=attention.repeat_interleave(
-                G, 0), completion_ids=completions.ids, image_index=features.image_index.repeat_interleave(G))
+            replay = CaptionReplay(prompt_ids=ids.repeat_interleave(G, 0),
+                                   prompt_attention=attention.repeat_interleave(G, 0), completion_ids=completions.ids,
+                                   image_index=features.image_index.repeat_interleave(G))
 
             def score(tile_embeds: Tensor) -> Callable[[int, int], Tensor]:
                 return lambda b0, b1: caption_logp(
@@ -246,6 +249,8 @@ class CaptionToMaskLoop:
 
     @torch.no_grad()
     def rollout(self, features: StepFeatures, *, needs_old_logp: bool) -> LoopRollout:
+        """G sampled masks per gt caption (policy head on B rows, mask policy on N), their log-probs (kept as
+        ``old_logp`` if needed), ``ref_logp`` (if beta > 0), and the partner's caption' of each mask."""
         ctx, model, cfg, policy = self.ctx, self.ctx.model, self.ctx.config, self.ctx.mask_policy
         B, G, chunk = features.num_samples, cfg.num_generations, cfg.generation_chunk_size
         replay = self._replay(features)
