@@ -16,6 +16,31 @@ def _mean(values: Sequence[float]) -> float:
     return round(float(np.mean(values)), 4)
 
 
+def text_sensitivity(model, processor, world, *, chunk_size: int = 32) -> dict:
+    """Does the text pick the object? On the multi-object scenes of a ``ShapesWorld``, Dice with the target of the
+    mask for the target's canonical caption vs the mask for another object's caption. A text-blind model (one that
+    segments the most salient object whatever it is asked) scores the same on both."""
+    from ..data.shapes_scene import canonical_caption
+
+    images, rows, targets = [], [], []
+    for index in range(len(world)):
+        scene, _ = world.scene(index)
+        if len(scene.objects) < 2:
+            continue
+        other = (scene.target + 1) % len(scene.objects)
+        images.append(world[index].image)
+        for obj in (scene.target, other):
+            rows.append((len(images) - 1, canonical_caption(scene.attrs[obj])))
+        targets.append(scene.visible[scene.target])
+    if not images:
+        return {"num_scenes": 0}
+    out = segment_rows(model, processor, images, SegmentRows([i for i, _ in rows], [t for _, t in rows],
+                                                            [None] * len(rows)), chunk_size=chunk_size)
+    own = [float(mask_metrics(out.pred_masks[2 * j], t)["dice"][0]) for j, t in enumerate(targets)]
+    other = [float(mask_metrics(out.pred_masks[2 * j + 1], t)["dice"][0]) for j, t in enumerate(targets)]
+    return {"num_scenes": len(images), "dice_target_prompt": _mean(own), "dice_distractor_prompt": _mean(other)}
+
+
 def evaluate_default_prompt(model, processor, dataset, *, greedy_samples: int = 16, chunk_size: int = 32) -> dict:
     """Teacher-forced default-prompt masks on every sample of ``dataset`` (mean IoU/Dice, cIoU/gIoU), plus a greedy
     check on the first ``greedy_samples``: how often ``predict`` emits a usable ``[SEG]`` and the IoU it gets."""
