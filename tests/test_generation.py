@@ -4,7 +4,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from projects.llava_sam2.rl_train.model.generation import (
-    Completions, completion_logprobs, position_ids_from_attention, sample_completions)
+    Completions, completion_hidden, completion_logprobs, position_ids_from_attention, sample_completions)
 
 VOCAB, D = 96, 32
 
@@ -143,6 +143,35 @@ def test_logits_and_hidden_offsets_match_a_plain_hf_forward():
             torch.testing.assert_close(hidden[i, t], out.hidden_states[-1][i, L + t], atol=1e-5, rtol=0)
     assert hidden.shape == (2, 4, D)
     assert not torch.allclose(hidden[0, 0], out.hidden_states[-1][0, L - 1])
+
+
+@pytest.mark.parametrize("positions", [1, 3])
+def test_vocabulary_chunks_equal_the_unchunked_pass_with_gradients(positions):
+    """max_logit_bytes = N*V*4*t: the head sees t positions per call, forward and checkpointed backward, and the
+    log-probs and gradients equal the all-at-once pass (up to the head matmul's row-count rounding)."""
+    lm = tiny_lm()
+    lm.lm_head.weight.requires_grad_(True)
+    embeds, attention, _ = left_padded_prompts(lm, [4, 7, 5])
+    ids = torch.randint(1, VOCAB, (3, 8), generator=torch.Generator().manual_seed(0))
+    completion_mask = torch.arange(8)[None] < torch.tensor([8, 3, 6])[:, None]
+    seen = []
+    lm.lm_head.register_forward_hook(lambda module, args, out: seen.append(args[0].shape[1]))
+    results = []
+    for budget in (None, 3 * VOCAB * 4 * positions):
+        x = embeds.clone().requires_grad_(True)
+        lm.zero_grad()
+        logp = completion_logprobs(lm, x, attention, ids, completion_mask, temperature=0.7, max_logit_bytes=budget)
+        (logp * torch.linspace(-1, 1, 8)).sum().backward()
+        results.append((logp.detach(), x.grad, lm.lm_head.weight.grad.clone()))
+    assert seen[0] == 8 and max(seen[1:]) == positions and len(seen) == 1 + 2 * -(-8 // positions)
+    (full, full_dx, full_dw), (chunked, chunked_dx, chunked_dw) = results
+    assert full_dx.abs().sum() > 0 and full_dw.abs().sum() > 0
+    torch.testing.assert_close(chunked, full, atol=2e-6, rtol=0)
+    torch.testing.assert_close(chunked_dx, full_dx, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(chunked_dw, full_dw, atol=2e-6, rtol=1e-5)
+    with torch.no_grad():
+        _, hidden = completion_logprobs(lm, embeds, attention, ids, completion_mask, return_hidden=True)
+        assert torch.equal(completion_hidden(lm, embeds, attention, ids, completion_mask), hidden)
 
 
 def test_bad_inputs_are_rejected():

@@ -196,3 +196,50 @@ def test_memory_accounting():
     assert memory.fraction_of(model) == pytest.approx(memory.total_bytes / model_bytes)
     assert memory.fraction_of(model) < 0.5  # a small fraction of the model, not a second copy
     assert WeightSets.from_model(model, use_reference=False).memory().reference_bytes == 0
+
+
+@pytest.mark.parametrize("storage_device", [None, "cpu"])
+def test_both_storages_update_swap_and_restore_identically(storage_device):
+    """Host storage (pinned on CUDA machines) is the same math: the same shadow after updates, the same partner
+    values while swapped (the host keeps them in the parameter dtype), and a bit-exact restore, also on a raise."""
+    torch.manual_seed(0)
+    model, twin = TinyVLM(), TinyVLM()
+    twin.load_state_dict(model.state_dict())
+    model.to(torch.bfloat16), twin.to(torch.bfloat16)
+    sets = WeightSets.from_model(model, ema_decay=0.9, storage_device=storage_device)
+    plain = WeightSets.from_model(twin, ema_decay=0.9)
+    for _ in range(3):
+        for m, s in ((model, sets), (twin, plain)):
+            torch.manual_seed(1)
+            perturb([p for p in m.parameters() if p.requires_grad], scale=0.5)
+            s.update_partner(m)
+    for name, value in sets.state_dict()["partner"].items():
+        assert torch.equal(value, plain.state_dict()["partner"][name]), name
+    policy = snapshot(model)
+    with sets.partner(model), plain.partner(twin):
+        for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+            assert torch.equal(p, q), f"{name} differs between storages inside the partner swap"
+        assert not torch.equal(model.mlp1.weight, policy["mlp1.weight"])
+    assert_bit_exact(model, policy)
+    with pytest.raises(KeyError):
+        with sets.reference(model):
+            assert not torch.equal(model.mlp1.weight, policy["mlp1.weight"])
+            raise KeyError("reward failed")
+    assert_bit_exact(model, policy)
+    resumed = WeightSets.from_model(model, ema_decay=0.9, storage_device=storage_device)
+    resumed.load_state_dict(sets.state_dict())
+    with resumed.partner(model), plain.partner(twin):  # the host cast buffers follow a loaded shadow
+        assert torch.equal(model.mlp1.weight, twin.mlp1.weight)
+    assert_bit_exact(model, policy)
+
+
+def test_host_storage_takes_no_model_device_memory_and_rejects_unknown_storage():
+    model = TinyVLM()
+    numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    on_device, on_host = WeightSets.from_model(model).memory(), WeightSets.from_model(model, storage_device="cpu").memory()
+    assert on_device.device_bytes == on_device.total_bytes > 0
+    assert on_host.device_bytes == 0 and on_host.device_fraction_of(model) == 0.0
+    assert on_host.partner_cast_bytes == 4 * numel  # fp32 model: the cast copy has the parameter dtype
+    assert on_host.total_bytes == on_device.total_bytes + on_host.partner_cast_bytes
+    with pytest.raises(ValueError, match="storage_device='cuda:1'"):
+        WeightSets.from_model(model, storage_device="cuda:1")

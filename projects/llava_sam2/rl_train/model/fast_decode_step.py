@@ -87,7 +87,8 @@ class DecoderParts:
             raise TypeError(
                 f"fast_generation: the decoder body {type(body).__name__} has no {missing}; the fast path "
                 "needs a transformers Qwen2/Llama/Phi3-style body (layers, norm, rotary_emb). Use "
-                "generation.sample_completions for other LMs."
+                "generation.sample_completions for other LMs (decode_backend='reference' in GRPOConfig / "
+                "greedy_answers)."
             )
         return cls(body, lm.get_input_embeddings(), body.layers, body.norm, head, body.rotary_emb)
 

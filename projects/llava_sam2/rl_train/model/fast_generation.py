@@ -54,7 +54,7 @@ from transformers import DynamicCache, StaticCache, TopPLogitsWarper
 
 from .fast_decode_step import (CACHE_ALIGN, GQA_DECODE_ATTENTION, DecodeState, DecoderParts, GraphedCall,
                                TokenChooser, attention_implementation, decode_logits, rope_table)
-from .generation import Completions, _check_prompt, position_ids_from_attention
+from .generation import Completions, _check_prompt, position_ids_from_attention, sample_completions
 
 
 def _validate(*, num_generations, max_new_tokens, temperature, top_p, stop_token_ids, stop_check_interval,
@@ -216,3 +216,31 @@ def _completions(state: DecodeState, return_step_probs: bool) -> Completions | t
     out = Completions(ids=state.ids[:, :T], completion_mask=state.is_active[:, :T],
                       is_truncated=~state.is_finished, token_logp=state.token_logp[:, :T])
     return (out, state.step_probs[:, :T]) if return_step_probs else out
+
+
+def reference_completions(lm: nn.Module, inputs_embeds: Tensor, attention_mask: Tensor, *, num_generations: int = 1,
+                          **kwargs) -> Completions:
+    """:func:`generation.sample_completions` with the fast path's input layout: the B prompts are repeated into
+    N = B·G rows (``b·G + g``) and decoded row by row, prefill included (the reference the fast path is tested
+    against, and the switch back to it)."""
+    if not isinstance(num_generations, int) or num_generations < 1:
+        raise ValueError(f"reference_completions: num_generations must be an int >= 1; got {num_generations!r}.")
+    rows = inputs_embeds.repeat_interleave(num_generations, 0), attention_mask.repeat_interleave(num_generations, 0)
+    return sample_completions(lm, *rows, **kwargs)  # [N, L, D], [N, L]
+
+
+# decode_backend name -> decoder with the signature of fast_sample_completions' common arguments
+# (lm, embeds [B, L, D], attention [B, L], *, num_generations, max_new_tokens, temperature, top_p, do_sample,
+# stop_token_ids, pad_token_id, generator) -> Completions of N = B·G rows.
+DECODE_BACKENDS = {"fast": fast_sample_completions, "reference": reference_completions}
+
+
+def decode_completions(lm: nn.Module, inputs_embeds: Tensor, attention_mask: Tensor, *, decode_backend: str = "fast",
+                       **kwargs) -> Completions:
+    """Decode with the backend named ``decode_backend`` (a key of :data:`DECODE_BACKENDS`); ``kwargs`` as
+    :func:`fast_sample_completions` minus its fast-only knobs."""
+    if decode_backend not in DECODE_BACKENDS:
+        raise ValueError(f"decode_completions: decode_backend={decode_backend!r} is not one of "
+                         f"{sorted(DECODE_BACKENDS)}; use 'fast' (default) or 'reference' (the plain decode loop, "
+                         "for LMs the fast path does not support).")
+    return DECODE_BACKENDS[decode_backend](lm, inputs_embeds, attention_mask, **kwargs)

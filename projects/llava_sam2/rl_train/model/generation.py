@@ -6,7 +6,9 @@ Two functions carry the RL policy's text side:
   ``DynamicCache``). It is deliberately plain so that a faster decoder can be checked against it.
 * :func:`completion_logprobs` — one teacher-forced forward over ``prompt + completion`` that returns
   the per-token log-probabilities and, optionally, the final-norm hidden states that Sa2VA turns
-  into ``[SEG]`` prompts (``docs/architecture.md``, sa2va.md §8.4).
+  into ``[SEG]`` prompts (``docs/architecture.md``, sa2va.md §8.4). The head runs over the completion in
+  chunks of positions (:func:`token_logprobs`), so a pass never holds all ``[N, T, V]`` fp32 logits;
+  :func:`completion_hidden` skips the head for passes that only need the ``[SEG]`` states.
 
 Both run the LM's decoder body and its output head separately, so logits are computed only where
 a token is scored (never over the whole prompt). They work on a bare ``*ForCausalLM`` and on a
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache, TopPLogitsWarper
 
 
@@ -186,6 +189,67 @@ def sample_completions(
     )
 
 
+# fp32 logits one head call may hold (N·t·V·4 bytes); longer completions are scored in chunks of t positions.
+# At N=64, V=151,936 that is t=27 positions, ~1 GiB, instead of ~5 GiB for T=128 at once.
+MAX_LOGIT_BYTES = 2**30
+
+
+def _check_completion(prompt_embeds: torch.Tensor, prompt_attention: torch.Tensor, completion_ids: torch.Tensor,
+                      completion_mask: torch.Tensor, who: str) -> None:
+    _check_prompt(prompt_embeds, prompt_attention, "prompt")
+    if completion_ids.dim() != 2 or completion_ids.shape != completion_mask.shape or \
+            completion_ids.shape[0] != prompt_embeds.shape[0]:
+        raise ValueError(
+            f"{who}: completion_ids and completion_mask must both be [N, T] with N = "
+            f"{prompt_embeds.shape[0]} prompts; got {tuple(completion_ids.shape)} and "
+            f"{tuple(completion_mask.shape)}."
+        )
+
+
+def _teacher_forced_hidden(lm: nn.Module, prompt_embeds: torch.Tensor, prompt_attention: torch.Tensor,
+                           completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+    """Final-norm hidden states ``[N, L + T, D]`` of ``[prompt | completion]`` (one body forward, no cache)."""
+    body, _ = decoder_and_head(lm)
+    completion_embeds = lm.get_input_embeddings()(completion_ids).to(prompt_embeds.dtype)  # [N, T, D]
+    embeds = torch.cat([prompt_embeds, completion_embeds], dim=1)  # [N, L + T, D]
+    attention = torch.cat([prompt_attention.long(), completion_mask.long()], dim=1)  # [N, L + T]
+    return body(
+        inputs_embeds=embeds, attention_mask=attention,
+        position_ids=position_ids_from_attention(attention), use_cache=False,
+    ).last_hidden_state
+
+
+def _chunk_logprobs(head: nn.Module, hidden: torch.Tensor, ids: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``logit[c] - logsumexp(logits)`` with ``logits = head(hidden).float() / temperature``: ``[N, t, D]`` → ``[N, t]``."""
+    logits = head(hidden).float() / temperature  # [N, t, V]
+    return logits.gather(-1, ids[..., None]).squeeze(-1) - logits.logsumexp(-1)  # [N, t]
+
+
+def token_logprobs(head: nn.Module, hidden: torch.Tensor, completion_ids: torch.Tensor, *, temperature: float = 1.0,
+                   max_logit_bytes: int | None = MAX_LOGIT_BYTES) -> torch.Tensor:
+    """``log_softmax(head(hidden) / temperature)[completion_ids]`` per position, ``[N, T, D]``, ``[N, T]`` → ``[N, T]``.
+
+    The T positions go through the head ``t = max(1, max_logit_bytes // (N·V·4))`` at a time, so at most one chunk of
+    fp32 logits ``[N, t, V]`` exists (None: all T at once). Under autograd each chunk is checkpointed
+    (``torch.utils.checkpoint``, non-reentrant): its forward keeps only the chunk's hidden states and the backward
+    recomputes the chunk's logits, so the backward too holds one chunk at a time. Each position's arithmetic is the
+    unchunked one; only the head matmul's row count differs between chunkings.
+    """
+    N, T = completion_ids.shape
+    vocab = getattr(head, "out_features", None) or head.weight.shape[0]
+    t = T if max_logit_bytes is None else max(1, int(max_logit_bytes) // max(1, N * vocab * 4))
+    if t >= T:
+        return _chunk_logprobs(head, hidden, completion_ids, temperature)
+    parts = []
+    for t0 in range(0, T, t):
+        args = (head, hidden[:, t0:t0 + t], completion_ids[:, t0:t0 + t], temperature)
+        if torch.is_grad_enabled():
+            parts.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False))
+        else:
+            parts.append(_chunk_logprobs(*args))
+    return torch.cat(parts, dim=1)  # [N, T]
+
+
 def completion_logprobs(
     lm: nn.Module,
     prompt_embeds: torch.Tensor,
@@ -195,6 +259,7 @@ def completion_logprobs(
     *,
     temperature: float = 1.0,
     return_hidden: bool = False,
+    max_logit_bytes: int | None = MAX_LOGIT_BYTES,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Teacher-forced ``log π(c_t | prompt, c_<t)`` for every completion token, in one forward.
 
@@ -208,32 +273,30 @@ def completion_logprobs(
     Args:
         prompt_embeds: ``[N, L, D]``; prompt_attention: ``[N, L]`` LEFT padded.
         completion_ids: ``[N, T]`` long; completion_mask: ``[N, T]`` bool, True on a prefix.
+        max_logit_bytes: bound on the fp32 logits of one head call; the head runs over T in chunks
+            (:func:`token_logprobs`). None computes all ``[N, T, V]`` logits at once.
 
     Returns:
         ``token_logp [N, T]`` float32 (differentiable), and ``hidden [N, T, D]`` if ``return_hidden``.
     """
-    _check_prompt(prompt_embeds, prompt_attention, "prompt")
-    if completion_ids.dim() != 2 or completion_ids.shape != completion_mask.shape or \
-            completion_ids.shape[0] != prompt_embeds.shape[0]:
-        raise ValueError(
-            "completion_logprobs: completion_ids and completion_mask must both be [N, T] with N = "
-            f"{prompt_embeds.shape[0]} prompts; got {tuple(completion_ids.shape)} and "
-            f"{tuple(completion_mask.shape)}."
-        )
+    _check_completion(prompt_embeds, prompt_attention, completion_ids, completion_mask, "completion_logprobs")
     if temperature <= 0:
         raise ValueError(f"completion_logprobs: temperature must be > 0, got {temperature}.")
-    body, head = decoder_and_head(lm)
+    _, head = decoder_and_head(lm)
     L, T = prompt_embeds.shape[1], completion_ids.shape[1]
-    completion_embeds = lm.get_input_embeddings()(completion_ids).to(prompt_embeds.dtype)  # [N, T, D]
-    embeds = torch.cat([prompt_embeds, completion_embeds], dim=1)  # [N, L + T, D]
-    attention = torch.cat([prompt_attention.long(), completion_mask.long()], dim=1)  # [N, L + T]
-    h = body(
-        inputs_embeds=embeds, attention_mask=attention,
-        position_ids=position_ids_from_attention(attention), use_cache=False,
-    ).last_hidden_state  # [N, L + T, D]
-    logits = head(h[:, L - 1:L + T - 1]).float() / temperature  # [N, T, V]
-    token_logp = logits.gather(-1, completion_ids[..., None]).squeeze(-1) - logits.logsumexp(-1)  # [N, T]
+    h = _teacher_forced_hidden(lm, prompt_embeds, prompt_attention, completion_ids, completion_mask)  # [N, L + T, D]
+    token_logp = token_logprobs(head, h[:, L - 1:L + T - 1], completion_ids, temperature=temperature,
+                                max_logit_bytes=max_logit_bytes)  # [N, T]
     token_logp = token_logp.masked_fill(~completion_mask.bool(), 0.0)
     if return_hidden:
         return token_logp, h[:, L:L + T]  # hidden [N, T, D]
     return token_logp
+
+
+def completion_hidden(lm: nn.Module, prompt_embeds: torch.Tensor, prompt_attention: torch.Tensor,
+                      completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+    """``hidden [N, T, D]`` of :func:`completion_logprobs` without the output head (no ``[N, T, V]`` logits):
+    what the ``[SEG]`` passes need."""
+    _check_completion(prompt_embeds, prompt_attention, completion_ids, completion_mask, "completion_hidden")
+    L, T = prompt_embeds.shape[1], completion_ids.shape[1]
+    return _teacher_forced_hidden(lm, prompt_embeds, prompt_attention, completion_ids, completion_mask)[:, L:L + T]
