@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
-from projects.llava_sam2.rl_train.evaluation import captions, decoding, tasks
+from projects.llava_sam2.rl_train.evaluation import captions, tasks
 from projects.llava_sam2.rl_train.evaluation.decoding import Answer, PromptRow, encode_images, greedy_answers
 from projects.llava_sam2.rl_train.evaluation.tasks import EvalConfig, evaluate
-from projects.llava_sam2.rl_train.model import inference
+from projects.llava_sam2.rl_train.model import fast_generation, inference
 from projects.llava_sam2.rl_train.model.generation import Completions
 from projects.llava_sam2.rl_train.model.inference import predict_batch
 from projects.llava_sam2.rl_train.model.prompts import REGION_CAPTION_EVAL_PROMPT, RES_EVAL_PROMPT
@@ -59,7 +59,7 @@ def test_greedy_answers_equal_predict_batch(tiny, world, monkeypatch):
         return Completions(ids, completion_mask, torch.tensor([False, True, False]), torch.zeros(len(answers), T))
 
     monkeypatch.setattr(inference, "sample_completions", scripted)
-    monkeypatch.setattr(decoding, "sample_completions", scripted)
+    monkeypatch.setitem(fast_generation.DECODE_BACKENDS, "fast", scripted)
     samples = [world[i] for i in range(3)]
     expected = predict_batch(model, proc, [s.image for s in samples],
                              [RES_EVAL_PROMPT.format(sent="the star"), RES_EVAL_PROMPT.format(sent="x"),
@@ -204,3 +204,18 @@ def test_evaluate_tool_writes_a_loadable_run(tmp_path, capsys):
     assert run.meta["system"] == "run" and run.meta["dataset"]["kind"] == "shapes"
     assert run.meta["model"]["source"] == "preset tiny (init seed 0)"
     assert [r.sample_id for r in run.records("res")] == ["shapes_val/0#0", "shapes_val/1#1"]
+
+
+def test_greedy_answers_fast_backend_equals_reference(tiny, world):
+    model, proc = tiny
+    samples = [world[i] for i in range(3)]
+    features = encode_images(model, proc, [s.image for s in samples], [s.sample_id for s in samples])
+    cells = proc.region_cells(samples[2].gt_mask, size=features.sizes[2])
+    rows = [PromptRow(0, proc.segment_text(1, "the star")), PromptRow(1, proc.segment_text(1, "a long blue x")),
+            PromptRow(2, proc.caption_text(1, cells), cells)]
+    got = {backend: greedy_answers(model, proc, features, rows, max_new_tokens=5, want_masks=True,
+                                   decode_backend=backend) for backend in ("fast", "reference")}
+    assert [a.text for a in got["fast"]] == [a.text for a in got["reference"]]
+    assert [a.num_tokens for a in got["fast"]] == [a.num_tokens for a in got["reference"]] != [0, 0, 0]
+    with pytest.raises(ValueError, match="decode_backend='hf'"):
+        greedy_answers(model, proc, features, rows, max_new_tokens=2, want_masks=False, decode_backend="hf")

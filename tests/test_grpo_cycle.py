@@ -9,12 +9,12 @@ import torch
 
 from grpo_tiny import (
     CaptionParityReward, build_tiny, make_algo, one_thread, run_rollout, shapes_batch, step_loss, tokenizer)
-from projects.llava_sam2.rl_train.grpo import cycle, passes
+from projects.llava_sam2.rl_train.grpo import cycle
 from projects.llava_sam2.rl_train.grpo.cycle import seg_mask_head
 from projects.llava_sam2.rl_train.grpo.mask_policy import MaskHead
 from projects.llava_sam2.rl_train.grpo.passes import (
     TextDecoding, clean_text, completion_texts, cut_at_stop_words, first_fed_back_seg, partner_segment)
-from projects.llava_sam2.rl_train.model import inference
+from projects.llava_sam2.rl_train.model import fast_generation, inference
 from projects.llava_sam2.rl_train.model.generation import Completions
 from projects.llava_sam2.rl_train.model.prompts import RES_EVAL_PROMPT
 
@@ -217,7 +217,7 @@ def test_partner_segment_matches_upstream_predict(monkeypatch):
     rows = [tok.encode("Sure,", add_special_tokens=False) + [seg, 13, eos],  # fed-back [SEG]: one mask
             tok.encode("It is", add_special_tokens=False) + [eos],  # no [SEG]: all-False mask
             tok.encode("Sure,", add_special_tokens=False) + [seg]]  # [SEG] as last token: dropped (upstream)
-    monkeypatch.setattr(passes, "sample_completions", scripted(rows))
+    monkeypatch.setitem(fast_generation.DECODE_BACKENDS, "fast", scripted(rows))
     monkeypatch.setattr(inference, "sample_completions", scripted(rows))
     batch = shapes_batch(3, seed=5)
     algo, _ = make_algo(model, processor, {"caption_to_mask": [dict(type="iou")]})

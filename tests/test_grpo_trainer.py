@@ -214,3 +214,29 @@ def test_build_and_call_errors_name_the_knob():
     algo.score(rollouts)
     with pytest.raises(ValueError, match="scored already"):
         algo.score(rollouts)
+
+
+def test_fast_and_reference_decoding_give_the_same_rollouts():
+    """decode_backend='fast' (B prompts prefilled once, G samples each, one group per call here) draws the same
+    captions as the reference loop on N repeated rows with the same seed, so the partner passes, the mask draws
+    (same generator state afterwards) and the rewards agree too."""
+    model, processor = build_tiny()
+    batch = shapes_batch(2)
+    results = {}
+    for backend in ("fast", "reference"):
+        rewards = both_loops_rewards()
+        algo, _ = make_algo(model, processor, rewards, beta=0.04, generation_chunk_size=4, decode_backend=backend)
+        assert algo.context.decoding.decode_backend == backend
+        _, rollouts = run_rollout(algo, batch)
+        results[backend] = rollouts, rewards["caption_to_mask"][0].seen[0].pred_captions
+    (fast, fast_captions), (ref, ref_captions) = results["fast"], results["reference"]
+    assert torch.equal(fast[0].replay.completion_ids, ref[0].replay.completion_ids)
+    assert torch.equal(fast[0].action_mask, ref[0].action_mask) and fast[0].action_mask.sum() > 8
+    assert len(set(map(tuple, fast[0].replay.completion_ids.tolist()))) > 1  # the G samples differ
+    assert torch.equal(fast[1].replay.action, ref[1].replay.action)
+    assert fast_captions == ref_captions and any(fast_captions)
+    for f, r in zip(fast, ref):
+        torch.testing.assert_close(f.rewards, r.rewards)
+        torch.testing.assert_close(f.ref_logp, r.ref_logp)
+    with pytest.raises(ValueError, match="decode_backend='vllm'"):
+        make_algo(model, processor, decode_backend="vllm")

@@ -15,7 +15,9 @@ image of a batch; :func:`greedy_answers` then answers any number of prompt rows 
 
 ``multi_seg`` chooses the mask of an answer with several ``[SEG]``: ``'first'`` (Sa2VA's original
 RefCOCO eval keeps ``prediction_masks[0]``) or ``'union'`` (the newer bytedance/Sa2VA eval ORs them).
-``mlp1`` is applied per call (it is trainable and may differ between model A and model B).
+``mlp1`` is applied per call (it is trainable and may differ between model A and model B). The decode runs
+on ``decode_backend`` (``model.fast_generation.DECODE_BACKENDS``): the fast path by default, ``'reference'`` for
+the plain loop ``predict_batch`` uses.
 """
 from __future__ import annotations
 
@@ -27,7 +29,8 @@ import torch
 from torch import Tensor
 
 from ..model.constants import IMAGE_PLACEHOLDER, INTERNVL_SPECIAL_TOKENS, SA2VA_SPECIAL_TOKENS
-from ..model.generation import completion_logprobs, sample_completions
+from ..model.fast_generation import decode_completions
+from ..model.generation import completion_hidden
 from ..model.inference import eval_mode, stop_criteria, textual_stop_length
 
 MULTI_SEG_RULES = ("first", "union")
@@ -139,8 +142,8 @@ def _seg_masks(model, features: ImageFeatures, rows: Sequence[PromptRow], embeds
     if not found:
         return masks
     index = torch.tensor(found, device=embeds.device)
-    _, hidden = completion_logprobs(model.language_model, embeds[index], attention[index], out.ids[index],
-                                    out.completion_mask[index], return_hidden=True)  # [M_rows, T, D]
+    hidden = completion_hidden(model.language_model, embeds[index], attention[index], out.ids[index],
+                               out.completion_mask[index])  # [M_rows, T, D]
     keep = {"first": lambda p: p[:1], "union": lambda p: p}[multi_seg]
     seg_hidden, owner = [], []
     for k, i in enumerate(found):
@@ -158,8 +161,9 @@ def _seg_masks(model, features: ImageFeatures, rows: Sequence[PromptRow], embeds
 
 @torch.no_grad()
 def greedy_answers(model, processor, features: ImageFeatures, rows: Sequence[PromptRow], *, max_new_tokens: int,
-                   want_masks: bool, multi_seg: str = "first") -> list[Answer]:
-    """Greedy answers (and ``[SEG]`` masks when ``want_masks``) of N prompt rows in one batched decode."""
+                   want_masks: bool, multi_seg: str = "first", decode_backend: str = "fast") -> list[Answer]:
+    """Greedy answers (and ``[SEG]`` masks when ``want_masks``) of N prompt rows in one batched decode by
+    ``decode_backend`` (``'fast'`` | ``'reference'``)."""
     if multi_seg not in MULTI_SEG_RULES:
         raise ValueError(f"multi_seg={multi_seg!r}: expected one of {MULTI_SEG_RULES}")
     if not rows:
@@ -168,8 +172,9 @@ def greedy_answers(model, processor, features: ImageFeatures, rows: Sequence[Pro
     with eval_mode(model):
         embeds, attention = _prompt_embeds(model, processor, features, rows)  # [N, L, D], [N, L]
         stop_ids, stop_words = stop_criteria(tok, processor.template.get("STOP_WORDS", []))
-        out = sample_completions(model.language_model, embeds, attention, max_new_tokens=max_new_tokens,
-                                 do_sample=False, stop_token_ids=stop_ids, pad_token_id=processor.pad_token_id)
+        out = decode_completions(model.language_model, embeds, attention, decode_backend=decode_backend,
+                                 max_new_tokens=max_new_tokens, do_sample=False, stop_token_ids=stop_ids,
+                                 pad_token_id=processor.pad_token_id)
         ids_per_row, seg_positions, is_truncated = [], [], []
         for i in range(len(rows)):
             ids = out.ids[i, :int(out.completion_mask[i].sum())].tolist()

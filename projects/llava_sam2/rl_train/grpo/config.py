@@ -44,6 +44,9 @@ class GRPOConfig:
     """Rollouts per sampling call (memory knob), a multiple of num_generations; None samples all B * G at once."""
     mask_truncated_completions: bool = False
     """Drop captions that hit max_completion_length from the loss (DAPO: truncation noise, not bad captions)."""
+    decode_backend: str = "fast"
+    """Text decoder of every rollout pass: fast (prefill once per prompt, static KV cache, CUDA graph; transformers
+    Qwen2/Llama/Phi3 LMs) | reference (the plain decode loop it is tested against)."""
 
     # ---- loss ----------------------------------------------------------------------------------------------
     loss_type: str = "dapo"
@@ -104,6 +107,11 @@ class GRPOConfig:
                  f"generation_chunk_size={self.generation_chunk_size} is not a positive multiple of "
                  f"num_generations={G}; a prompt's G rollouts must share one sampling call. Use a multiple of "
                  f"{G} or None.")
+        from ..model.fast_generation import DECODE_BACKENDS  # here: keeps `import grpo` free of transformers' models
+
+        _require(self.decode_backend in DECODE_BACKENDS,
+                 f"decode_backend={self.decode_backend!r} is not one of {sorted(DECODE_BACKENDS)}; use 'fast' "
+                 "(default) or 'reference' (for LMs the fast path does not support).")
         _require(self.max_completion_length >= 1,
                  f"max_completion_length={self.max_completion_length}; it must be >= 1 token.")
         _require(self.temperature > 0, f"temperature={self.temperature}; it must be > 0 (sampling needs it).")

@@ -28,7 +28,7 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
-from ..model.generation import completion_logprobs
+from ..model.generation import completion_hidden, completion_logprobs
 from ..model.inference import eval_mode
 from ..rewards.base import RewardInputs
 from .features import StepFeatures
@@ -137,10 +137,10 @@ class MaskToCaptionLoop:
         with eval_mode(model):
             tiles = model.project_vision(features.vit_tokens)  # [n_tiles, t, D]
             embeds = prompt_embeds(model, features, tiles, ids, images, list(features.region_cells))  # [B, L, D]
-            completions = sample_text(
-                model, embeds.repeat_interleave(G, 0), attention.repeat_interleave(G, 0), ctx.decoding,
-                max_new_tokens=cfg.max_completion_length, do_sample=True, temperature=cfg.temperature,
-                top_p=cfg.top_p, chunk_size=chunk, generator=ctx.generator)  # ids [N, T]
+            completions = sample_text(  # B prompts, G samples each (prefilled once per prompt on the fast path)
+                model, embeds, attention, ctx.decoding, num_generations=G, max_new_tokens=cfg.max_completion_length,
+                do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, chunk_size=chunk,
+                generator=ctx.generator)  # ids [N, T]
             replay = CaptionReplay(prompt_ids=ids.repeat_interleave(G, 0),
                                    prompt_attention=attention.repeat_interleave(G, 0), completion_ids=completions.ids,
                                    image_index=features.image_index.repeat_interleave(G))
@@ -201,8 +201,8 @@ def seg_mask_head(model, features: StepFeatures, tile_embeds: Tensor, replay: Ma
     embeds = prompt_embeds(model, features, tile_embeds, replay.prompt_ids[::G],
                            [features.image_of(s) for s in samples])  # [b, L, D]
     answer_ids = replay.answer_ids[::G]  # [b, A]
-    _, hidden = completion_logprobs(model.language_model, embeds, replay.prompt_attention[::G], answer_ids,
-                                    torch.ones_like(answer_ids, dtype=torch.bool), return_hidden=True)  # [b, A, D]
+    hidden = completion_hidden(model.language_model, embeds, replay.prompt_attention[::G], answer_ids,
+                               torch.ones_like(answer_ids, dtype=torch.bool))  # [b, A, D]
     seg_index = replay.seg_index[::G]  # [b]
     group_prompt = model.seg_hidden_to_prompt(hidden[torch.arange(len(seg_index)), seg_index])  # [b, C]
     image_index = replay.image_index  # [n]

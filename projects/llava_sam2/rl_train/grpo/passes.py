@@ -4,7 +4,9 @@ partner's two tasks (segment a caption: loop 1; describe a mask: loop 2).
 Every function takes the weights in effect as they are: the caller enters ``WeightSets.partner`` /
 ``WeightSets.reference`` around it and passes ``tile_embeds = model.project_vision(features.vit_tokens)``
 computed inside that block (``mlp1`` is one of the swapped tensors). Rows are batched; ``chunk_size`` caps the
-rows of one model call (``GRPOConfig.generation_chunk_size``).
+rows of one model call (``GRPOConfig.generation_chunk_size``). Text is decoded by ``TextDecoding.decode_backend``
+(``GRPOConfig.decode_backend``): the fast path (``model.fast_generation``) by default, which takes the distinct
+prompts plus the group size and prefills each prompt once for its G samples.
 """
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from dataclasses import dataclass, fields, replace
 import torch
 from torch import Tensor
 
-from ..model.generation import Completions, completion_logprobs, sample_completions
+from ..model.fast_generation import DECODE_BACKENDS, decode_completions
+from ..model.generation import Completions, completion_hidden
 from ..model.inference import stop_criteria, textual_stop_length
 from .features import StepFeatures, image_fills
 
@@ -29,17 +32,24 @@ class TextDecoding:
         stop_words: stop words the tokenizer splits into several tokens (``<|end|>`` of ``phi3_chat`` under a Qwen
             tokenizer, reference §8.1); a completion is cut where its decoded text first ends with one.
         pad_token_id: fed after a row has stopped.
+        decode_backend: the decoder, a key of ``model.fast_generation.DECODE_BACKENDS`` (``'fast'`` | ``'reference'``).
     """
 
     tokenizer: object
     stop_token_ids: tuple[int, ...]
     stop_words: tuple[str, ...]
     pad_token_id: int
+    decode_backend: str = "fast"
+
+    def __post_init__(self) -> None:
+        if self.decode_backend not in DECODE_BACKENDS:
+            raise ValueError(f"TextDecoding: decode_backend={self.decode_backend!r} is not one of "
+                             f"{sorted(DECODE_BACKENDS)}; use 'fast' or 'reference'.")
 
     @classmethod
-    def from_processor(cls, processor) -> "TextDecoding":
+    def from_processor(cls, processor, decode_backend: str = "fast") -> "TextDecoding":
         ids, words = stop_criteria(processor.tokenizer, processor.template.get("STOP_WORDS", []))
-        return cls(processor.tokenizer, tuple(ids), tuple(words), int(processor.pad_token_id))
+        return cls(processor.tokenizer, tuple(ids), tuple(words), int(processor.pad_token_id), decode_backend)
 
 
 def group_chunks(num_groups: int, group_size: int, chunk_size: int | None) -> list[tuple[int, int]]:
@@ -101,16 +111,18 @@ def cut_at_stop_words(completions: Completions, decoding: TextDecoding) -> Compl
 
 @torch.no_grad()
 def sample_text(model, embeds: Tensor, attention: Tensor, decoding: TextDecoding, *, max_new_tokens: int,
-                do_sample: bool, temperature: float = 1.0, top_p: float = 1.0, chunk_size: int | None = None,
-                generator: torch.Generator | None = None) -> Completions:
-    """Sample (or greedily decode) completions for prompt rows ``[n, L, D]``, ``chunk_size`` rows per call."""
-    n = embeds.shape[0]
-    step = n if chunk_size is None else chunk_size
-    parts = [sample_completions(model.language_model, embeds[r:r + step], attention[r:r + step],
+                do_sample: bool, num_generations: int = 1, temperature: float = 1.0, top_p: float = 1.0,
+                chunk_size: int | None = None, generator: torch.Generator | None = None) -> Completions:
+    """G = ``num_generations`` completions of each distinct prompt row ``[b, L, D]`` (left padded): ``b * G`` rows,
+    row ``r * G + g`` the g-th of prompt r, decoded by ``decoding.decode_backend`` with at most ``chunk_size`` rows
+    (whole groups) per call, then cut at the textual stop words."""
+    G = num_generations
+    parts = [decode_completions(model.language_model, embeds[b0:b1], attention[b0:b1],
+                                decode_backend=decoding.decode_backend, num_generations=G,
                                 max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                 do_sample=do_sample, stop_token_ids=list(decoding.stop_token_ids),
                                 pad_token_id=decoding.pad_token_id, generator=generator)
-             for r in range(0, n, step)]
+             for b0, b1 in group_chunks(embeds.shape[0], G, chunk_size)]
     return cut_at_stop_words(_pad_cat(parts, decoding.pad_token_id), decoding)
 
 
@@ -176,8 +188,8 @@ def partner_segment(model, processor, features: StepFeatures, tile_embeds: Tenso
         embeds = prompt_embeds(model, features, tile_embeds, ids, [images[n] for n in rows])  # [n, L, D]
         answer = sample_text(model, embeds, attention, decoding, max_new_tokens=max_new_tokens, do_sample=False)
         answer_tokens += float(answer.completion_mask.sum())
-        _, hidden = completion_logprobs(model.language_model, embeds, attention, answer.ids, answer.completion_mask,
-                                        return_hidden=True)  # hidden [n, T, D]
+        hidden = completion_hidden(model.language_model, embeds, attention, answer.ids,
+                                   answer.completion_mask)  # [n, T, D]
         seg_index, has_seg = first_fed_back_seg(answer, model.seg_token_id)  # [n], [n]
         num_no_seg += int((~has_seg).sum())
         found = has_seg.nonzero().squeeze(-1)  # [M]
