@@ -25,6 +25,8 @@ setup(
         "pycocotools",
         "nltk",
         "openai",
+        "aiohttp",
+        "inflect==7.5.0",
         "safetensors",
         "datasets",
     ],
