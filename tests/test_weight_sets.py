@@ -236,7 +236,8 @@ def test_both_storages_update_swap_and_restore_identically(storage_device):
 def test_host_storage_takes_no_model_device_memory_and_rejects_unknown_storage():
     model = TinyVLM()
     numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    on_device, on_host = WeightSets.from_model(model).memory(), WeightSets.from_model(model, storage_device="cpu").memory()
+    on_device = WeightSets.from_model(model).memory()
+    on_host = WeightSets.from_model(model, storage_device="cpu").memory()
     assert on_device.device_bytes == on_device.total_bytes > 0
     assert on_host.device_bytes == 0 and on_host.device_fraction_of(model) == 0.0
     assert on_host.partner_cast_bytes == 4 * numel  # fp32 model: the cast copy has the parameter dtype

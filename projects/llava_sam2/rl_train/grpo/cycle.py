@@ -285,4 +285,3 @@ class CaptionToMaskLoop:
                           is_truncated=torch.zeros(B * G, dtype=torch.bool, device=logp.device),
                           max_action_length=logp.shape[1], replay=replay)
         return LoopRollout(rollout, reward_inputs(features, G, pred_masks=pred_masks, pred_captions=captions), stats)
-

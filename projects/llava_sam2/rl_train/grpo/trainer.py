@@ -176,9 +176,9 @@ class CycleGRPO:
             generator.manual_seed(int(seed))
         self.context = CycleContext(
             model=model, processor=processor, weights=weights, config=config, mask_policy=build_mask_policy(config),
-            decoding=TextDecoding.from_processor(processor, config.decode_backend), seg_answer_ids=answer_ids, seg_answer_index=seg_position,
-            seg_answer_max_tokens=int(seg_answer_max_tokens), use_partner_captions=bool(use_partner_captions),
-            generator=generator)
+            decoding=TextDecoding.from_processor(processor, config.decode_backend), seg_answer_ids=answer_ids,
+            seg_answer_index=seg_position, seg_answer_max_tokens=int(seg_answer_max_tokens),
+            use_partner_captions=bool(use_partner_captions), generator=generator)
         self.loops = []
         for loop_cls in CYCLE_LOOPS:
             weight = float(getattr(config, f"{loop_cls.config_key}_weight"))

@@ -220,7 +220,7 @@ def _teacher_forced_hidden(lm: nn.Module, prompt_embeds: torch.Tensor, prompt_at
 
 
 def _chunk_logprobs(head: nn.Module, hidden: torch.Tensor, ids: torch.Tensor, temperature: float) -> torch.Tensor:
-    """``logit[c] - logsumexp(logits)`` with ``logits = head(hidden).float() / temperature``: ``[N, t, D]`` → ``[N, t]``."""
+    """``logit[c] - logsumexp(logits)``, ``logits = head(hidden).float() / temperature``; ``[N, t, D]`` → ``[N, t]``."""
     logits = head(hidden).float() / temperature  # [N, t, V]
     return logits.gather(-1, ids[..., None]).squeeze(-1) - logits.logsumexp(-1)  # [N, t]
 

@@ -1,0 +1,47 @@
+"""tools/bench_rl_step.py on the tiny preset (CPU): ours plus both baselines and the profiler table in one run, and
+the module state it patches is restored afterwards (no timing asserts: speed goes to docs/benchmarks.md)."""
+import importlib.util
+import json
+import os
+
+import pytest
+
+from grpo_tiny import one_thread
+from projects.llava_sam2.rl_train.grpo import cycle
+from projects.llava_sam2.rl_train.model.fast_generation import DECODE_BACKENDS
+
+_one_thread = pytest.fixture(autouse=True)(one_thread)
+
+
+def load_tool():
+    path = os.path.join(os.path.dirname(__file__), "..", "tools", "bench_rl_step.py")
+    spec = importlib.util.spec_from_file_location("bench_rl_step", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_rl_step_runs_ours_and_both_baselines_on_cpu(tmp_path):
+    bench = load_tool()
+    before = {name: getattr(cycle, name) for name in ("sample_text", "partner_segment", "completion_texts")}
+    backends = dict(DECODE_BACKENDS)
+    out, prof = tmp_path / "rl.json", tmp_path / "prof.json"
+    result = bench.main(["--preset", "tiny", "--batch", "2", "--num-generations", "2", "--max-new-tokens", "4",
+                         "--warmup", "0", "--iters", "1", "--naive-samples", "1", "--storage", "cpu",
+                         "--profile", str(prof), "--json", str(out)])
+    assert {name: getattr(cycle, name) for name in before} == before and DECODE_BACKENDS == backends
+    assert set(result["baselines"]) == {"generate", "naive"}
+    for variant in (result, *result["baselines"].values()):
+        assert variant["rollouts_per_s"] > 0 and variant["tokens_per_iteration"]["policy_caption_tokens"] > 0
+        assert {"encode", "rollout", "logprob_backward", "optimizer", "ema_partner"} <= set(variant["seconds"])
+    naive = result["baselines"]["naive"]
+    assert naive["extrapolated_from_rollouts"] == 1
+    # N / K = 4: per-rollout phases are scaled, per-iteration ones are not
+    assert naive["seconds"]["encode"] == pytest.approx(4 * naive["seconds_measured"]["encode"])
+    assert naive["seconds"]["optimizer"] == naive["seconds_measured"]["optimizer"]
+    assert naive["tokens_per_iteration"]["policy_caption_tokens"] == 4 * 4  # 4 tokens, extrapolated to 4 rollouts
+    assert result["partner_reference_device_gib"] == 0.0 < result["partner_reference_swap_gib"]
+    assert json.loads(out.read_text())["seconds_per_iteration"] == result["seconds_per_iteration"]
+    table = json.loads(prof.read_text())
+    assert table["top"] and all(row["count"] > 0 for row in table["top"])
+    assert {row["name"] for row in table["phases"]} >= {"encode", "rollout", "logprob_backward"}
