@@ -225,6 +225,24 @@ def test_in_place_weight_change_between_calls_is_seen():
     assert_same_completions(after, sample_completions(lm, *per_row(embeds, attention, 2), **kw))
 
 
+def test_compiled_step_equals_the_reference(monkeypatch):
+    """compile_step=True traces the step with torch.compile (the state/cache updates are in-place on its inputs).
+    Checked with the aot_eager backend (no code generation, fast); Inductor itself is for the GPU benchmark."""
+    from projects.llava_sam2.rl_train.model import fast_decode_step
+
+    monkeypatch.setattr(fast_decode_step, "COMPILE_BACKEND", "aot_eager")
+    lm = tiny_lm()
+    embeds, attention = prompts(lm, [5, 9, 7])
+    kw = dict(max_new_tokens=7, temperature=0.8, top_p=0.9, stop_token_ids=[NEVER])
+    fast = fast_sample_completions(lm, embeds, attention, num_generations=2, compile_step=True,
+                                   generator=torch.Generator().manual_seed(4), **kw)
+    ref = sample_completions(lm, *per_row(embeds, attention, 2), generator=torch.Generator().manual_seed(4), **kw)
+    assert_same_completions(fast, ref)
+    greedy = dict(max_new_tokens=5, do_sample=False, stop_token_ids=[NEVER])
+    shorter = fast_sample_completions(lm, embeds[1:], attention[1:], num_generations=4, compile_step=True, **greedy)
+    assert_same_completions(shorter, sample_completions(lm, *per_row(embeds[1:], attention[1:], 4), **greedy))
+
+
 def test_gqa_decode_attention_equals_repeat_kv_sdpa():
     g = torch.Generator().manual_seed(0)
     N, H, Hkv, S, hd = 3, 6, 2, 11, 8

@@ -14,7 +14,9 @@ outside the vocabulary, so rows never stop and tokens/s are comparable):
 * ``reference``:   ``generation.sample_completions`` on the N prompt rows;
 * ``fast_eager``:  ``fast_generation.fast_sample_completions`` on the B prompts with G samples each,
   decode step run eagerly (CUDA only: shows what the graph buys);
-* ``fast``:        the same with the decode step replayed from a CUDA graph (eager on CPU).
+* ``fast``:        the same with the decode step replayed from a CUDA graph (eager on CPU);
+* ``fast_compiled``: the same with the step compiled by ``torch.compile`` (Inductor) before capture (not in the
+  default ``--modes``: the first calls compile for a minute or more; the median excludes the warm-up call).
 
 Per mode: median wall time of a full call (after one warm-up call), tokens/s = N·T / wall, the
 prefill time (the same call with one new token), decode-step latency = (wall - prefill) / (T - 1),
@@ -87,9 +89,10 @@ def mode_call(mode: str, lm, embeds, attention, args, new_tokens: int, *, do_sam
                            eos_token_id=None, pad_token_id=0, **sampling)
     if mode == "reference":
         return sample_completions(lm, *rows, stop_token_ids=never, generator=generator, **sampling)
-    graph = {"fast": use_cuda_graph, "fast_eager": False}[mode]
+    graph = {"fast": use_cuda_graph, "fast_compiled": use_cuda_graph, "fast_eager": False}[mode]
     return fast_sample_completions(lm, embeds, attention, num_generations=G, stop_token_ids=never,
-                                   generator=generator, use_cuda_graph=graph, **sampling)
+                                   generator=generator, use_cuda_graph=graph, compile_step=mode == "fast_compiled",
+                                   **sampling)
 
 
 def _sync(device: torch.device) -> None:
@@ -171,6 +174,10 @@ def check(lm, embeds, attention, args) -> dict:
         out["graph_equals_eager"] = bool(torch.equal(fast.ids, eager.ids))
         sampled = [mode_call("fast", lm, embeds, attention, args, T, seed=7, use_cuda_graph=g) for g in (True, False)]
         out["sampled_graph_equals_eager"] = bool(torch.equal(sampled[0].ids, sampled[1].ids))
+    if "fast_compiled" in args.modes.split(","):  # Inductor reorders float math: near-ties may flip in bf16
+        compiled = mode_call("fast_compiled", lm, embeds, attention, args, T, do_sample=False)
+        out["compiled_greedy_tokens_equal_fast"] = float((compiled.ids == fast.ids).float().mean())
+        out["compiled_first_token_equal_fast"] = float((compiled.ids[:, 0] == fast.ids[:, 0]).float().mean())
     sampled = mode_call("fast", lm, embeds, attention, args, T, seed=3)
     sampled_ref = mode_call("reference", lm, embeds, attention, args, T, seed=3)  # same seed: same draws
     out["sampled_tokens_equal_reference"] = float((sampled.ids == sampled_ref.ids).float().mean())

@@ -272,7 +272,8 @@ def parse_args(argv=None):
     parser.add_argument("--beta", type=float, default=0.04, help="KL weight; 0 drops the reference pass")
     parser.add_argument("--generation-chunk-size", type=int, default=None)
     parser.add_argument("--minibatch-size", type=int, default=None)
-    parser.add_argument("--decode-backend", default="fast", choices=["fast", "reference"], help="ours: decoder")
+    parser.add_argument("--decode-backend", default="fast", choices=["fast", "fast_compiled", "reference"],
+                        help="ours: the decoder of every rollout pass (GRPOConfig.decode_backend)")
     parser.add_argument("--storage", default="cuda", choices=["cuda", "cpu"],
                         help="where partner/reference/swap values live: beside the parameters, or pinned host memory")
     parser.add_argument("--caption-reward", default="stub", choices=["stub", "default"])

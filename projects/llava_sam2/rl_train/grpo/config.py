@@ -46,7 +46,8 @@ class GRPOConfig:
     """Drop captions that hit max_completion_length from the loss (DAPO: truncation noise, not bad captions)."""
     decode_backend: str = "fast"
     """Text decoder of every rollout pass: fast (prefill once per prompt, static KV cache, CUDA graph; transformers
-    Qwen2/Llama/Phi3 LMs) | reference (the plain decode loop it is tested against)."""
+    Qwen2/Llama/Phi3 LMs) | fast_compiled (the same step through torch.compile; compiles per new shape) | reference
+    (the plain decode loop it is tested against)."""
 
     # ---- loss ----------------------------------------------------------------------------------------------
     loss_type: str = "dapo"

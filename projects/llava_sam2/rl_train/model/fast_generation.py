@@ -52,8 +52,10 @@ import torch
 from torch import Tensor, nn
 from transformers import DynamicCache, StaticCache, TopPLogitsWarper
 
+from . import fast_decode_step
 from .fast_decode_step import (CACHE_ALIGN, GQA_DECODE_ATTENTION, DecodeState, DecoderParts, GraphedCall,
-                               TokenChooser, attention_implementation, decode_logits, rope_table)
+                               TokenChooser, attention_implementation, compiled_decode_logits, decode_logits,
+                               rope_table)
 from .generation import Completions, _check_prompt, position_ids_from_attention, sample_completions
 
 
@@ -156,6 +158,7 @@ def fast_sample_completions(
     generator: torch.Generator | None = None,
     stop_check_interval: int = 8,
     use_cuda_graph: bool | None = None,
+    compile_step: bool = False,
     return_step_probs: bool = False,
 ) -> Completions | tuple[Completions, Tensor]:
     """Decode G completions for each of B prompts: :func:`generation.sample_completions` semantics, fast.
@@ -169,6 +172,8 @@ def fast_sample_completions(
         num_generations: G, samples per prompt; rows are prompt-major (``b·G + g``).
         generator: RNG on the prompts' device for the sampling noise.
         use_cuda_graph: capture the decode step in a CUDA graph; None = on CUDA only.
+        compile_step: run the step through ``torch.compile`` (``fast_decode_step.compiled_decode_logits``) before
+            the graph capture: fewer, fused kernels per step; compiles once per new shape.
         return_step_probs: also return the sampling distribution of every step ``[N, T, V]`` float32
             (``softmax(top_p(logits / temperature))``; debug/tests, it costs N·T·V floats).
 
@@ -199,7 +204,8 @@ def fast_sample_completions(
     )
     choose(first_logits.repeat_interleave(G, 0), state)  # column 0 from the shared prefill, [N, V]
 
-    forward = partial(decode_logits, parts, cache, state, temperature)
+    step = compiled_decode_logits(fast_decode_step.COMPILE_BACKEND) if compile_step else decode_logits
+    forward = partial(step, parts, cache, state, temperature)
     use_graph = device.type == "cuda" if use_cuda_graph is None else use_cuda_graph
     next_logits = GraphedCall(forward, device) if use_graph else forward
     with attention_implementation(parts.body.config, GQA_DECODE_ATTENTION):
@@ -232,7 +238,11 @@ def reference_completions(lm: nn.Module, inputs_embeds: Tensor, attention_mask: 
 # decode_backend name -> decoder with the signature of fast_sample_completions' common arguments
 # (lm, embeds [B, L, D], attention [B, L], *, num_generations, max_new_tokens, temperature, top_p, do_sample,
 # stop_token_ids, pad_token_id, generator) -> Completions of N = B·G rows.
-DECODE_BACKENDS = {"fast": fast_sample_completions, "reference": reference_completions}
+DECODE_BACKENDS = {
+    "fast": fast_sample_completions,
+    "fast_compiled": partial(fast_sample_completions, compile_step=True),  # opt-in until measured on GPU
+    "reference": reference_completions,
+}
 
 
 def decode_completions(lm: nn.Module, inputs_embeds: Tensor, attention_mask: Tensor, *, decode_backend: str = "fast",
