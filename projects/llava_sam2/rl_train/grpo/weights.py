@@ -97,6 +97,17 @@ def _groups(names: list[str], numel: Callable[[str], int], limit: int = _HOST_GR
         yield run
 
 
+def _copy_all(dst: list[Tensor], src: list[Tensor]) -> None:
+    """``dst[i].copy_(src[i])`` for all i, asynchronous where a side is pinned host memory: one fused
+    ``_foreach_copy_`` when both lists live on one device, else one copy per tensor (host<->device DMA)."""
+    devices = {t.device for t in dst} | {t.device for t in src}
+    if len(devices) == 1:
+        torch._foreach_copy_(dst, src, non_blocking=True)
+        return
+    for target, value in zip(dst, src):
+        target.copy_(value, non_blocking=True)
+
+
 def _synchronize(tensors: list[Tensor]) -> None:
     """Wait for the current stream of every CUDA device among ``tensors`` (host reads after async copies)."""
     for device in {t.device for t in tensors if t.is_cuda}:
@@ -179,7 +190,7 @@ class WeightSets:
             torch._foreach_lerp_(shadow, policy, weight)
         else:
             staging = [self._backup[n] for n in self.names]  # the swap backup is free outside a swap
-            torch._foreach_copy_(staging, [p.detach() for p in live], non_blocking=True)  # device -> host
+            _copy_all(staging, [p.detach() for p in live])  # device -> host
             _synchronize(live)  # the host reads the staged policy, and may now rewrite the cast buffers
             for names in _groups(self.names, lambda n: self._partner[n].numel()):
                 shadow = [self._partner[n] for n in names]
@@ -245,15 +256,15 @@ class WeightSets:
         # host storage: asynchronous copies from/to pinned buffers, ordered on the current stream (backup before
         # overwrite, restore after the body's kernels); on-device storage ignores non_blocking
         with torch.no_grad():
-            torch._foreach_copy_(backup, live, non_blocking=True)
+            _copy_all(backup, live)
             self._active = what
         try:
             with torch.no_grad():  # casts the on-device fp32 partner to the param dtype
-                torch._foreach_copy_(live, [values[n] for n in names], non_blocking=True)
+                _copy_all(live, [values[n] for n in names])
             yield
         finally:
             with torch.no_grad():
-                torch._foreach_copy_(live, backup, non_blocking=True)
+                _copy_all(live, backup)
             self._active = None
 
     # ---- checkpoints and accounting ------------------------------------------------------------------------
