@@ -1,0 +1,50 @@
+# Demo stage 3: dual-loop GRPO of the demo's SFT model on the shapes world, on CPU. It inherits the GRPO settings
+# (GRPOLoop, CycleGRPO, EMA partner, hooks, rewards) from _base_/sa2va_grpo_base.py and the model, data and
+# optimizer settings of the demo SFT config, and starts from the SFT model exported in the HF layout (LoRA merged):
+# the fresh RL LoRA starts at zero, so "adapter off" is exactly the SFT model (the KL reference).
+#
+#   python tools/train.py projects/llava_sam2/configs/rl/demo/grpo_shapes_cpu.py --work-dir work_dirs/demo/rl \
+#       --cfg-options model.pretrained_path=work_dirs/demo/sft/hf
+#
+# Hyperparameters were chosen by measurement within the CPU budget (docs/demo.md).
+from mmengine.config import read_base
+
+with read_base():
+    from .._base_.datasets.coco_regions import region_collate_fn
+    from .._base_.sa2va_grpo_base import *  # noqa: F401,F403
+    from .sft_shapes_cpu import coco_region_dataset, env_cfg, model, optim_wrapper, randomness  # noqa: F401
+
+# ---- model: the exported SFT checkpoint, a fresh LoRA (the RL policy's trainable set: LoRA, mlp1, SAM2 mask
+# decoder, text_hidden_fcs); the embeddings stay frozen (the reference policy is "adapter off") -----------------
+model.update(pretrained_path="work_dirs/demo/sft/hf", preset=None, train_embeddings=False,
+             lora=dict(r=16, lora_alpha=32, lora_dropout=0.0))
+
+# ---- GRPO knobs (TRL names; grpo/config.py) ---------------------------------------------------------------------
+train_cfg.algorithm.config.update(  # noqa: F405
+    # rollout
+    num_generations=8,  # G captions (loop 1) and G masks (loop 2) per prompt
+    max_completion_length=16,  # shapes captions are ~10 tokens
+    temperature=1.0,
+    # loss
+    beta=0.0,  # no KL term: the short demo run stays close to the SFT model anyway, and it saves the reference pass
+    # partner
+    ema_decay=0.99,  # the partner follows the policy over the run's ~150 steps (0.999 would keep it at SFT)
+    # loop-2 mask action, chosen by measurement (docs/demo.md, "Mask policy")
+    mask_policy="gaussian_seg",
+)
+train_cfg.algorithm.update(seg_answer_max_tokens=6)  # noqa: F405  partner RES answers: "Sure, [SEG]." + stop
+max_iters = 150
+train_cfg.update(max_iters=max_iters)  # noqa: F405
+param_scheduler = [
+    dict(type=LinearLR, start_factor=0.1, by_epoch=False, begin=0, end=5),  # noqa: F405
+    dict(type=CosineAnnealingLR, eta_min=0.0, by_epoch=False, begin=5, end=max_iters),  # noqa: F405
+]
+optim_wrapper.optimizer.update(lr=5e-4)
+
+# ---- prompts: the same training scenes as SFT, B = 4 per iteration ---------------------------------------------
+train_dataloader.update(batch_size=4, num_workers=0, persistent_workers=False,  # noqa: F405
+                        dataset=coco_region_dataset, collate_fn=region_collate_fn)
+
+# ---- runtime ----------------------------------------------------------------------------------------------------
+default_hooks.checkpoint.update(interval=max_iters, max_keep_ckpts=1)  # noqa: F405
+custom_hooks[-1].update(interval=25, max_prompts=2, max_rollouts=4)  # noqa: F405  rollout tables + PNG panels

@@ -1,0 +1,67 @@
+# Demo stage 2: SFT of a tiny Sa2VA on the shapes world, on CPU, with XTuner's own TrainLoop and our model's SFT
+# loss (LM cross-entropy + mask BCE + Dice). tools/demo.py runs it after writing the shapes world as COCO-style
+# files, so the data goes through the real-data loader (CocoRegionDataset):
+#
+#   python tools/train.py projects/llava_sam2/configs/rl/demo/sft_shapes_cpu.py --work-dir work_dirs/demo/sft \
+#       --cfg-options demo_data_root=work_dirs/demo/data
+#
+# The GRPO demo config (grpo_shapes_cpu.py) inherits the model, data and optimizer settings of this file and starts
+# from its exported checkpoint. Sizes, steps and learning rate were chosen by measurement (docs/demo.md).
+from mmengine.config import read_base
+
+with read_base():
+    from .._base_.datasets.coco_regions import coco_region_dataset
+    from .._base_.sa2va_sft_base import *  # noqa: F401,F403
+
+from mmengine.dataset import DefaultSampler
+from mmengine.optim import OptimWrapper
+from xtuner.engine.runner import TrainLoop
+
+from projects.llava_sam2.rl_train.engine.builders import region_sft_dataset
+from projects.llava_sam2.rl_train.model.processor import sft_collate
+
+# ---- model: the tiny preset (random init from randomness.seed), the upstream SFT trainable set -----------------
+# LoRA r=32 on a 128-wide LLM is close to full rank; train_embeddings: the tiny vocabulary's embeddings and LM head
+# start random, so SFT trains them (upstream SFT does too). No gradient checkpointing or bf16 on CPU.
+model.update(  # noqa: F405
+    pretrained_path=None, preset="tiny", torch_dtype=None, gradient_checkpointing=False,
+    lora=dict(r=32, lora_alpha=64, lora_dropout=0.0), train_embeddings=True,
+    processor_cfg=dict(empty_region="dilate_to_one_cell"),  # a small shape can cover less than one region cell
+    sft_loss_cfg=dict(num_points=784),  # mask-loss points per mask: 19% of 64x64 logits, upstream's fraction
+)
+
+# ---- data: the shapes world written by tools/demo.py (stage "data") -------------------------------------------
+demo_data_root = "work_dirs/demo/data"  # tools/demo.py passes its own --work-dir here
+coco_region_dataset.update(ann_file=demo_data_root + "/train/annotations.json", image_root=None,
+                           name="shapes_train")
+train_dataloader = dict(
+    batch_size=8, num_workers=0,
+    dataset=dict(type=region_sft_dataset, region_dataset=coco_region_dataset, preset="tiny",
+                 processor_cfg=dict(empty_region="dilate_to_one_cell"), tasks=("caption", "segment"),
+                 # the RefCOCOg eval question only: the one the RL loops and the evaluation ask
+                 caption_questions=("<image>\nPlease give me a short description of the region in the picture "
+                                    "marked by region1.",),
+                 max_length=512),
+    sampler=dict(type=DefaultSampler, shuffle=True),
+    collate_fn=dict(type=sft_collate),
+)
+
+# ---- optimisation ---------------------------------------------------------------------------------------------
+max_iters = 600
+train_cfg = dict(type=TrainLoop, max_iters=max_iters)
+warmup_iters = 20
+param_scheduler = [
+    dict(type=LinearLR, start_factor=0.05, by_epoch=False, begin=0, end=warmup_iters),  # noqa: F405
+    dict(type=CosineAnnealingLR, eta_min=1e-4, by_epoch=False, begin=warmup_iters, end=max_iters),  # noqa: F405
+]
+# CPU: fp32 optimizer wrapper (AmpOptimWrapper needs CUDA), one step per batch; a tiny model from scratch takes a
+# far larger learning rate than upstream's 4e-5 for a pretrained one.
+optim_wrapper = dict(type=OptimWrapper, optimizer=dict(type=AdamW, lr=1e-3, betas=(0.9, 0.999),  # noqa: F405
+                                                       weight_decay=0.0),
+                     clip_grad=dict(max_norm=1.0, error_if_nonfinite=False), accumulative_counts=1)
+
+# ---- runtime --------------------------------------------------------------------------------------------------
+default_hooks.logger.update(interval=10)  # noqa: F405
+default_hooks.checkpoint.update(interval=max_iters, max_keep_ckpts=1)  # noqa: F405  one checkpoint, at the end
+env_cfg.update(dist_cfg=dict(backend="gloo"))  # noqa: F405
+randomness = dict(seed=0)  # also rebuilds the frozen random weights on export (tools/export_hf.py)

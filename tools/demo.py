@@ -1,0 +1,284 @@
+#!/usr/bin/env python
+"""The embedded demo: shapes world -> SFT -> dual-loop GRPO -> held-out evaluation -> report, on a CPU.
+
+    python tools/demo.py --work-dir work_dirs/demo            # what `make demo` runs
+    python tools/demo.py --work-dir work_dirs/demo --force    # run every stage again
+
+Stages (each one function; a finished stage leaves ``WORK_DIR/stages/<stage>.json`` and is skipped when the demo
+runs again with the same settings, so an interrupted demo resumes at the stage it was in):
+
+1. ``data``      the procedural shapes world, written as COCO-style files (train + held-out val), so training and
+                 evaluation go through the real-data loader (``CocoRegionDataset``);
+2. ``sft``       ``tools/train.py configs/rl/demo/sft_shapes_cpu.py`` (xtuner's TrainLoop, our model's SFT loss),
+                 then ``tools/export_hf.py`` -> ``WORK_DIR/sft/hf``;
+3. ``rl``        ``tools/train.py configs/rl/demo/grpo_shapes_cpu.py`` (GRPOLoop, both cycle loops) starting from
+                 ``sft/hf``, then export -> ``WORK_DIR/rl/hf``; alongside it, on the other core,
+   ``eval_sft``  ``tools/evaluate.py`` of the SFT-only baseline on the held-out split;
+4. ``eval_rl``   ``tools/evaluate.py`` of the RL result on the same samples;
+5. ``report``    ``WORK_DIR/report.md`` + PNGs (reward curves per loop, before/after examples) and the summary.
+
+Every command runs as a subprocess through the project's tools, so a failure stops the demo with that command's
+exit code and the tail of its log (all logs: ``WORK_DIR/logs/``).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout
+    sys.path.insert(0, str(REPO_ROOT))
+
+from tools.demo_jobs import TQDM_PROGRESS, TRAIN_PROGRESS, Command, Job, JobError, run_jobs  # noqa: E402
+
+CONFIG_DIR = REPO_ROOT / "projects/llava_sam2/configs/rl/demo"
+SYSTEMS = {"sft": "SFT only", "rl": "SFT + GRPO"}  # report names of the two evaluated systems
+PIPELINE = (("data",), ("sft",), ("rl", "eval_sft"), ("eval_rl",), ("report",))  # stages of a row run side by side
+
+
+@dataclass
+class DemoSettings:
+    """What the demo runs; the fingerprint of these fields decides whether a finished stage is still valid."""
+
+    work_dir: Path
+    seed: int = 0
+    """training seed: model init, data order, RL sampling (the data and the held-out split stay the same)."""
+    data_seed: int = 0
+    """shapes-world seed of the train and val splits."""
+    train_samples: int = 2000
+    """training scenes (SFT items: one caption + one segment item per scene)."""
+    val_samples: int = 200
+    """held-out scenes scored by every evaluation task (>= 200 for the bootstrap CIs)."""
+    image_size: int = 128
+    """side of the shapes images in pixels."""
+    sft_config: str = str(CONFIG_DIR / "sft_shapes_cpu.py")
+    rl_config: str = str(CONFIG_DIR / "grpo_shapes_cpu.py")
+    sft_iters: int = 0
+    """SFT iterations; 0 keeps the config's (the schedule is rescaled with them, see schedule_options)."""
+    rl_iters: int = 0
+    """GRPO iterations; 0 keeps the config's."""
+    sft_options: list[str] = field(default_factory=list)
+    """extra --cfg-options of the SFT run (e.g. train_cfg.max_iters=50)."""
+    rl_options: list[str] = field(default_factory=list)
+    """extra --cfg-options of the RL run."""
+    eval_batch_size: int = 16
+    eval_max_new_tokens: int = 24
+    num_examples: int = 4
+    """held-out samples per before/after example figure."""
+
+    def fingerprint(self) -> str:
+        values = {k: str(v) for k, v in dataclasses.asdict(self).items() if k != "work_dir"}
+        return hashlib.sha1(json.dumps(values, sort_keys=True).encode()).hexdigest()[:12]
+
+    def path(self, *parts: str) -> Path:
+        return self.work_dir.joinpath(*parts)
+
+
+# ---- stages ----------------------------------------------------------------------------------------------------
+
+
+def stage_data(s: DemoSettings) -> dict:
+    """Write the train and held-out val splits of the shapes world as ``annotations.json`` + PNGs."""
+    from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
+
+    files = {}
+    for split, count in (("train", s.train_samples), ("val", s.val_samples)):
+        world = ShapesWorld(split, count, s.data_seed, image_size=s.image_size)
+        files[split] = world.write_coco(str(s.path("data", split)))
+        print(f"  {split}: {count} scenes -> {files[split]}")
+    return {"annotations": files}
+
+
+def schedule_options(iters: int) -> list[str]:
+    """--cfg-options that set a run's length and rescale its warm-up + cosine schedule (warm-up = 1/30 of the run,
+    as in both demo configs); none for ``iters == 0``."""
+    if iters == 0:
+        return []
+    if iters < 2:
+        raise ValueError(f"demo: iterations={iters}; a run needs at least 2 (warm-up + cosine), or 0 for the config's.")
+    warmup = max(1, iters // 30)
+    return [f"train_cfg.max_iters={iters}", f"param_scheduler.0.end={warmup}", f"param_scheduler.1.begin={warmup}",
+            f"param_scheduler.1.end={iters}", f"default_hooks.checkpoint.interval={iters}"]
+
+
+def _python() -> list[str]:
+    return [sys.executable]
+
+
+def _train_and_export(s: DemoSettings, name: str, config: str, options: list[str]) -> list[Command]:
+    """tools/train.py CONFIG, then tools/export_hf.py of its last checkpoint (same options, so the model matches)."""
+    work = s.path(name)
+    train = Command([*_python(), str(REPO_ROOT / "tools/train.py"), config, "--work-dir", str(work),
+                     "--cfg-options", *options], s.path("logs", f"{name}_train.log"), TRAIN_PROGRESS, "train")
+    export = Command([*_python(), str(REPO_ROOT / "tools/demo.py"), "--export", config, str(work),
+                      str(work / "hf"), *options], s.path("logs", f"{name}_export.log"), None, "export")
+    return [train, export]
+
+
+def sft_job(s: DemoSettings) -> Job:
+    options = [f"randomness.seed={s.seed}",
+               f"train_dataloader.dataset.region_dataset.ann_file={s.path('data/train/annotations.json')}",
+               *schedule_options(s.sft_iters), *s.sft_options]
+    return Job("sft", _train_and_export(s, "sft", s.sft_config, options))
+
+
+def rl_job(s: DemoSettings) -> Job:
+    options = [f"randomness.seed={s.seed}", f"model.pretrained_path={s.path('sft/hf')}",
+               f"train_dataloader.dataset.ann_file={s.path('data/train/annotations.json')}",
+               *schedule_options(s.rl_iters), *s.rl_options]
+    return Job("rl", _train_and_export(s, "rl", s.rl_config, options))
+
+
+def eval_job(s: DemoSettings, system: str) -> Job:
+    out = s.path("eval", system)
+    argv = [*_python(), str(REPO_ROOT / "tools/evaluate.py"), "--checkpoint", str(s.path(system, "hf")),
+            "--dataset", "coco", "--ann-file", str(s.path("data/val/annotations.json")), "--name", "shapes_val",
+            "--num-samples", str(s.val_samples), "--out", str(out), "--system", SYSTEMS[system],
+            "--batch-size", str(s.eval_batch_size), "--max-new-tokens", str(s.eval_max_new_tokens)]
+    return Job(f"eval_{system}", [Command(argv, s.path("logs", f"eval_{system}.log"), TQDM_PROGRESS, "evaluate")])
+
+
+def stage_report(s: DemoSettings) -> dict:
+    """report.md + PNGs (tools/make_report.py's writer) with the demo summary on top; prints the summary."""
+    from tools.demo_summary import summarize_demo
+
+    return summarize_demo(s.work_dir, {SYSTEMS[k]: s.path("eval", k) for k in ("sft", "rl")}, SYSTEMS["sft"],
+                          rl_work_dir=s.path("rl"), num_examples=s.num_examples, stages=read_stages(s))
+
+
+LOCAL_STAGES = {"data": stage_data, "report": stage_report}
+JOB_STAGES = {"sft": sft_job, "rl": rl_job, "eval_sft": lambda s: eval_job(s, "sft"),
+              "eval_rl": lambda s: eval_job(s, "rl")}
+
+
+# ---- stage bookkeeping -----------------------------------------------------------------------------------------
+
+
+def marker(s: DemoSettings, stage: str) -> Path:
+    return s.path("stages", f"{stage}.json")
+
+
+def read_stages(s: DemoSettings) -> dict[str, dict]:
+    """The finished stages' records (outputs, commands, wall/CPU seconds), in pipeline order."""
+    out = {}
+    for row in PIPELINE:
+        for stage in row:
+            if marker(s, stage).is_file():
+                out[stage] = json.loads(marker(s, stage).read_text())
+    return out
+
+
+def is_finished(s: DemoSettings, stage: str) -> bool:
+    path = marker(s, stage)
+    return path.is_file() and json.loads(path.read_text()).get("fingerprint") == s.fingerprint()
+
+
+def write_marker(s: DemoSettings, stage: str, record: dict) -> None:
+    marker(s, stage).parent.mkdir(parents=True, exist_ok=True)
+    marker(s, stage).write_text(json.dumps({"stage": stage, "fingerprint": s.fingerprint(), **record}, indent=1))
+
+
+def banner(text: str) -> None:
+    print(f"\n{'=' * 100}\n== {text}\n{'=' * 100}", flush=True)
+
+
+def run_row(s: DemoSettings, row: tuple[str, ...], force: bool) -> bool:
+    """Run the stages of one pipeline row (side by side when several); returns True if anything ran."""
+    pending = [stage for stage in row if force or not is_finished(s, stage)]
+    for stage in row:
+        if stage not in pending:
+            print(f"-- {stage}: finished earlier, skipped (--force runs it again)")
+    if not pending:
+        return False
+    banner(" + ".join(pending) + (" (side by side, one core each)" if len(pending) > 1 else ""))
+    start = time.perf_counter()
+    for stage in [p for p in pending if p in LOCAL_STAGES]:
+        cpu = time.process_time()
+        outputs = LOCAL_STAGES[stage](s)
+        write_marker(s, stage, {"outputs": outputs, "wall_s": round(time.perf_counter() - start, 1),
+                                "cpu_s": round(time.process_time() - cpu, 1)})
+    jobs = [JOB_STAGES[p](s) for p in pending if p in JOB_STAGES]
+    if jobs:
+        run_jobs(jobs, env=subprocess_env())
+        for job in jobs:
+            write_marker(s, job.name, {"commands": job.seconds, "wall_s": round(sum(c["wall_s"] for c in job.seconds), 1),
+                                       "cpu_s": round(sum(c["cpu_s"] for c in job.seconds), 1)})
+    return True
+
+
+def subprocess_env(threads: int = 1) -> dict:
+    """One intra-op thread per process: the tiny model's ops gain nothing from a second thread, and the demo runs
+    two processes side by side on two cores (OpenMP spin-waiting makes oversubscription very slow)."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
+               TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1", PYTHONPATH=str(REPO_ROOT))
+    env.setdefault("NLTK_DATA", str(REPO_ROOT / ".cache/nltk_data"))
+    return env
+
+
+def run_demo(s: DemoSettings, force: bool = False, stop_after: str | None = None) -> dict[str, dict]:
+    """Run the pipeline (stages already finished with the same settings are skipped); returns the stage records."""
+    start = time.perf_counter()
+    invalidated = force
+    for row in PIPELINE:
+        invalidated = run_row(s, row, invalidated) or invalidated  # a re-run stage invalidates every later one
+        if stop_after in row:
+            break
+    print(f"\ndemo finished in {time.perf_counter() - start:.0f} s (this invocation); work dir {s.work_dir}")
+    return read_stages(s)
+
+
+# ---- CLI -------------------------------------------------------------------------------------------------------
+
+
+def export_main(argv: list[str]) -> int:
+    """``--export CONFIG WORK_DIR OUT [cfg options]``: tools/export_hf.py on WORK_DIR's last checkpoint."""
+    from tools.export_hf import main as export_hf
+
+    config, work_dir, out, *options = argv
+    checkpoint = (Path(work_dir) / "last_checkpoint").read_text().strip()
+    return export_hf([config, checkpoint, "--save-path", out] + (["--cfg-options", *options] if options else []))
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[DemoSettings, argparse.Namespace]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work-dir", default="work_dirs/demo", help="outputs, logs and stage records")
+    parser.add_argument("--force", action="store_true", help="run every stage again")
+    parser.add_argument("--stop-after", choices=[s for row in PIPELINE for s in row],
+                        help="stop after the pipeline row holding this stage")
+    defaults = DemoSettings(Path("."))
+    for f in dataclasses.fields(DemoSettings):
+        if f.name == "work_dir":
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if f.type in ("list[str]",):
+            parser.add_argument(flag, nargs="+", default=[], metavar="KEY=VALUE")
+        else:
+            parser.add_argument(flag, type=type(getattr(defaults, f.name)), default=getattr(defaults, f.name))
+    args = parser.parse_args(argv)
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(DemoSettings) if f.name != "work_dir"}
+    return DemoSettings(Path(args.work_dir).resolve(), **values), args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--export"]:
+        return export_main(argv[1:])
+    settings, args = parse_args(argv)
+    os.environ.update(subprocess_env())  # the in-process stages (data, report) follow the same rules
+    try:
+        run_demo(settings, force=args.force, stop_after=args.stop_after)
+    except JobError as error:
+        print(f"\ndemo FAILED: {error}", file=sys.stderr)
+        return error.returncode
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
