@@ -101,7 +101,7 @@ def test_ppo_runs_on_cpu_and_prefers_the_better_prompt():
 
     states, rewards, _ = _table(I=16, K=3)
     rewards[:, 2] = 1.0  # a context-free best prompt: PPO must find it in a few updates
-    model, stats = train_ppo(states, rewards, 1024, seed=0, n_steps=128, learning_rate=3e-3)
+    model, stats = train_ppo(states, rewards, 1024, seed=0, n_steps=16, learning_rate=3e-3)
     assert str(model.device) == "cpu" and stats["timesteps"] == 1024 and stats["steps_per_second"] > 0
     assert (policy_choice(model, states) == 2).mean() >= 0.75
     assert stats["reward_curve"][-1] > stats["reward_curve"][0]

@@ -205,3 +205,56 @@ def test_morphology_operations():
     assert not apply_morphology(empty, "largest+fill").any()
     with pytest.raises(ValueError, match="morphology"):
         apply_morphology(mask, "erode")
+
+
+# ----------------------------------------------------------------------------------------------- report
+
+def test_report_formatting_and_verdicts():
+    from projects.llava_sam2.rl_train.prompt_rl.report import fmt, verdict
+
+    est = dict(value=0.5, low=0.4, high=0.6, n=10)
+    assert fmt(est) == "0.500 [0.400, 0.600]" and fmt(None) == "n/a"
+    assert fmt(dict(value=float("nan"), low=float("nan"), high=float("nan"), n=3)) == "n/a"
+    assert "better" in verdict(dict(value=0.1, low=0.05, high=0.2, n=10), "x")
+    assert "worse" in verdict(dict(value=-0.1, low=-0.2, high=-0.05, n=10), "x")
+    assert "no measurable difference" in verdict(dict(value=0.01, low=-0.02, high=0.04, n=10), "x")
+
+
+def test_checkpoint_comparison_needs_the_same_split():
+    from projects.llava_sam2.rl_train.prompt_rl.quality_data import QualityData
+    from projects.llava_sam2.rl_train.prompt_rl.report import compare_checkpoints
+
+    dice = np.array([[0.2, 0.6], [0.4, 0.5], [0.9, 0.1], [0.3, 0.7]])
+    meta = {"sample_ids": ["a/0#0", "a/1#1", "a/2#2", "a/3#3"], "prompt_labels": ["t0/e0", "t1/e0"]}
+    base = QualityData({"dice": dice, "is_heldout": np.array([False, False, True, True])}, meta)
+    tuned = QualityData({"dice": dice + 0.1, "is_heldout": base.is_heldout.copy()}, meta)
+    out = compare_checkpoints(base, tuned, n_resamples=50)
+    assert out["default prompt"]["tuned_minus_base"]["value"] == pytest.approx(0.1)
+    assert out["best fixed prompt"]["base"]["value"] == pytest.approx(0.4)  # prompt 1 (train mean 0.55): (0.1+0.7)/2
+    other = QualityData({"dice": dice, "is_heldout": np.array([True, False, False, True])}, meta)
+    with pytest.raises(ValueError, match="--same-as"):
+        compare_checkpoints(base, other)
+
+
+def test_segmenter_iou_head_loss_targets_each_output():
+    import importlib.util
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    path = Path(__file__).resolve().parents[1] / "tools" / "train_tiny_segmenter.py"
+    spec = importlib.util.spec_from_file_location("train_tiny_segmenter", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    gt = torch.zeros(1, 4, 4, dtype=torch.uint8)
+    gt[0, :2, :2] = 1  # 4 GT pixels
+    logits = -torch.ones(1, 3, 4, 4)
+    logits[0, 0, :2, :2] = 1  # output 0: exact -> IoU 1
+    logits[0, 1, :2, :] = 1  # output 1: 8 pixels -> IoU 4/8
+    scores = torch.tensor([[1.0, 0.5, 0.0]], requires_grad=True)  # output 2 empty -> IoU 0: all three exact
+    out = SimpleNamespace(low_res_logits=logits, iou_scores=scores)
+    assert tool.iou_head_loss(out, [gt]).item() == pytest.approx(0.0)
+    wrong = SimpleNamespace(low_res_logits=logits, iou_scores=torch.tensor([[0.0, 0.5, 0.0]], requires_grad=True))
+    loss = tool.iou_head_loss(wrong, [gt])
+    assert loss.item() == pytest.approx(1 / 3)  # (1 - 0)^2 / 3
+    loss.backward()
+    assert wrong.iou_scores.grad[0, 0] < 0

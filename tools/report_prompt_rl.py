@@ -5,7 +5,8 @@
 RUN_DIR holds the outputs of the documented pipeline (docs/prompt_rl.md): segmenter/train_log.json,
 quality/ (cache), reward_net/quality_model_results.json, policy/prompt_policy_results.json,
 postprocess/postprocess_results.json and, when the GRPO step ran, quality_grpo/ (the fine-tuned checkpoint's cache
-built with --same-as quality/) and grpo_timing.json. Missing optional parts are listed as "not run".
+built with --same-as quality/) and grpo/ (the MMEngine work dir: its scalars.json gives the reward curve and the
+time per iteration). Missing optional parts are listed as "not run".
 """
 from __future__ import annotations
 
@@ -141,11 +142,25 @@ def finetune_section(run: Path, quality, out: Path, n_resamples: int) -> list[st
     comparison = R.compare_checkpoints(quality, load_quality_data(run / "quality_grpo"), n_resamples=n_resamples)
     rows = {name: (r["base"], r["tuned"]) for name, r in comparison.items()}
     plot_pairs(rows, ("base", "GRPO (reward_net_dice)"), "Reward-guided fine-tuning", out / "finetune.png")
-    timing = _read(run / "grpo_timing.json") or {}
+    timing = grpo_summary(run / "grpo")
     return ["## Reward-guided fine-tuning (GRPO caption→mask loop, reward = reward_net_dice)", "",
             R.finetune_table(comparison), "",
             "* " + R.verdict(comparison["default prompt"]["tuned_minus_base"], "fine-tuned vs base, default prompt"),
-            f"* GRPO run: {timing}", "", "![finetune](finetune.png)", ""]
+            f"* GRPO run ({run / 'grpo'}): {timing}", "", "![finetune](finetune.png)", ""]
+
+
+def grpo_summary(work_dir: Path) -> dict:
+    """Iterations, mean seconds per iteration and the loop-2 reward at the start and end of the newest GRPO log."""
+    logs = sorted(work_dir.glob("*/vis_data/scalars.json"))
+    if not logs:
+        return {"log": "not found"}
+    rows = [json.loads(line) for line in logs[-1].read_text().splitlines() if line.strip()]
+    rewards = [r["loop2/reward_mean"] for r in rows if "loop2/reward_mean" in r]
+    times = [r["time"] for r in rows if "time" in r]
+    k = max(1, len(rewards) // 5)
+    return {"iterations": len(rows), "seconds_per_iteration": round(float(np.mean(times)), 2) if times else None,
+            "reward_first_fifth": round(float(np.mean(rewards[:k])), 4) if rewards else None,
+            "reward_last_fifth": round(float(np.mean(rewards[-k:])), 4) if rewards else None}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("out_dir", help="output directory")
     parser.add_argument("--scorer", default="selected",
                         help="GT-free reward of the policies: selected | reward_net | iou_head | stability")
-    parser.add_argument("--timesteps", type=int, default=10000, help="PPO timesteps = LinUCB rounds")
+    parser.add_argument("--timesteps", type=int, default=5000, help="PPO timesteps = LinUCB rounds")
     parser.add_argument("--feature-dim", type=int, default=16, help="PCA dimensions of the image state")
     parser.add_argument("--linucb-alpha", type=float, default=0.5, help="LinUCB exploration width")
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples")

@@ -11,7 +11,21 @@ freezes pretrained encoders). A *random* frozen SAM2 encoder leaves the tiny dec
 measured here, even an oracle colour+shape prompt embedding plateaued at point-Dice loss ~0.33 on 2+-object
 scenes. So by default this tool trains the encoders too, by calling the undecorated functions (``__wrapped__``)
 on this model instance only; ``--freeze-encoders`` keeps the frozen behaviour. The saved checkpoint is an ordinary
-one: inference and RL keep the encoders frozen. OUT_DIR gets the HF-layout checkpoint (``save_pretrained``), the tokenizer and
+one: inference and RL keep the encoders frozen.
+
+LLM: ``--train-llm head`` (default) trains only the LM head of the tiny LLM and keeps its random body frozen.
+Trained in full from random init, the LM loss at the ``[SEG]`` position (whose next token is always '.') collapses
+the ``[SEG]`` state to a constant: measured, its std across prompts fell from 0.49 (random body) to 0.017, and the
+masks no longer depended on the text at all. A pretrained LLM (real Sa2VA) does not have this problem; ``full``
+trains every LLM weight as upstream SFT does.
+
+IoU head: Sa2VA keeps SAM2's multimask decoding and picks the output with the highest *predicted* IoU, but its SFT
+loss never trains that head (the released model inherits it from SAM2's own training). From random init the head
+is untrained, its argmax flips between the three outputs, only the picked one is trained, and at test time another
+(untrained, often empty) output can be picked. So this tool adds SAM's IoU-prediction loss
+(``iou_loss_weight * MSE(iou_scores, IoU of each of the 3 outputs vs GT)``, Kirillov et al. 2023), read from the
+decoder output that ``sft_loss`` itself computed (an instance-level tap on ``decode_masks``, no second pass).
+This stands in for SAM2's pretraining; the SFT loss itself is upstream's. OUT_DIR gets the HF-layout checkpoint (``save_pretrained``), the tokenizer and
 ``train_log.json`` (losses, held-out IoU/Dice on ``ShapesWorld('val')`` with the RES eval prompt, wall time).
 """
 from __future__ import annotations
@@ -36,7 +50,7 @@ from projects.llava_sam2.rl_train.model.presets import build_preset  # noqa: E40
 from projects.llava_sam2.rl_train.model.processor import Sa2VAProcessor, sft_collate  # noqa: E402
 from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel  # noqa: E402
 from projects.llava_sam2.rl_train.model.sft_data import RegionSFTDataset  # noqa: E402
-from projects.llava_sam2.rl_train.model.sft_loss import sft_loss  # noqa: E402
+from projects.llava_sam2.rl_train.model.sft_loss import resize_gt_masks, sft_loss  # noqa: E402
 from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer  # noqa: E402
 from projects.llava_sam2.rl_train.prompt_rl.evaluate import (  # noqa: E402
     evaluate_default_prompt, text_sensitivity)
@@ -57,9 +71,14 @@ def build_model(init: str | None, seed: int) -> tuple[Sa2VAModel, object]:
     return model, tokenizer
 
 
-def set_trainable(model: Sa2VAModel, freeze_encoders: bool) -> list[torch.nn.Parameter]:
-    """All tensors trainable; the encoders too unless ``freeze_encoders`` (then they stay random and frozen)."""
+def set_trainable(model: Sa2VAModel, freeze_encoders: bool, train_llm: str) -> list[torch.nn.Parameter]:
+    """All tensors trainable except: the LLM body unless ``train_llm == 'full'`` (and its head with ``'none'``);
+    the encoders when ``freeze_encoders`` (then they stay random and frozen)."""
     model.requires_grad_(True)
+    if train_llm != "full":
+        model.language_model.requires_grad_(False)
+        if train_llm == "head":
+            model.get_output_embeddings().requires_grad_(True)
     if freeze_encoders:
         model.vision_model.requires_grad_(False)
         model.grounding_encoder.sam2_model.image_encoder.requires_grad_(False)
@@ -68,6 +87,31 @@ def set_trainable(model: Sa2VAModel, freeze_encoders: bool) -> list[torch.nn.Par
         grounding = model.grounding_encoder
         grounding.encode = types.MethodType(type(grounding).encode.__wrapped__, grounding)
     return [p for p in model.parameters() if p.requires_grad]
+
+
+class DecoderTap:
+    """Records every ``decode_masks`` output of one model instance (the SFT loss keeps only the best mask)."""
+
+    def __init__(self, model: Sa2VAModel):
+        self.decode, self.outputs = model.decode_masks, []
+        model.decode_masks = self
+
+    def __call__(self, *args, **kwargs):
+        out = self.decode(*args, **kwargs)
+        self.outputs.append(out)
+        return out
+
+
+def iou_head_loss(out, gt_masks: list[torch.Tensor]) -> torch.Tensor:
+    """SAM's IoU-prediction loss: MSE between ``iou_scores [M, 3]`` and the IoU of each output (logit > 0) with the
+    GT nearest-resized to the low-res size (the targets carry no gradient)."""
+    logits = out.low_res_logits  # [M, 3, h, w]
+    gt = resize_gt_masks(gt_masks, tuple(logits.shape[-2:]))[:, None] > 0.5  # [M, 1, h, w]
+    pred = logits.detach() > 0
+    inter = (pred & gt).flatten(2).sum(-1).float()  # [M, 3]
+    union = (pred | gt).flatten(2).sum(-1).float()
+    target = torch.where(union > 0, inter / union.clamp_min(1), torch.ones_like(inter))
+    return torch.nn.functional.mse_loss(out.iou_scores.float(), target)
 
 
 def lr_factor(step: int, steps: int, warmup: int) -> float:
@@ -88,7 +132,8 @@ def train(args: argparse.Namespace) -> dict:
                             tasks=("segment",), seed=args.seed)
     loader = DataLoader(data, batch_size=args.batch_size, shuffle=True, collate_fn=sft_collate, drop_last=True,
                         generator=torch.Generator().manual_seed(args.seed))
-    params = set_trainable(model, args.freeze_encoders)
+    params = set_trainable(model, args.freeze_encoders, args.train_llm)
+    tap = DecoderTap(model)
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, args.steps, args.warmup))
     points = torch.Generator().manual_seed(args.seed)
@@ -96,8 +141,11 @@ def train(args: argparse.Namespace) -> dict:
     model.train()
     while step < args.steps:
         for batch in loader:
+            tap.outputs.clear()
             losses = sft_loss(model, batch, num_points=args.num_points, generator=points)
-            total = sum(losses.values())
+            losses["loss_iou"] = iou_head_loss(tap.outputs[-1], list(batch["data"]["masks"]))
+            total = losses["llm_loss"] + args.mask_loss_weight * (losses["loss_mask"] + losses["loss_dice"]) \
+                + args.iou_loss_weight * losses["loss_iou"]
             optimizer.zero_grad(set_to_none=True)
             total.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -112,6 +160,7 @@ def train(args: argparse.Namespace) -> dict:
             if step == args.steps:
                 break
     train_s = time.perf_counter() - start
+    del model.decode_masks  # drop the tap: evaluation uses the class method again
     val_world = ShapesWorld("val", args.eval_samples, seed=args.seed)
     held_out = evaluate_default_prompt(model, processor, val_world)
     held_out["text_sensitivity"] = text_sensitivity(model, processor, val_world)
@@ -133,6 +182,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lr", type=float, default=2e-3, help="AdamW peak learning rate")
     parser.add_argument("--warmup", type=int, default=20, help="linear warm-up steps")
     parser.add_argument("--num-samples", type=int, default=4000, help="ShapesWorld('train') pool size")
+    parser.add_argument("--mask-loss-weight", type=float, default=1.0,
+                        help="scale of loss_mask + loss_dice against llm_loss (1 = upstream's sum)")
+    parser.add_argument("--iou-loss-weight", type=float, default=1.0,
+                        help="weight of SAM's IoU-prediction MSE (0 = upstream SFT loss only; see module doc)")
     parser.add_argument("--min-objects", type=int, default=2,
                         help="objects per training scene, at least (2: the text must pick the target; 1 lets a "
                              "text-blind 'most salient object' model look good)")
@@ -142,6 +195,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eval-samples", type=int, default=64, help="ShapesWorld('val') images for the held-out IoU")
     parser.add_argument("--freeze-encoders", action="store_true",
                         help="keep InternViT and the SAM2 image encoder frozen (random at init: weak segmenter)")
+    parser.add_argument("--train-llm", choices=("head", "full", "none"), default="head",
+                        help="LLM weights to train: LM head only (default, see module doc), all, or none")
     parser.add_argument("--init", default=None, help="start from this checkpoint dir instead of random weights")
     parser.add_argument("--seed", type=int, default=0, help="seed of weights, data order and point sampling")
     parser.add_argument("--log-every", type=int, default=25, help="print losses every N steps")
