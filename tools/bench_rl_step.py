@@ -27,6 +27,8 @@ rollout tokens), rollouts/s (samples/s) for the whole step, peak memory (``max_m
 variant started), and for ours the partner + reference + swap-buffer bytes in total and on the GPU, as fractions of
 the model's parameter bytes. ``--profile PATH`` profiles one more step of ours with ``torch.profiler`` and writes
 the top operators / kernels by self device time (CPU time on CPU) and the per-phase ranges to PATH.
+A baseline's peak also counts what stays allocated from ours (model, optimizer state, weight sets); the naive
+one adds its deep-copied EMA model.
 
 Random-weight caveats: the LM never emits a stop token (every caption runs to ``--max-new-tokens``: the worst case)
 and the partner practically never emits ``[SEG]`` in loop 1 (its SAM2 decode is skipped; ``partner_no_seg`` says how
