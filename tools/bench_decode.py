@@ -49,8 +49,9 @@ QWEN25_3B = dict(vocab_size=151936, hidden_size=2048, intermediate_size=11008, n
                  rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)
 
 
-def build_lm(name: str, device: torch.device, dtype: torch.dtype):
-    """A random-weight causal LM built on ``device`` in ``dtype`` (no fp32 copy on the host)."""
+def build_lm(name: str, device: torch.device, dtype: torch.dtype, lora_r: int = 0):
+    """A random-weight causal LM built on ``device`` in ``dtype`` (no fp32 copy on the host); with ``lora_r`` > 0
+    peft-wrapped like the RL policy (LoRA on every decoder linear, alpha = 2r, B drawn small so it is not a no-op)."""
     if name == "qwen2.5-3b":
         cfg = Qwen2Config(**QWEN25_3B)
     else:
@@ -58,6 +59,14 @@ def build_lm(name: str, device: torch.device, dtype: torch.dtype):
     cfg._attn_implementation = "sdpa"
     with device:
         lm = AutoModelForCausalLM.from_config(cfg, torch_dtype=dtype)
+    if lora_r > 0:
+        from projects.llava_sam2.rl_train.model.lora import apply_lora
+
+        lm = apply_lora(lm, r=lora_r, lora_alpha=2 * lora_r, lora_dropout=0.0)
+        with torch.no_grad():
+            for param_name, param in lm.named_parameters():
+                if "lora_B" in param_name:
+                    param.normal_(0.0, 1e-3)
     return lm.eval()
 
 
@@ -200,6 +209,8 @@ def parse_args(argv=None):
     p.add_argument("--prompt-len", type=int, default=1850, help="L: ~7 tiles x 256 image tokens + text")
     p.add_argument("--length-spread", type=int, default=64, help="prompt lengths span L-spread..L")
     p.add_argument("--new-tokens", type=int, default=128, help="T tokens per row (fixed length)")
+    p.add_argument("--lora-r", type=int, default=0,
+                   help="> 0: decode through peft LoRA adapters of this rank on every linear (the RL policy's shape)")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=1.0, help="< 1 adds the nucleus sort to every step")
     p.add_argument("--modes", default="hf_generate,reference,fast_eager,fast")
@@ -220,7 +231,7 @@ def main(argv=None) -> dict:
         torch.set_num_threads(args.cpu_threads)
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     modes = [m for m in args.modes.split(",") if not (m == "fast_eager" and device.type != "cuda")]
-    lm = build_lm(args.lm, device, dtype)
+    lm = build_lm(args.lm, device, dtype, args.lora_r)
     embeds, attention = make_prompts(lm, args.batch, args.prompt_len, args.length_spread, seed=0)
     report = {"config": {**vars(args), "dtype": str(dtype), "N": args.batch * args.num_generations,
                          "params_b": sum(p.numel() for p in lm.parameters()) / 1e9, "torch": torch.__version__,
