@@ -225,6 +225,30 @@ def test_in_place_weight_change_between_calls_is_seen():
     assert_same_completions(after, sample_completions(lm, *per_row(embeds, attention, 2), **kw))
 
 
+def test_both_decoders_return_the_fed_back_states_of_teacher_forcing():
+    """return_hidden: hidden[:, t] is the final-norm state of input ids[:, t] as the decode computed it, equal to
+    completion_hidden's teacher-forced states wherever the token was fed back; the last column is 0."""
+    from projects.llava_sam2.rl_train.model.generation import completion_hidden
+
+    lm = tiny_lm()
+    embeds, attention = prompts(lm, [5, 9, 7])
+    free = sample_completions(lm, embeds, attention, max_new_tokens=8, do_sample=False, stop_token_ids=[NEVER])
+    kw = dict(max_new_tokens=8, do_sample=False, stop_token_ids=[int(free.ids[1, 2]), NEVER], return_hidden=True)
+    ref = sample_completions(lm, *per_row(embeds, attention, 2), **kw)
+    fast = fast_sample_completions(lm, embeds, attention, num_generations=2, **kw)
+    assert_same_completions(fast, ref)
+    with torch.no_grad():
+        teacher = completion_hidden(lm, *per_row(embeds, attention, 2), ref.ids, ref.completion_mask)  # [N, T, D]
+    T = ref.ids.shape[1]
+    is_fed = torch.arange(T)[None] < ref.completion_mask.sum(-1, keepdim=True) - 1  # [N, T]
+    assert is_fed.sum() > 20 and not is_fed.all()
+    for out in (ref, fast):
+        assert out.hidden.shape == teacher.shape
+        torch.testing.assert_close(out.hidden[is_fed], teacher[is_fed], atol=1e-5, rtol=0)
+        assert bool((out.hidden[:, -1] == 0).all())
+    assert sample_completions(lm, embeds, attention, max_new_tokens=2, stop_token_ids=[NEVER]).hidden is None
+
+
 def test_compiled_step_equals_the_reference(monkeypatch):
     """compile_step=True traces the step with torch.compile (the state/cache updates are in-place on its inputs).
     Checked with the aot_eager backend (no code generation, fast); Inductor itself is for the GPU benchmark."""

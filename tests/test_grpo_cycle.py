@@ -9,7 +9,7 @@ import torch
 
 from grpo_tiny import (
     CaptionParityReward, build_tiny, make_algo, one_thread, run_rollout, shapes_batch, step_loss, tokenizer)
-from projects.llava_sam2.rl_train.grpo import cycle
+from projects.llava_sam2.rl_train.grpo import cycle, passes
 from projects.llava_sam2.rl_train.grpo.cycle import seg_mask_head
 from projects.llava_sam2.rl_train.grpo.mask_policy import MaskHead
 from projects.llava_sam2.rl_train.grpo.passes import (
@@ -233,6 +233,43 @@ def test_partner_segment_matches_upstream_predict(monkeypatch):
     assert np.array_equal(masks[0].numpy(), expected[0]["prediction_masks"][0])
     assert not masks[1].any() and not masks[2].any() and masks[1].shape == (64, 64)
     assert stats["partner/no_seg"] == 2 and stats["partner/empty_caption"] == 0
+
+
+def test_partner_segment_reads_the_decoders_seg_states(monkeypatch):
+    """The partner's [SEG] states come from the decode itself (no second pass over prompt + answer) and give the
+    masks the teacher-forced pass gives (a decoder without states falls back to it)."""
+    from dataclasses import replace
+
+    model, processor = build_tiny()
+    model.eval()
+    seg = model.seg_token_id
+    head = model.language_model.get_output_embeddings()
+
+    def always_seg(module, args, logits):  # every answer is [SEG] [SEG] ...: the first one is fed back
+        logits[..., seg] += 1e4
+        return logits
+
+    head.register_forward_hook(always_seg)
+    batch = shapes_batch(3, seed=5)
+    algo, _ = make_algo(model, processor, {"caption_to_mask": [dict(type="iou")]})
+    features = algo.encode(batch)
+    decoding = TextDecoding.from_processor(processor)
+    captions = ["a red circle", "the blue square", "green thing"]
+
+    def segment():
+        with torch.no_grad():
+            return partner_segment(model, processor, features, model.project_vision(features.vit_tokens), captions,
+                                   [0, 1, 2], decoding, max_new_tokens=3, chunk_size=2)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(passes, "completion_hidden", lambda *a, **k: (_ for _ in ()).throw(AssertionError("re-ran")))
+        from_decode, stats = segment()
+    fast = fast_generation.DECODE_BACKENDS["fast"]
+    monkeypatch.setitem(fast_generation.DECODE_BACKENDS, "fast", lambda *a, **k: replace(fast(*a, **k), hidden=None))
+    teacher_forced, _ = segment()
+    assert stats["partner/no_seg"] == 0 and any(m.any() for m in from_decode)
+    for a, b in zip(from_decode, teacher_forced):
+        assert torch.equal(a, b)
 
 
 def test_grouped_mask_head_equals_decoding_every_row():

@@ -60,11 +60,12 @@ PER_ITERATION_PHASES = ("optimizer", "ema_partner")  # not scaled by N / K
 @torch.no_grad()
 def hf_generate_completions(lm, inputs_embeds: Tensor, attention_mask: Tensor, *, num_generations: int = 1,
                             max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, do_sample: bool = True,
-                            stop_token_ids, pad_token_id: int = 0, generator=None,
+                            stop_token_ids, pad_token_id: int = 0, generator=None, return_hidden: bool = False,
                             output_scores: bool = False) -> Completions:
     """``lm.generate`` on the B·G repeated rows, as ``Completions`` (``generator`` is unused: generate draws from
-    torch's global RNG). ``output_scores`` also returns the processed scores, whose log-softmax fills
-    ``token_logp`` (what the seeds' plan used as old log-probs); otherwise ``token_logp`` is 0."""
+    torch's global RNG; ``return_hidden`` is ignored: ``hidden`` stays None, so the ``[SEG]`` passes re-run
+    prompt + answer teacher-forced, as the seeds' plan did). ``output_scores`` also returns the processed scores,
+    whose log-softmax fills ``token_logp`` (what the seeds' plan used as old log-probs); otherwise it is 0."""
     rows = inputs_embeds.repeat_interleave(num_generations, 0), attention_mask.repeat_interleave(num_generations, 0)
     sampling = (dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if do_sample
                 else dict(do_sample=False, temperature=None, top_p=None, top_k=None))

@@ -11,7 +11,9 @@ image of a batch; :func:`greedy_answers` then answers any number of prompt rows 
 3. ``text = decode(ids, skip_special_tokens=False).strip()``;
 4. one mask per fed-back ``[SEG]`` (a ``[SEG]`` that is the last generated token has no mask), from
    the final-norm hidden state at its input position → ``text_hidden_fcs`` → SAM2 best-of-multimask
-   → ``logits_to_masks`` at the image size.
+   → ``logits_to_masks`` at the image size. The state is the one the decoder computed when it fed the
+   token back (upstream ``predict_forward`` reads it from ``generate``); ``predict_batch`` re-runs
+   prompt + answer teacher-forced instead, equal up to float reordering.
 
 ``multi_seg`` chooses the mask of an answer with several ``[SEG]``: ``'first'`` (Sa2VA's original
 RefCOCO eval keeps ``prediction_masks[0]``) or ``'union'`` (the newer bytedance/Sa2VA eval ORs them).
@@ -142,8 +144,11 @@ def _seg_masks(model, features: ImageFeatures, rows: Sequence[PromptRow], embeds
     if not found:
         return masks
     index = torch.tensor(found, device=embeds.device)
-    hidden = completion_hidden(model.language_model, embeds[index], attention[index], out.ids[index],
-                               out.completion_mask[index])  # [M_rows, T, D]
+    if out.hidden is not None:  # the decoder's own states of the fed-back tokens (upstream reads them from generate)
+        hidden = out.hidden[index]  # [M_rows, T, D]
+    else:
+        hidden = completion_hidden(model.language_model, embeds[index], attention[index], out.ids[index],
+                                   out.completion_mask[index])  # [M_rows, T, D]
     keep = {"first": lambda p: p[:1], "union": lambda p: p}[multi_seg]
     seg_hidden, owner = [], []
     for k, i in enumerate(found):
@@ -174,7 +179,7 @@ def greedy_answers(model, processor, features: ImageFeatures, rows: Sequence[Pro
         stop_ids, stop_words = stop_criteria(tok, processor.template.get("STOP_WORDS", []))
         out = decode_completions(model.language_model, embeds, attention, decode_backend=decode_backend,
                                  max_new_tokens=max_new_tokens, do_sample=False, stop_token_ids=stop_ids,
-                                 pad_token_id=processor.pad_token_id)
+                                 pad_token_id=processor.pad_token_id, **({"return_hidden": True} if want_masks else {}))
         ids_per_row, seg_positions, is_truncated = [], [], []
         for i in range(len(rows)):
             ids = out.ids[i, :int(out.completion_mask[i].sum())].tolist()

@@ -81,11 +81,15 @@ def _pad_cat(parts: list[Completions], pad_token_id: int) -> Completions:
     def pad(x: Tensor, value) -> Tensor:
         return torch.nn.functional.pad(x, (0, T - x.shape[1]), value=value)  # [n, T]
 
+    hidden = None
+    if all(p.hidden is not None for p in parts):
+        hidden = torch.cat([torch.nn.functional.pad(p.hidden, (0, 0, 0, T - p.hidden.shape[1])) for p in parts])
     return Completions(
         ids=torch.cat([pad(p.ids, pad_token_id) for p in parts]),
         completion_mask=torch.cat([pad(p.completion_mask, False) for p in parts]),
         is_truncated=torch.cat([p.is_truncated for p in parts]),
         token_logp=torch.cat([pad(p.token_logp, 0.0) for p in parts]),
+        hidden=hidden,  # [n, T, D] or None
     )
 
 
@@ -106,22 +110,26 @@ def cut_at_stop_words(completions: Completions, decoding: TextDecoding) -> Compl
     was_cut = new_lengths < torch.tensor(lengths, device=new_lengths.device)  # [N]
     return Completions(ids=completions.ids[:, :T], completion_mask=completion_mask,
                        is_truncated=completions.is_truncated & ~was_cut,
-                       token_logp=completions.token_logp[:, :T].masked_fill(~completion_mask, 0.0))
+                       token_logp=completions.token_logp[:, :T].masked_fill(~completion_mask, 0.0),
+                       hidden=None if completions.hidden is None else completions.hidden[:, :T])
 
 
 @torch.no_grad()
 def sample_text(model, embeds: Tensor, attention: Tensor, decoding: TextDecoding, *, max_new_tokens: int,
                 do_sample: bool, num_generations: int = 1, temperature: float = 1.0, top_p: float = 1.0,
-                chunk_size: int | None = None, generator: torch.Generator | None = None) -> Completions:
+                chunk_size: int | None = None, generator: torch.Generator | None = None,
+                return_hidden: bool = False) -> Completions:
     """G = ``num_generations`` completions of each distinct prompt row ``[b, L, D]`` (left padded): ``b * G`` rows,
     row ``r * G + g`` the g-th of prompt r, decoded by ``decoding.decode_backend`` with at most ``chunk_size`` rows
-    (whole groups) per call, then cut at the textual stop words."""
+    (whole groups) per call, then cut at the textual stop words. ``return_hidden`` asks the decoder for the fed-back
+    tokens' states (``Completions.hidden``; a decoder may leave it None)."""
     G = num_generations
+    extra = {"return_hidden": True} if return_hidden else {}
     parts = [decode_completions(model.language_model, embeds[b0:b1], attention[b0:b1],
                                 decode_backend=decoding.decode_backend, num_generations=G,
                                 max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                 do_sample=do_sample, stop_token_ids=list(decoding.stop_token_ids),
-                                pad_token_id=decoding.pad_token_id, generator=generator)
+                                pad_token_id=decoding.pad_token_id, generator=generator, **extra)
              for b0, b1 in group_chunks(embeds.shape[0], G, chunk_size)]
     return cut_at_stop_words(_pad_cat(parts, decoding.pad_token_id), decoding)
 
@@ -167,7 +175,8 @@ def partner_segment(model, processor, features: StepFeatures, tile_embeds: Tenso
     """Loop 1's second half: ground each caption with the weights in effect (the EMA partner).
 
     Per caption: RES prompt (``processor.segment_prompt``) → GREEDY answer of at most ``max_new_tokens`` → the
-    final-norm hidden state at its first fed-back ``[SEG]`` from one teacher-forced pass → ``text_hidden_fcs`` →
+    final-norm hidden state at its first fed-back ``[SEG]`` (kept by the decoder when it fed the token back, as
+    upstream ``predict_forward`` does; else from one teacher-forced pass) → ``text_hidden_fcs`` →
     SAM2 (best of multimask) → bool mask at image size (``model.logits_to_masks``). An empty caption or an answer
     without ``[SEG]`` gives an all-False mask (IoU 0 against a non-empty gt_mask), counted in the stats.
 
@@ -186,10 +195,12 @@ def partner_segment(model, processor, features: StepFeatures, tile_embeds: Tenso
             [processor.segment_prompt(features.n_tiles(images[n]), captions[n]) for n in rows])
         ids, attention = ids.to(device), attention.to(device)
         embeds = prompt_embeds(model, features, tile_embeds, ids, [images[n] for n in rows])  # [n, L, D]
-        answer = sample_text(model, embeds, attention, decoding, max_new_tokens=max_new_tokens, do_sample=False)
+        answer = sample_text(model, embeds, attention, decoding, max_new_tokens=max_new_tokens, do_sample=False,
+                             return_hidden=True)
         answer_tokens += float(answer.completion_mask.sum())
-        hidden = completion_hidden(model.language_model, embeds, attention, answer.ids,
-                                   answer.completion_mask)  # [n, T, D]
+        hidden = answer.hidden  # [n, T, D]: the decode's own [SEG] states, as upstream predict_forward reads them
+        if hidden is None:  # a decoder without states: one teacher-forced pass over prompt + answer
+            hidden = completion_hidden(model.language_model, embeds, attention, answer.ids, answer.completion_mask)
         seg_index, has_seg = first_fed_back_seg(answer, model.seg_token_id)  # [n], [n]
         num_no_seg += int((~has_seg).sum())
         found = has_seg.nonzero().squeeze(-1)  # [M]

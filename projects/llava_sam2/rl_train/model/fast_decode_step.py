@@ -126,6 +126,7 @@ class DecodeState:
         ids: ``[N, T]`` long; token_logp: ``[N, T]`` float32; is_active: ``[N, T]`` bool (the outputs).
         step_probs: ``[N, T, V]`` float32 sampling distributions (debug), or None.
         cos, sin: ``[S, hd]`` rotary tables.
+        hidden: ``[N, T, D]`` final-norm state of each fed-back token (``Completions.hidden``), or None.
     """
 
     token: Tensor
@@ -140,6 +141,7 @@ class DecodeState:
     step_probs: Tensor | None
     cos: Tensor
     sin: Tensor
+    hidden: Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -195,7 +197,10 @@ def decode_logits(parts: DecoderParts, cache: StaticCache, state: DecodeState, t
         hidden = layer(hidden, attention_mask=state.attention_bias, position_ids=position_ids,
                        past_key_value=cache, use_cache=True, cache_position=state.cache_position,
                        position_embeddings=rope)[0]  # [N, 1, D]
-    logits = parts.head(parts.norm(hidden)[:, -1]).float() / temperature  # [N, V]
+    normed = parts.norm(hidden)[:, -1]  # [N, D], the state of input state.token = column - 1's token
+    if state.hidden is not None:
+        state.hidden.index_copy_(1, state.column - 1, normed[:, None].to(state.hidden.dtype))
+    logits = parts.head(normed).float() / temperature  # [N, V]
     state.position += 1
     state.cache_position += 1
     return logits

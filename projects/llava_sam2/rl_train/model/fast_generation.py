@@ -119,7 +119,7 @@ def replicate_prefix(prefix: DynamicCache, config, num_generations: int, num_slo
 
 def init_state(attention_mask: Tensor, num_generations: int, max_new_tokens: int, num_slots: int, *,
                dtype: torch.dtype, vocab_size: int, pad_token_id: int, rope: tuple[Tensor, Tensor],
-               return_step_probs: bool) -> DecodeState:
+               return_step_probs: bool, hidden_size: int | None = None) -> DecodeState:
     """The decode state right after prefill: prompt slots visible, the first new token at slot L."""
     B, L = attention_mask.shape
     N, T, device = B * num_generations, max_new_tokens, attention_mask.device
@@ -139,6 +139,7 @@ def init_state(attention_mask: Tensor, num_generations: int, max_new_tokens: int
         is_active=torch.zeros(N, T, dtype=torch.bool, device=device),
         step_probs=torch.zeros(N, T, vocab_size, device=device) if return_step_probs else None,
         cos=rope[0], sin=rope[1],
+        hidden=None if hidden_size is None else torch.zeros(N, T, hidden_size, dtype=dtype, device=device),
     )
 
 
@@ -160,6 +161,7 @@ def fast_sample_completions(
     use_cuda_graph: bool | None = None,
     compile_step: bool = False,
     return_step_probs: bool = False,
+    return_hidden: bool = False,
 ) -> Completions | tuple[Completions, Tensor]:
     """Decode G completions for each of B prompts: :func:`generation.sample_completions` semantics, fast.
 
@@ -176,6 +178,7 @@ def fast_sample_completions(
             the graph capture: fewer, fused kernels per step; compiles once per new shape.
         return_step_probs: also return the sampling distribution of every step ``[N, T, V]`` float32
             (``softmax(top_p(logits / temperature))``; debug/tests, it costs N·T·V floats).
+        return_hidden: keep each fed-back token's final-norm state (``Completions.hidden``, N·T·D values).
 
     Returns:
         :class:`Completions` with N = B·G rows (and ``step_probs`` if asked), trimmed to the longest row.
@@ -196,7 +199,8 @@ def fast_sample_completions(
     del prefix
     state = init_state(attention_mask, G, T, num_slots, dtype=inputs_embeds.dtype,
                        vocab_size=first_logits.shape[-1], pad_token_id=pad_token_id, rope=rope,
-                       return_step_probs=return_step_probs)
+                       return_step_probs=return_step_probs,
+                       hidden_size=hidden.shape[-1] if return_hidden else None)
     choose = TokenChooser(
         do_sample=do_sample, top_p=TopPLogitsWarper(top_p) if top_p < 1.0 else None,
         stop_ids=torch.as_tensor(list(stop_token_ids), device=device), pad_token_id=pad_token_id,
@@ -220,7 +224,8 @@ def _completions(state: DecodeState, return_step_probs: bool) -> Completions | t
     """Trim the output buffers to the longest row (rows are prefix-masked)."""
     T = int(state.is_active.sum(-1).max())
     out = Completions(ids=state.ids[:, :T], completion_mask=state.is_active[:, :T],
-                      is_truncated=~state.is_finished, token_logp=state.token_logp[:, :T])
+                      is_truncated=~state.is_finished, token_logp=state.token_logp[:, :T],
+                      hidden=None if state.hidden is None else state.hidden[:, :T])
     return (out, state.step_probs[:, :T]) if return_step_probs else out
 
 
@@ -237,7 +242,8 @@ def reference_completions(lm: nn.Module, inputs_embeds: Tensor, attention_mask: 
 
 # decode_backend name -> decoder with the signature of fast_sample_completions' common arguments
 # (lm, embeds [B, L, D], attention [B, L], *, num_generations, max_new_tokens, temperature, top_p, do_sample,
-# stop_token_ids, pad_token_id, generator) -> Completions of N = B·G rows.
+# stop_token_ids, pad_token_id, generator, return_hidden) -> Completions of N = B·G rows (a decoder may leave
+# Completions.hidden None; callers then recompute the states with generation.completion_hidden).
 DECODE_BACKENDS = {
     "fast": fast_sample_completions,
     "fast_compiled": partial(fast_sample_completions, compile_step=True),  # opt-in until measured on GPU

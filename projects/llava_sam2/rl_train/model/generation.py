@@ -41,12 +41,18 @@ class Completions:
             as computed by the cached decode (before top-p filtering), 0 where masked. Diagnostic:
             a policy-gradient ratio should use :func:`completion_logprobs`, which recomputes it
             with the same kernel as the training forward.
+        hidden: ``[N, T, D]`` (the LM's dtype) or None; when the decoder was asked for it
+            (``return_hidden``), the final-norm state at the position whose input is ``ids[:, t]``, as
+            the decode computed it when feeding that token back (what :func:`completion_hidden` returns, up
+            to float reordering; upstream ``predict_forward`` reads ``[SEG]`` states from ``generate`` the
+            same way). 0 for the last column, which was never fed back.
     """
 
     ids: torch.Tensor
     completion_mask: torch.Tensor
     is_truncated: torch.Tensor
     token_logp: torch.Tensor
+    hidden: torch.Tensor | None = None
 
 
 def position_ids_from_attention(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -118,6 +124,7 @@ def sample_completions(
     pad_token_id: int = 0,
     generator: torch.Generator | None = None,
     stop_check_interval: int = 8,
+    return_hidden: bool = False,
 ) -> Completions:
     """Decode up to ``max_new_tokens`` tokens per row with a KV cache.
 
@@ -132,6 +139,7 @@ def sample_completions(
         inputs_embeds: ``[N, L, D]`` prompt embeddings (e.g. ``Sa2VAModel.embed_inputs``).
         attention_mask: ``[N, L]``, LEFT padded.
         generator: RNG for the multinomial draws (seeded rollouts).
+        return_hidden: also keep each fed-back token's final-norm state (``Completions.hidden``).
     """
     if max_new_tokens < 1 or temperature <= 0 or not 0 < top_p <= 1 or stop_check_interval < 1:
         raise ValueError(
@@ -153,7 +161,7 @@ def sample_completions(
     position_ids = position_ids_from_attention(attention)  # [N, L] at prefill, then [N, 1]
     step_embeds = inputs_embeds  # [N, L, D] at prefill, then [N, 1, D]
     is_finished = torch.zeros(N, dtype=torch.bool, device=device)
-    ids, logps, actives = [], [], []
+    ids, logps, actives, fed_hidden = [], [], [], []
     for step in range(max_new_tokens):
         hidden = body(
             inputs_embeds=step_embeds, attention_mask=attention, position_ids=position_ids,
@@ -164,6 +172,8 @@ def sample_completions(
                 "sample_completions: the LM did not fill the KV cache (some LMs skip it under "
                 "gradient checkpointing in train mode); call lm.eval() before sampling."
             )
+        if return_hidden and step > 0:
+            fed_hidden.append(hidden)  # the state of input c_{step-1}
         logits = head(hidden).float() / temperature  # [N, V]
         token = _next_token(logits, do_sample=do_sample, top_p=top_p, generator=generator)  # [N]
         is_active = ~is_finished
@@ -181,11 +191,15 @@ def sample_completions(
 
     completion_mask = torch.stack(actives, dim=1)  # [N, T_run]
     T = int(completion_mask.sum(-1).max())  # rows are prefix-masked, so this is the longest row
+    hidden_out = None
+    if return_hidden:  # the last chosen token was never fed back: its state stays 0
+        hidden_out = torch.stack(fed_hidden + [torch.zeros_like(hidden)], dim=1)[:, :T]  # [N, T, D]
     return Completions(
         ids=torch.stack(ids, dim=1)[:, :T],
         completion_mask=completion_mask[:, :T],
         is_truncated=~is_finished,
         token_logp=torch.stack(logps, dim=1)[:, :T],
+        hidden=hidden_out,
     )
 
 
