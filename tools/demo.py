@@ -112,7 +112,7 @@ def _python() -> list[str]:
     return [sys.executable]
 
 
-def _train_and_export(s: DemoSettings, name: str, config: str, options: list[str]) -> list[Command]:
+def train_and_export(s: DemoSettings, name: str, config: str, options: list[str]) -> list[Command]:
     """tools/train.py CONFIG, then tools/export_hf.py of its last checkpoint (same options, so the model matches)."""
     work = s.path(name)
     train = Command([*_python(), str(REPO_ROOT / "tools/train.py"), config, "--work-dir", str(work),
@@ -122,27 +122,38 @@ def _train_and_export(s: DemoSettings, name: str, config: str, options: list[str
     return [train, export]
 
 
-def sft_job(s: DemoSettings) -> Job:
-    options = [f"randomness.seed={s.seed}",
+def sft_options(s: DemoSettings) -> list[str]:
+    return [f"randomness.seed={s.seed}",
                f"train_dataloader.dataset.region_dataset.ann_file={s.path('data/train/annotations.json')}",
                *schedule_options(s.sft_iters), *s.sft_options]
-    return Job("sft", _train_and_export(s, "sft", s.sft_config, options))
+
+
+def rl_options(s: DemoSettings) -> list[str]:
+    """The RL run's --cfg-options: seed, the SFT checkpoint to start from, the training scenes, length, extras."""
+    return [f"randomness.seed={s.seed}", f"model.pretrained_path={s.path('sft/hf')}",
+               f"train_dataloader.dataset.ann_file={s.path('data/train/annotations.json')}",
+               *schedule_options(s.rl_iters), *s.rl_options]
+
+
+def sft_job(s: DemoSettings) -> Job:
+    return Job("sft", train_and_export(s, "sft", s.sft_config, sft_options(s)))
 
 
 def rl_job(s: DemoSettings) -> Job:
-    options = [f"randomness.seed={s.seed}", f"model.pretrained_path={s.path('sft/hf')}",
-               f"train_dataloader.dataset.ann_file={s.path('data/train/annotations.json')}",
-               *schedule_options(s.rl_iters), *s.rl_options]
-    return Job("rl", _train_and_export(s, "rl", s.rl_config, options))
+    return Job("rl", train_and_export(s, "rl", s.rl_config, rl_options(s)))
+
+
+def eval_command(s: DemoSettings, key: str, label: str) -> Command:
+    """tools/evaluate.py of the HF checkpoint ``WORK_DIR/<key>/hf`` on the held-out split -> ``WORK_DIR/eval/<key>``."""
+    argv = [*_python(), str(REPO_ROOT / "tools/evaluate.py"), "--checkpoint", str(s.path(key, "hf")),
+            "--dataset", "coco", "--ann-file", str(s.path("data/val/annotations.json")), "--name", "shapes_val",
+            "--num-samples", str(s.val_samples), "--out", str(s.path("eval", key)), "--system", label,
+            "--batch-size", str(s.eval_batch_size), "--max-new-tokens", str(s.eval_max_new_tokens)]
+    return Command(argv, s.path("logs", f"eval_{key}.log"), TQDM_PROGRESS, "evaluate")
 
 
 def eval_job(s: DemoSettings, system: str) -> Job:
-    out = s.path("eval", system)
-    argv = [*_python(), str(REPO_ROOT / "tools/evaluate.py"), "--checkpoint", str(s.path(system, "hf")),
-            "--dataset", "coco", "--ann-file", str(s.path("data/val/annotations.json")), "--name", "shapes_val",
-            "--num-samples", str(s.val_samples), "--out", str(out), "--system", SYSTEMS[system],
-            "--batch-size", str(s.eval_batch_size), "--max-new-tokens", str(s.eval_max_new_tokens)]
-    return Job(f"eval_{system}", [Command(argv, s.path("logs", f"eval_{system}.log"), TQDM_PROGRESS, "evaluate")])
+    return Job(f"eval_{system}", [eval_command(s, system, SYSTEMS[system])])
 
 
 def stage_report(s: DemoSettings) -> dict:
@@ -189,8 +200,9 @@ def banner(text: str) -> None:
     print(f"\n{'=' * 100}\n== {text}\n{'=' * 100}", flush=True)
 
 
-def run_row(s: DemoSettings, row: tuple[str, ...], force: bool) -> bool:
+def run_row(s: DemoSettings, row: tuple[str, ...], force: bool, only=None) -> bool:
     """Run the stages of one pipeline row (side by side when several); returns True if anything ran."""
+    row = tuple(stage for stage in row if only is None or stage in only)
     pending = [stage for stage in row if force or not is_finished(s, stage)]
     for stage in row:
         if stage not in pending:
@@ -222,12 +234,15 @@ def subprocess_env(threads: int = 1) -> dict:
     return env
 
 
-def run_demo(s: DemoSettings, force: bool = False, stop_after: str | None = None) -> dict[str, dict]:
-    """Run the pipeline (stages already finished with the same settings are skipped); returns the stage records."""
+def run_demo(s: DemoSettings, force: bool = False, stop_after: str | None = None, only=None) -> dict[str, dict]:
+    """Run the pipeline (stages already finished with the same settings are skipped); returns the stage records.
+
+    ``only``: run just these stages (the CI test runs data, sft and rl); ``stop_after``: stop after that stage's row.
+    """
     start = time.perf_counter()
     invalidated = force
     for row in PIPELINE:
-        invalidated = run_row(s, row, invalidated) or invalidated  # a re-run stage invalidates every later one
+        invalidated = run_row(s, row, invalidated, only) or invalidated  # a re-run stage invalidates later ones
         if stop_after in row:
             break
     print(f"\ndemo finished in {time.perf_counter() - start:.0f} s (this invocation); work dir {s.work_dir}")
