@@ -95,3 +95,15 @@ def test_bad_arguments_are_rejected_with_the_fix():
         model(mode="predict")
     with pytest.raises(ValueError, match="neither an SFT batch"):
         model()
+
+
+@pytest.mark.parametrize("storage", [None, "cpu"])
+def test_weights_storage_device_reaches_the_weight_sets(storage):
+    from projects.llava_sam2.rl_train.grpo.trainer import CycleGRPO
+
+    model = Sa2VATrainModel(**TINY, weights_storage_device=storage)
+    model.build_algorithm(dict(type=CycleGRPO, config=dict(num_generations=2, beta=0.04)))
+    memory = model.weights.memory()
+    assert memory.storage_device == storage
+    # host storage: the partner and reference hold no bytes beside the parameters
+    assert (memory.device_bytes == 0) == (storage == "cpu")

@@ -61,13 +61,16 @@ class Sa2VATrainModel(BaseModel):
         processor_cfg: overrides of ``Sa2VAProcessor.from_config`` (e.g. ``empty_region='dilate_to_one_cell'``).
         sft_loss_cfg: keyword arguments of ``model.sft_loss.sft_loss`` (e.g. ``num_points``).
         data_preprocessor: MMEngine data preprocessor config (default: move tensors to the model's device).
+        weights_storage_device: where the EMA partner, reference snapshot and swap backup live; ``'cpu'`` keeps
+            them in pinned host memory (no GPU memory, ~0.1 s per EMA update at 4B), None keeps them beside
+            the model.
     """
 
     def __init__(self, *, pretrained_path: str | None = None, preset: str | None = None, tokenizer: Any = None,
                  lora: Mapping[str, Any] = DEFAULT_LORA, train_embeddings: bool = False,
                  gradient_checkpointing: bool = False, torch_dtype: str | torch.dtype | None = None,
                  processor_cfg: Mapping[str, Any] | None = None, sft_loss_cfg: Mapping[str, Any] | None = None,
-                 data_preprocessor: dict | None = None) -> None:
+                 data_preprocessor: dict | None = None, weights_storage_device: str | None = None) -> None:
         super().__init__(data_preprocessor=data_preprocessor)
         check_model_source(pretrained_path, preset)
         tokenizer = build_tokenizer(tokenizer, pretrained_path, preset)
@@ -87,6 +90,7 @@ class Sa2VATrainModel(BaseModel):
         self.processor = Sa2VAProcessor.from_config(tokenizer, sa2va.config, **dict(processor_cfg or {}))
         self.sft_loss_cfg = dict(sft_loss_cfg or {})
         self.weights: WeightSets | None = None  # built with the algorithm, after the runner placed the model
+        self.weights_storage_device = weights_storage_device
         keep_trainable_state(self)
 
     @property
@@ -104,7 +108,8 @@ class Sa2VATrainModel(BaseModel):
         config = args.get("config")
         config = config if isinstance(config, GRPOConfig) else GRPOConfig(**dict(config or {}))
         args["config"] = config
-        self.weights = WeightSets.from_model(self.sa2va, ema_decay=config.ema_decay, use_reference=config.beta > 0)
+        self.weights = WeightSets.from_model(self.sa2va, ema_decay=config.ema_decay, use_reference=config.beta > 0,
+                                             storage_device=self.weights_storage_device)
         return build_component(ALGORITHMS, args, model=self.sa2va, processor=self.processor, weights=self.weights)
 
     def forward(self, data: dict | None = None, data_samples=None, mode: str = "loss", grpo_batch=None,

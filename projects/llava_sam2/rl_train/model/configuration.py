@@ -91,6 +91,9 @@ class SubConfig:
         object.__setattr__(self, "_name", name)
 
     def __getattr__(self, key: str) -> Any:
+        # copy/deepcopy/pickle probe attributes before __init__ ran: no _data yet, so don't recurse
+        if key.startswith("__") or key in ("_data", "_defaults", "_name"):
+            raise AttributeError(key)
         data, defaults = self._data, self._defaults
         if key in data:
             return data[key]
