@@ -6,7 +6,8 @@ RUN_DIR holds the outputs of the documented pipeline (docs/prompt_rl.md): segmen
 quality/ (cache), reward_net/quality_model_results.json, policy/prompt_policy_results.json,
 postprocess/postprocess_results.json and, when the GRPO step ran, quality_grpo/ (the fine-tuned checkpoint's cache
 built with --same-as quality/) and grpo/ (the MMEngine work dir: its scalars.json gives the reward curve and the
-time per iteration). Missing optional parts are listed as "not run".
+time per iteration); further GRPO variants as quality_grpo<suffix>/ + grpo<suffix>/. Missing optional parts are
+listed as "not run".
 """
 from __future__ import annotations
 
@@ -108,6 +109,11 @@ def build_report(run: Path, out: Path, n_resamples: int) -> str:
                   f"in {seg['train_seconds']} s; on {h['num_samples']} ShapesWorld('val') images with the default prompt: "
                   f"mean IoU {h['mean_iou']}, Dice {h['mean_dice']}, cIoU {h['cIoU']}; greedy answers emit [SEG] in "
                   f"{h['greedy']['seg_rate']:.0%} of {h['greedy']['num_samples']} cases.", ""]
+        ts = h.get("text_sensitivity") or {}
+        if ts.get("num_scenes"):
+            lines += [f"Text sensitivity on {ts['num_scenes']} multi-object scenes: Dice with the target is "
+                      f"{ts['dice_target_prompt']} when the target is named and {ts['dice_distractor_prompt']} when "
+                      "another object is named (equal values: the model ignores the text).", ""]
     spread = quality.dice[held].std(1).mean()
     lines += [f"Prompt sensitivity: mean within-image std of Dice across the K prompts = {spread:.4f}; "
               f"degenerate masks in the cache: {quality.meta['degenerate']}.", ""]
@@ -137,16 +143,21 @@ def build_report(run: Path, out: Path, n_resamples: int) -> str:
 
 
 def finetune_section(run: Path, quality, out: Path, n_resamples: int) -> list[str]:
-    if not (run / "quality_grpo" / "meta.json").is_file():
-        return ["## Reward-guided fine-tuning", "", "Not run (no quality_grpo/ cache in the run directory).", ""]
-    comparison = R.compare_checkpoints(quality, load_quality_data(run / "quality_grpo"), n_resamples=n_resamples)
-    rows = {name: (r["base"], r["tuned"]) for name, r in comparison.items()}
-    plot_pairs(rows, ("base", "GRPO (reward_net_dice)"), "Reward-guided fine-tuning", out / "finetune.png")
-    timing = grpo_summary(run / "grpo")
-    return ["## Reward-guided fine-tuning (GRPO caption→mask loop, reward = reward_net_dice)", "",
-            R.finetune_table(comparison), "",
-            "* " + R.verdict(comparison["default prompt"]["tuned_minus_base"], "fine-tuned vs base, default prompt"),
-            f"* GRPO run ({run / 'grpo'}): {timing}", "", "![finetune](finetune.png)", ""]
+    """One table per fine-tuned cache ``quality_grpo<suffix>/`` (its GRPO work dir is ``grpo<suffix>/``)."""
+    caches = sorted(p for p in run.glob("quality_grpo*") if (p / "meta.json").is_file())
+    lines = ["## Reward-guided fine-tuning (GRPO caption→mask loop, reward = reward_net_dice)", ""]
+    if not caches:
+        return lines + ["Not run (no quality_grpo*/ cache in the run directory).", ""]
+    for cache in caches:
+        suffix = cache.name[len("quality_grpo"):]
+        comparison = R.compare_checkpoints(quality, load_quality_data(cache), n_resamples=n_resamples)
+        rows = {name: (r["base"], r["tuned"]) for name, r in comparison.items()}
+        chart = f"finetune{suffix}.png"
+        plot_pairs(rows, ("base", f"GRPO{suffix}"), f"Reward-guided fine-tuning{suffix}", out / chart)
+        lines += [f"### Run `grpo{suffix}`", "", R.finetune_table(comparison), "",
+                  "* " + R.verdict(comparison["default prompt"]["tuned_minus_base"], "fine-tuned vs base, default prompt"),
+                  f"* GRPO log: {grpo_summary(run / f'grpo{suffix}')}", "", f"![finetune]({chart})", ""]
+    return lines
 
 
 def grpo_summary(work_dir: Path) -> dict:

@@ -43,7 +43,7 @@ def fit_quality_models(data: QualityData, config: RewardNetConfig, *, val_fracti
     val_metrics = {name: quality_metrics(s[val], data.dice[val]) for name, s in scores.items()}
     held_metrics = {name: {k: v.to_dict() for k, v in quality_metrics_ci(
         s[held], data.dice[held], n_resamples=n_resamples, seed=seed).items()} for name, s in scores.items()}
-    results = {"rows": {"fit": len(fit), "val": len(val), "heldout": len(held)},
+    results = {"images": {"fit": len(fit), "val": len(val), "heldout": len(held)},
                "failure_threshold": FAILURE_THRESHOLD, "val": val_metrics, "heldout": held_metrics,
                "selected_scorer": select_scorer(val_metrics), "selection_metric": SELECTION_METRIC,
                "calibrators": calibrators, "train_log": log,
