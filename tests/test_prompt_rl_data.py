@@ -179,3 +179,22 @@ def test_builder_rejects_too_few_prompts_or_samples(tiny):
         build_quality_data(model, proc, world, default_prompt_specs(2)[:1])
     with pytest.raises(ValueError, match="need >= 2 images"):
         build_quality_data(model, proc, ShapesWorld("val", 1, seed=0, image_size=64), default_prompt_specs(2))
+
+
+def test_quality_model_and_postprocess_run_on_a_built_cache(built):
+    from projects.llava_sam2.rl_train.prompt_rl.postprocess import tune_postprocess
+    from projects.llava_sam2.rl_train.prompt_rl.quality_model import fit_quality_models
+    from projects.llava_sam2.rl_train.prompt_rl.reward_net import RewardNetConfig
+
+    data, _ = built
+    net, scores, results = fit_quality_models(data, RewardNetConfig(side=16, width=8), epochs=2, n_resamples=20)
+    assert set(scores) == {"reward_net", "iou_head", "stability"}
+    assert all(s.shape == data.dice.shape for s in scores.values())
+    assert results["images"] == {"fit": 1, "val": 1, "heldout": 2}
+    assert results["selected_scorer"] in scores and set(results["heldout"]["iou_head"]) == {
+        "pearson", "spearman", "mae", "auroc"}
+    train, held = data.split_indices("train"), data.split_indices("heldout")
+    out = tune_postprocess(data, np.zeros(len(train), int), np.zeros(len(held), int), n_resamples=20)
+    untouched = out["heldout"]["untouched"]["value"]
+    assert untouched == pytest.approx(data.dice[held, 0].mean(), abs=0.02)  # float16 logits vs the cached masks
+    assert out["train_dice"]["tuned"] >= out["train_dice"]["untouched"]

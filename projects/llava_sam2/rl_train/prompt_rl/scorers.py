@@ -1,33 +1,22 @@
-"""GT-free quality scores of every (sample, prompt) pair of a ``QualityData``: the calibrated free baselines and
-the reward network. Calibrators are fitted on *train* pairs only; held-out pairs are scored, never fitted.
+"""GT-free quality scores of every (sample, prompt) pair of a ``QualityData``: the raw free baselines and the
+reward network's predictions (calibration of the baselines happens in quality_model.py, on train pairs only).
 
-Scorer names: ``iou_head`` (SAM2 IoU head, isotonic-calibrated), ``stability`` (SAM stability score, calibrated),
-``reward_net`` (network output, already on the Dice scale), ``reward_net_logits`` when that variant was trained.
+Scorer names: ``iou_head`` (SAM2 IoU head), ``stability`` (SAM stability score), ``reward_net`` (network output,
+already on the Dice scale).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .metrics import IsotonicCalibrator, stability_score
+from .metrics import stability_score
 from .quality_data import QualityData
 from .reward_net import RewardNet, make_inputs, predict_dice, resize_logits, resize_masks
-
-FREE_SCORERS = ("iou_head", "stability")
 
 
 def raw_free_scores(data: QualityData) -> dict[str, np.ndarray]:
     """Uncalibrated ``[I, K]`` scores of the free baselines."""
     return {"iou_head": data.pred_iou.astype(np.float64),
             "stability": stability_score(data.logits.astype(np.float32))}
-
-
-def calibrated_free_scores(data: QualityData, train_rows: np.ndarray) -> tuple[dict[str, np.ndarray], dict]:
-    """``({name: calibrated [I, K]}, {name: calibrator knots})`` fitted on ``train_rows`` only."""
-    scores, calibrators = {}, {}
-    for name, raw in raw_free_scores(data).items():
-        calibrator = IsotonicCalibrator().fit(raw[train_rows], data.dice[train_rows])
-        scores[name], calibrators[name] = calibrator(raw), calibrator.to_dict()
-    return scores, calibrators
 
 
 def pred_mask_fractions(data: QualityData, side: int) -> np.ndarray:
