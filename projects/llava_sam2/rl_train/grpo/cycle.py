@@ -242,7 +242,7 @@ class CaptionToMaskLoop:
         return self.ctx.mask_policy.log_prob(head, rollout.replay.action)
 
     def _replay(self, features: StepFeatures) -> MaskReplay:
-        """N-row replay without the action (a placeholder until the policy has sampled)."""
+        """N-row replay whose action is filled in once the policy has sampled."""
         proc, model, G = self.ctx.processor, self.ctx.model, self.ctx.config.num_generations
         ids, attention = proc.tokenize_prompts(
             [proc.segment_prompt(features.n_tiles(features.image_of(b)), text)
