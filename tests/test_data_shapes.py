@@ -130,3 +130,22 @@ def test_write_coco_round_trips_through_the_coco_loader(tmp_path):
 def test_knobs_are_validated(kwargs, message):
     with pytest.raises(ValueError, match=message):
         ShapesWorld(**kwargs)
+
+
+def test_write_coco_all_objects_annotates_every_object_of_each_scene(tmp_path):
+    world = ShapesWorld("train", 8, seed=2, image_size=96)
+    loaded = CocoRegionDataset(world.write_coco(str(tmp_path), all_objects=True), name=world.name)
+    per_image = {}
+    for i in range(len(loaded)):
+        sample = loaded[i]
+        per_image.setdefault(sample.sample_id.split("#")[0], []).append(sample)
+    assert len(per_image) == len(world)
+    for index in range(len(world)):
+        scene, _ = world.scene(index)
+        samples = per_image[f"{world.name}/{index}"]
+        assert len(samples) == len(scene.objects)
+        target = world[index]  # the first annotation of an image is the scene's target, as without all_objects
+        assert np.array_equal(samples[0].gt_mask, target.gt_mask) and samples[0].captions == target.captions
+        masks = np.stack([s.gt_mask for s in samples])
+        assert masks.sum(0).max() == 1, "objects' visible masks overlap"
+        assert len({s.captions[0] for s in samples}) == len(samples), "captions must tell the objects apart"

@@ -41,11 +41,21 @@ from tools.demo_jobs import TQDM_PROGRESS, TRAIN_PROGRESS, Command, Job, JobErro
 CONFIG_DIR = REPO_ROOT / "projects/llava_sam2/configs/rl/demo"
 SYSTEMS = {"sft": "SFT only", "rl": "SFT + GRPO"}  # report names of the two evaluated systems
 PIPELINE = (("data",), ("sft",), ("rl", "eval_sft"), ("eval_rl",), ("report",))  # stages of a row run side by side
+_EVAL = ("val_samples", "eval_batch_size", "eval_max_new_tokens")
+# stage -> (settings it reads, stages it starts from): a finished stage is redone when its fingerprint changes
+STAGE_INPUTS = {
+    "data": (("data_seed", "train_samples", "val_samples", "image_size", "all_objects", "rl_train_samples"), ()),
+    "sft": (("seed", "sft_config", "sft_iters", "sft_options"), ("data",)),
+    "rl": (("seed", "rl_config", "rl_iters", "rl_options"), ("sft",)),
+    "eval_sft": (_EVAL, ("sft",)),
+    "eval_rl": (_EVAL, ("rl",)),
+    "report": (("num_examples",), ("eval_sft", "eval_rl")),
+}
 
 
 @dataclass
 class DemoSettings:
-    """What the demo runs; the fingerprint of these fields decides whether a finished stage is still valid."""
+    """What the demo runs; a finished stage stays valid while the fields it reads are unchanged (STAGE_INPUTS)."""
 
     work_dir: Path
     seed: int = 0
@@ -58,6 +68,10 @@ class DemoSettings:
     """held-out scenes scored by every evaluation task (>= 200 for the bootstrap CIs)."""
     image_size: int = 128
     """side of the shapes images in pixels."""
+    all_objects: bool = False
+    """annotate every object of a training scene (RefCOCO-style), not only its target."""
+    rl_train_samples: int = 0
+    """RL prompts: the first N training scenes (written as ``data/rl_train``); 0 = all training scenes."""
     sft_config: str = str(CONFIG_DIR / "sft_shapes_cpu.py")
     rl_config: str = str(CONFIG_DIR / "grpo_shapes_cpu.py")
     sft_iters: int = 0
@@ -73,8 +87,11 @@ class DemoSettings:
     num_examples: int = 4
     """held-out samples per before/after example figure."""
 
-    def fingerprint(self) -> str:
-        values = {k: str(v) for k, v in dataclasses.asdict(self).items() if k != "work_dir"}
+    def fingerprint(self, stage: str) -> str:
+        """Hash of the settings ``stage`` depends on, through its upstream stages (STAGE_INPUTS)."""
+        fields, upstream = STAGE_INPUTS[stage]
+        values = {k: str(getattr(self, k)) for k in fields}
+        values.update({f"<{u}>": self.fingerprint(u) for u in upstream})
         return hashlib.sha1(json.dumps(values, sort_keys=True).encode()).hexdigest()[:12]
 
     def path(self, *parts: str) -> Path:
@@ -89,10 +106,13 @@ def stage_data(s: DemoSettings) -> dict:
     from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
 
     files = {}
-    for split, count in (("train", s.train_samples), ("val", s.val_samples)):
+    splits = [("train", "train", s.train_samples, s.all_objects), ("val", "val", s.val_samples, False)]
+    if s.rl_train_samples:  # the first scenes of the train split (same seed, same scenes)
+        splits.append(("rl_train", "train", s.rl_train_samples, s.all_objects))
+    for name, split, count, all_objects in splits:
         world = ShapesWorld(split, count, s.data_seed, image_size=s.image_size)
-        files[split] = world.write_coco(str(s.path("data", split)))
-        print(f"  {split}: {count} scenes -> {files[split]}")
+        files[name] = world.write_coco(str(s.path("data", name)), all_objects=all_objects)
+        print(f"  {name}: {count} scenes -> {files[name]}")
     return {"annotations": files}
 
 
@@ -128,10 +148,15 @@ def sft_options(s: DemoSettings) -> list[str]:
                *schedule_options(s.sft_iters), *s.sft_options]
 
 
+def rl_split(s: DemoSettings) -> str:
+    """Data directory of the RL prompts."""
+    return "data/rl_train" if s.rl_train_samples else "data/train"
+
+
 def rl_options(s: DemoSettings) -> list[str]:
     """The RL run's --cfg-options: seed, the SFT checkpoint to start from, the training scenes, length, extras."""
     return [f"randomness.seed={s.seed}", f"model.pretrained_path={s.path('sft/hf')}",
-               f"train_dataloader.dataset.ann_file={s.path('data/train/annotations.json')}",
+               f"train_dataloader.dataset.ann_file={s.path(rl_split(s), 'annotations.json')}",
                *schedule_options(s.rl_iters), *s.rl_options]
 
 
@@ -186,14 +211,17 @@ def read_stages(s: DemoSettings) -> dict[str, dict]:
     return out
 
 
-def is_finished(s: DemoSettings, stage: str) -> bool:
+def is_finished(s: DemoSettings, stage: str, fingerprint: str | None = None) -> bool:
+    """True if ``stage`` finished with the current inputs (``fingerprint`` for stages outside STAGE_INPUTS)."""
     path = marker(s, stage)
-    return path.is_file() and json.loads(path.read_text()).get("fingerprint") == s.fingerprint()
+    expected = fingerprint or s.fingerprint(stage)
+    return path.is_file() and json.loads(path.read_text()).get("fingerprint") == expected
 
 
-def write_marker(s: DemoSettings, stage: str, record: dict) -> None:
+def write_marker(s: DemoSettings, stage: str, record: dict, fingerprint: str | None = None) -> None:
     marker(s, stage).parent.mkdir(parents=True, exist_ok=True)
-    marker(s, stage).write_text(json.dumps({"stage": stage, "fingerprint": s.fingerprint(), **record}, indent=1))
+    record = {"stage": stage, "fingerprint": fingerprint or s.fingerprint(stage), **record}
+    marker(s, stage).write_text(json.dumps(record, indent=1))
 
 
 def banner(text: str) -> None:
@@ -274,6 +302,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[DemoSettings, argparse.Na
         flag = "--" + f.name.replace("_", "-")
         if f.type in ("list[str]",):
             parser.add_argument(flag, nargs="+", default=[], metavar="KEY=VALUE")
+        elif isinstance(getattr(defaults, f.name), bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=getattr(defaults, f.name))
         else:
             parser.add_argument(flag, type=type(getattr(defaults, f.name)), default=getattr(defaults, f.name))
     args = parser.parse_args(argv)

@@ -21,6 +21,8 @@ about (1 + number of controls / 2) demo runs of CPU time on 2 cores.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import sys
 from pathlib import Path
 
@@ -77,6 +79,13 @@ def control_specs(s: DemoSettings) -> dict[str, tuple[str, list[str]]]:
     return specs
 
 
+def control_fingerprint(s: DemoSettings, config: str, options: list[str]) -> str:
+    """A control is redone when its config, options or the SFT run it starts from change."""
+    values = json.dumps({"config": config, "options": options, "sft": s.fingerprint("sft"),
+                         "eval": s.fingerprint("eval_sft")}, sort_keys=True)
+    return hashlib.sha1(values.encode()).hexdigest()[:12]
+
+
 def control_label(name: str, default_policy: str) -> str:
     labels = {"sft_more": "SFT + more SFT (RL's CPU time)", "loop1_only": "GRPO loop 1 only",
               "loop2_only": "GRPO loop 2 only"}
@@ -86,11 +95,12 @@ def control_label(name: str, default_policy: str) -> str:
 def run_controls(s: DemoSettings, force: bool = False) -> dict[str, str]:
     """Train + export + evaluate every control (two at a time); returns label -> evaluation directory."""
     default = default_mask_policy(s)
-    jobs, runs = [], {}
+    jobs, runs, prints = [], {}, {}
     for name, (config, options) in control_specs(s).items():
         key = f"controls/{name}"
         runs[control_label(name, default)] = str(s.path("eval", key))
-        if not force and is_finished(s, f"control_{name}"):
+        prints[name] = control_fingerprint(s, config, options)
+        if not force and is_finished(s, f"control_{name}", prints[name]):
             print(f"-- control {name}: finished earlier, skipped")
             continue
         jobs.append(Job(name, [*train_and_export(s, key, config, options),
@@ -101,7 +111,8 @@ def run_controls(s: DemoSettings, force: bool = False) -> dict[str, str]:
         run_jobs(pair, env=subprocess_env())
         for job in pair:
             write_marker(s, f"control_{job.name}", {"commands": job.seconds,
-                                                     "cpu_s": round(sum(c["cpu_s"] for c in job.seconds), 1)})
+                                                     "cpu_s": round(sum(c["cpu_s"] for c in job.seconds), 1)},
+                         prints[job.name])
     return runs
 
 

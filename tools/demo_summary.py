@@ -60,6 +60,23 @@ def compare_runs(base_dir: str | os.PathLike, rl_dir: str | os.PathLike, *, n_re
     return rows
 
 
+def text_blind_rate(run_dir: str | os.PathLike) -> float | None:
+    """Fraction of held-out samples whose referring mask (``res``: the GT expression) and Loop-1 cycle mask (the
+    model's own caption of the region) are pixel-identical: 1.0 means the segmenter ignores the text it is given,
+    so the cycle IoU cannot depend on the caption. None when a task is missing."""
+    from projects.llava_sam2.rl_train.evaluation.results import load_run
+
+    run = load_run(str(run_dir))
+    if "res" not in run.results or "cycle_iou" not in run.results:
+        return None
+    res = {r.sample_id: r.mask for r in run.records("res")}
+    cycle = [(res.get(r.sample_id), r.mask) for r in run.records("cycle_iou")]
+    same = [a is not None and b is not None and a.has_mask == b.has_mask and
+            (a.rle == b.rle if a.rle is not None else (a.pred_area, a.intersection) == (b.pred_area, b.intersection))
+            for a, b in cycle]
+    return sum(same) / len(same) if same else None
+
+
 def goal_checks(rows: Sequence[Row]) -> dict[str, dict]:
     """``{check: {'passed': bool, 'detail': str}}`` for the issue's goal (module docstring)."""
     checks = {}
@@ -110,12 +127,18 @@ def _fmt(est) -> str:
 
 
 def summary_markdown(rows: Sequence[Row], checks: Mapping[str, dict], trend: Mapping[str, dict],
-                     fallbacks: float, stages: Mapping[str, dict], names: Sequence[str]) -> str:
+                     fallbacks: float, stages: Mapping[str, dict], names: Sequence[str],
+                     blind: Mapping[str, float | None]) -> str:
     lines = ["## Demo summary", "", f"| metric (held-out) | {names[0]} | {names[1]} | Δ (paired, 95% CI) |",
              "|---|---|---|---|"]
     lines += [f"| {r.label} | {_fmt(r.base)} | {_fmt(r.rl)} | {_fmt(r.diff)} |" for r in rows]
     lines += ["", "Goal of issue #6 (one seed here; the 3-seed study is in docs/demo.md):", ""]
     lines += [f"* {'✅' if c['passed'] else '❌'} `{name}`: {c['detail']}" for name, c in checks.items()]
+    lines += ["", "Text dependence of the segmenter: samples whose mask for the GT expression (`res`) and for the "
+                  "model's own caption (`cycle_iou`) are pixel-identical — "
+              + ", ".join(f"{name}: {rate:.0%}" for name, rate in blind.items() if rate is not None)
+              + ". Near 100% means the masks ignore the text, so a cycle-IoU change is a segmentation change, not "
+                "a caption change (docs/demo.md, \"What limits it\")."]
     lines += ["", "Training reward of the RL run (mean over the first / last logged iterations):", ""]
     lines += [f"* `{key}`: {t['first']:.3f} → {t['last']:.3f} (windows of {t['window']} of {t['n']} iterations)"
               for key, t in trend.items()]
@@ -149,13 +172,17 @@ def summarize_demo(work_dir: str | os.PathLike, runs: Mapping[str, str | os.Path
                           title="Sa2VA-RL embedded demo: tiny Sa2VA on the shapes world (CPU)")
     rows = compare_runs(runs[baseline], runs[other])
     checks, trend = goal_checks(rows), reward_trend(rl_work_dir)
-    summary = summary_markdown(rows, checks, trend, judge_fallbacks(rl_work_dir), dict(stages), [baseline, other])
+    blind = {name: text_blind_rate(path) for name, path in runs.items()}
+    summary = summary_markdown(rows, checks, trend, judge_fallbacks(rl_work_dir), dict(stages), [baseline, other],
+                               blind)
     text = Path(report).read_text(encoding="utf-8")
     title, _, rest = text.partition("\n")
     Path(report).write_text(f"{title}\n\n{summary}\n{rest}", encoding="utf-8")
     print(summary_terminal(rows, checks, trend, [baseline, other]))
+    print("segmenter ignores the text on " + ", ".join(f"{n}: {r:.0%}" for n, r in blind.items() if r is not None)
+          + " of the held-out samples (identical masks for the GT expression and the model's caption)")
     print(f"\nreport: {report}")
-    return {"report": report, "checks": checks, "reward_trend": trend,
+    return {"report": report, "checks": checks, "reward_trend": trend, "text_blind_rate": blind,
             "metrics": {f"{r.task}/{r.metric}": {"base": r.base.to_dict(), "rl": r.rl.to_dict(),
                                                  "diff": None if r.diff is None else r.diff.to_dict()}
                         for r in rows}}

@@ -103,11 +103,14 @@ class ShapesWorld(RegionDataset):
                             sample_id=f"{self.name}/{index}#{index}", source=self.name,
                             category=attrs["shape"])
 
-    def write_coco(self, out_dir: str, image_format: str = "png") -> str:
+    def write_coco(self, out_dir: str, image_format: str = "png", *, all_objects: bool = False) -> str:
         """Write ``annotations.json`` + ``images/<index>.<ext>``; returns the annotation file path.
 
-        Image and annotation ids are the sample index, so ``CocoRegionDataset(path,
-        name=world.name)`` yields the same samples (pixel-exact with PNG; JPEG is lossy).
+        Image ids are the sample index. By default each image has one annotation, the sample's target, with
+        annotation id = sample index, so ``CocoRegionDataset(path, name=world.name)`` yields the same samples
+        (pixel-exact with PNG; JPEG is lossy). With ``all_objects`` every object of the scene is annotated (target
+        first; annotation id = 4 * index + k for the k-th object in paint order), as in RefCOCO, where one image
+        carries several referred objects.
         """
         if image_format not in ("png", "jpg"):
             raise ValueError(f"write_coco: image_format={image_format!r}; use 'png' (lossless) or 'jpg'")
@@ -115,18 +118,22 @@ class ShapesWorld(RegionDataset):
         categories = {shape: k + 1 for k, shape in enumerate(SHAPES)}
         images, annotations = [], []
         for index in range(len(self)):
-            sample = self.load(index)
+            scene, pixels = self.scene(index)
             file_name = f"images/{index:06d}.{image_format}"
-            sample.image.save(os.path.join(out_dir, file_name), quality=95)
+            PIL.Image.fromarray(pixels).save(os.path.join(out_dir, file_name), quality=95)
             images.append({"id": index, "file_name": file_name, "height": self.image_size,
                            "width": self.image_size})
-            rows, cols = np.nonzero(sample.gt_mask)
-            annotations.append({
-                "id": index, "image_id": index, "category_id": categories[sample.category],
-                "segmentation": encode_mask(sample.gt_mask), "area": int(sample.gt_mask.sum()),
-                "bbox": [int(cols.min()), int(rows.min()), int(cols.max() - cols.min() + 1),
-                         int(rows.max() - rows.min() + 1)],
-                "iscrowd": 0, "caption": sample.captions[0], "expressions": sample.expressions})
+            others = [k for k in range(len(scene.objects)) if k != scene.target] if all_objects else []
+            for k in [scene.target, *others]:
+                mask, attrs = scene.visible[k], scene.attrs[k]
+                rows, cols = np.nonzero(mask)
+                annotations.append({
+                    "id": 4 * index + k if all_objects else index, "image_id": index,
+                    "category_id": categories[attrs["shape"]], "segmentation": encode_mask(mask),
+                    "area": int(mask.sum()),
+                    "bbox": [int(cols.min()), int(rows.min()), int(cols.max() - cols.min() + 1),
+                             int(rows.max() - rows.min() + 1)],
+                    "iscrowd": 0, "caption": canonical_caption(attrs), "expressions": referring_expressions(scene, k)})
         data = {"info": {"description": f"shapes world, split={self.split}, seed={self.seed}"},
                 "images": images, "annotations": annotations,
                 "categories": [{"id": i, "name": s, "supercategory": "shape"} for s, i in categories.items()]}

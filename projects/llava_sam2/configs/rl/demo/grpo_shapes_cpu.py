@@ -28,16 +28,16 @@ train_cfg.algorithm.config.update(  # noqa: F405
     # loss
     beta=0.0,  # no KL term: the short demo run stays close to the SFT model anyway, and it saves the reference pass
     # partner
-    ema_decay=0.99,  # the partner follows the policy over the run's ~150 steps (0.999 would keep it at SFT)
+    ema_decay=0.99,  # the partner follows the policy over the run (0.999 would keep it at SFT)
     # loop-2 mask action, chosen by measurement (docs/demo.md, "Mask policy")
-    mask_policy="gaussian_seg",
+    mask_policy="bernoulli",
 )
-train_cfg.algorithm.update(seg_answer_max_tokens=6)  # noqa: F405  partner RES answers: "Sure, [SEG]." + stop
-max_iters = 150
+train_cfg.algorithm.update(seg_answer_max_tokens=16)  # noqa: F405  room for the longest SFT answer + stop
+max_iters = 60
 train_cfg.update(max_iters=max_iters)  # noqa: F405
 param_scheduler = [
-    dict(type=LinearLR, start_factor=0.1, by_epoch=False, begin=0, end=5),  # noqa: F405
-    dict(type=CosineAnnealingLR, eta_min=0.0, by_epoch=False, begin=5, end=max_iters),  # noqa: F405
+    dict(type=LinearLR, start_factor=0.1, by_epoch=False, begin=0, end=2),  # noqa: F405
+    dict(type=CosineAnnealingLR, eta_min=0.0, by_epoch=False, begin=2, end=max_iters),  # noqa: F405
 ]
 optim_wrapper.optimizer.update(lr=5e-4)
 

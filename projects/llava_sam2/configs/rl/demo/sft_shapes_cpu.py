@@ -3,7 +3,7 @@
 # files, so the data goes through the real-data loader (CocoRegionDataset):
 #
 #   python tools/train.py projects/llava_sam2/configs/rl/demo/sft_shapes_cpu.py --work-dir work_dirs/demo/sft \
-#       --cfg-options demo_data_root=work_dirs/demo/data
+#       --cfg-options train_dataloader.dataset.region_dataset.ann_file=work_dirs/demo/data/train/annotations.json
 #
 # The GRPO demo config (grpo_shapes_cpu.py) inherits the model, data and optimizer settings of this file and starts
 # from its exported checkpoint. Sizes, steps and learning rate were chosen by measurement (docs/demo.md).
@@ -30,26 +30,29 @@ model.update(  # noqa: F405
     sft_loss_cfg=dict(num_points=784),  # mask-loss points per mask: 19% of 64x64 logits, upstream's fraction
 )
 
-# ---- data: the shapes world written by tools/demo.py (stage "data") -------------------------------------------
-demo_data_root = "work_dirs/demo/data"  # tools/demo.py passes its own --work-dir here
-coco_region_dataset.update(ann_file=demo_data_root + "/train/annotations.json", image_root=None,
+# ---- data: the shapes world written by tools/demo.py (stage "data"; it passes its own work dir) ---------------
+coco_region_dataset.update(ann_file="work_dirs/demo/data/train/annotations.json", image_root=None,
                            name="shapes_train")
 train_dataloader = dict(
     batch_size=8, num_workers=0,
     dataset=dict(type=region_sft_dataset, region_dataset=coco_region_dataset, preset="tiny",
                  processor_cfg=dict(empty_region="dilate_to_one_cell"), tasks=("caption", "segment"),
-                 # the RefCOCOg eval question only: the one the RL loops and the evaluation ask
+                 # one question + answer per task, the ones the RL loops and the evaluation use (RefCOCOg caption
+                 # eval question; RES eval question with "Sure, [SEG]."): a tiny LLM trained from scratch does not
+                 # generalise across paraphrases, and a varying answer prefix changes the [SEG] state
                  caption_questions=("<image>\nPlease give me a short description of the region in the picture "
                                     "marked by region1.",),
+                 seg_questions=("<image>\n Please segment {class_name} in this image.",),
+                 answers=("Sure, [SEG].",),
                  max_length=512),
     sampler=dict(type=DefaultSampler, shuffle=True),
     collate_fn=dict(type=sft_collate),
 )
 
 # ---- optimisation ---------------------------------------------------------------------------------------------
-max_iters = 600
+max_iters = 800
 train_cfg = dict(type=TrainLoop, max_iters=max_iters)
-warmup_iters = 20
+warmup_iters = max_iters // 30
 param_scheduler = [
     dict(type=LinearLR, start_factor=0.05, by_epoch=False, begin=0, end=warmup_iters),  # noqa: F405
     dict(type=CosineAnnealingLR, eta_min=1e-4, by_epoch=False, begin=warmup_iters, end=max_iters),  # noqa: F405
