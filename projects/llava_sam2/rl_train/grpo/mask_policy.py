@@ -8,8 +8,8 @@ differentiable w.r.t. the model outputs that parametrise it:
 * ``gaussian_seg``: diagonal Gaussian exploration on the ``[SEG]`` prompt embedding fed to the decoder;
 * ``multimask``:    categorical choice among SAM2's 3 multimask outputs, scored by the IoU head.
 
-The default (``GRPOConfig.mask_policy = "bernoulli"``) is provisional until measured on the shapes world
-(DESIGN §3).
+The default (``GRPOConfig.mask_policy = "bernoulli"``) was chosen by measurement on the shapes-world demo
+(docs/demo.md, "Mask policy": the only policy that moved the masks, and the least caption drift).
 
 Every policy returns log-probs ``[N, T]`` over T action elements, so ``losses.PolicyLoss`` treats them like
 caption tokens (per-element ratio and clip). ``get_action_and_log_prob`` is the single code path: it samples
