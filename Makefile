@@ -18,14 +18,12 @@ setup: $(STAMP) $(NLTK_DATA)/corpora/wordnet/lexnames
 $(STAMP): requirements/stack.txt setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip wheel setuptools
-	# --no-compile: byte-compiling torch & co. at install time is a large share of the set-up; Python compiles
-	# what it imports on first use instead.
-	$(BIN)/pip install -q --no-compile -r requirements/stack.txt
+	$(BIN)/pip install -q -r requirements/stack.txt
 	# xtuner pins bitsandbytes 0.45.0, which imports the removed triton.ops and breaks every peft
 	# LoRA wrap (bitsandbytes#1492); nothing here uses 8-bit optimizers, so drop it.
 	$(BIN)/pip uninstall -y -q bitsandbytes || true
 	# sam2 is an sdist that needs torch at build time; CUDA ops are optional (hole filling only).
-	SAM2_BUILD_CUDA=0 $(BIN)/pip install -q --no-compile --no-build-isolation sam2==1.1.0
+	SAM2_BUILD_CUDA=0 $(BIN)/pip install -q --no-build-isolation sam2==1.1.0
 	$(BIN)/pip install -q --no-deps -e .
 	touch $@
 
