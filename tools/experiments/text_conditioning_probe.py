@@ -32,6 +32,7 @@ from projects.llava_sam2.rl_train.model.sft_loss import resize_gt_masks, sft_los
 from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer
 from projects.llava_sam2.rl_train.model.lora import apply_lora, configure_trainable
 from projects.llava_sam2.rl_train.model.generation import completion_logprobs
+from tools.train_tiny_segmenter import DecoderTap, iou_head_loss
 
 E = os.environ
 def env(k, d, t=str): return t(E.get(k, d))
@@ -72,18 +73,6 @@ if ENC:
     g = model.grounding_encoder
     g.encode = types.MethodType(type(g).encode.__wrapped__, g)
 
-class Tap:
-    def __init__(s, m): s.f, s.out = m.decode_masks, []; m.decode_masks = s
-    def __call__(s, *a, **k): o = s.f(*a, **k); s.out.append(o); return o
-
-def iou_head_loss(out, gt_masks):
-    logits = out.low_res_logits
-    gt = resize_gt_masks(gt_masks, tuple(logits.shape[-2:]))[:, None] > 0.5
-    pred = logits.detach() > 0
-    inter = (pred & gt).flatten(2).sum(-1).float(); union = (pred | gt).flatten(2).sum(-1).float()
-    target = torch.where(union > 0, inter / union.clamp_min(1), torch.ones_like(inter))
-    return F.mse_loss(out.iou_scores.float(), target)
-
 t0 = time.time(); c0 = time.process_time()
 # ---- optional SAM-style point-prompt pretraining of the tiny SAM2 (image encoder + decoder) -------------------
 if SAMPRE:
@@ -118,13 +107,12 @@ if SAMPRE:
         bce = F.binary_cross_entropy_with_logits(logits, gt.expand_as(logits), reduction='none').flatten(2).mean(-1)
         per = 20 * bce + dice  # SAM's 20:1 focal:dice ratio, BCE instead of focal
         loss = per.min(-1).values.mean()
-        pred = logits.detach() > 0; g_ = gt > 0.5
-        tgt = (pred & g_).flatten(2).sum(-1).float() / (pred | g_).flatten(2).sum(-1).clamp_min(1).float()
-        loss = loss + F.mse_loss(iou.float(), tgt)
+        loss = loss + iou_head_loss(types.SimpleNamespace(low_res_logits=logits, iou_scores=iou),
+                                   [torch.from_numpy(s.gt_mask)[None] for s in smp])
         opt.zero_grad(); loss.backward(); torch.nn.utils.clip_grad_norm_(params, 1.0); opt.step()
         if (step + 1) % 100 == 0:
             print(json.dumps({'name': NAME, 'samplestep': step + 1, 'loss': round(loss.item(), 3),
-                              'best_iou': round(tgt.max(-1).values.mean().item(), 3), 'cpu': round(time.process_time() - c0)}), flush=True)
+                              'cpu': round(time.process_time() - c0)}), flush=True)
     for p in params: p.requires_grad_(False)
 
 # ---- SFT ---------------------------------------------------------------------------------------------------------
@@ -155,7 +143,7 @@ groups = [dict(params=[p for n, p in named if 'text_hidden_fcs' in n], lr=LR * F
 params = [p for _, p in named]
 opt = torch.optim.AdamW(groups, weight_decay=0.0)
 sched = torch.optim.lr_scheduler.LambdaLR(opt, (lambda s: 1.0) if env('CONST', 0, int) else (lambda s: min(1.0, (s + 1) / 30) * (0.1 + 0.45 * (1 + math.cos(math.pi * min(s, STEPS) / STEPS)))))
-tap = Tap(model)
+tap = DecoderTap(model)
 pts_gen = torch.Generator().manual_seed(SEED)
 
 # val: multi-object scenes, every object named by its canonical caption
@@ -182,7 +170,7 @@ def evaluate(step):
         A = ANS[None].expand(n, -1)
         _, h = completion_logprobs(model.language_model, emb, att, A, torch.ones_like(A, dtype=torch.bool), return_hidden=True)
         f = model.encode_grounding(x.g_pixel_values[None])
-        out = tap.f(model.seg_hidden_to_prompt(h[:, SP]), f, torch.zeros(n, dtype=torch.long))
+        out = tap.decode(model.seg_hidden_to_prompt(h[:, SP]), f, torch.zeros(n, dtype=torch.long))
         mk = [m.numpy() for m in model.logits_to_masks(out.best_logits, [x.size] * n)]
         for k, (_, gt) in enumerate(objs):
             own.append(iou(mk[k], gt))
@@ -198,11 +186,11 @@ def evaluate(step):
 model.train(); step = 0; hist = []
 while step < STEPS:
     for batch in dl:
-        tap.out.clear()
+        tap.outputs.clear()
         L = sft_loss(model, batch, num_points=NPTS, importance_sample_ratio=IMP, generator=pts_gen)
         total = L['llm_loss'] + MASKW * (L['loss_mask'] + L['loss_dice'])
-        if IOU and batch['data'].get('masks') is not None and tap.out:
-            total = total + IOU * iou_head_loss(tap.out[-1], list(batch['data']['masks']))
+        if IOU and batch['data'].get('masks') is not None and tap.outputs:
+            total = total + IOU * iou_head_loss(tap.outputs[-1], list(batch['data']['masks']))
         opt.zero_grad(); total.backward(); env('NOCLIP', 0, int) or torch.nn.utils.clip_grad_norm_(params, 1.0); opt.step(); sched.step(); step += 1
         if step % 50 == 0:
             print(json.dumps({'name': NAME, 'it': step, **{k: round(float(v), 3) for k, v in L.items()}}), flush=True)
