@@ -61,6 +61,13 @@ ANSWERS = {
 # 103: recognised; pos -1 (C) and 0.5 (a) -> score -0.25, pos -0.25, neg None
 EXPECTED = {"101": (0.5, 0.5, 0.5, True, 1), "102": (0.0, 0.0, 0.0, False, 0), "103": (-0.25, -0.25, None, True, 0)}
 
+# The batched protocol asks for letters and parses them strictly. 101's "C" answers the two-choice grass
+# question: unparsed (0), where the free-form rules would match the longest choice containing "c" (the
+# +1 "not mentioned" one) and inflate the reward.
+ANSWERS_BATCHED = {"101": ["A", "D", "d", "C", "maybe"], "102": ["B", "A", "A"], "103": ["A.", "C", "a)"]}
+# 101: recognised; pos 1 and 0; neg unparsed 0 and unparsed 0 -> score (1 + 0 + 0 + 0) / 4 = 0.25, pos 0.5, neg 0
+EXPECTED_BATCHED = {**EXPECTED, "101": (0.25, 0.5, 0.0, True, 2)}
+
 PREDICTIONS = {key: f"Prediction for region {key}." for key in QA}
 _KEY_OF_CAPTION = {caption: key for key, caption in PREDICTIONS.items()}
 
@@ -74,7 +81,7 @@ def scripted_answer(prompt: str) -> str:
     caption = prompt.split("The description is:\n", 1)[1].split("\n\n", 1)[0]
     key = _KEY_OF_CAPTION[caption]
     if prompts.is_batched_eval_prompt(prompt):
-        return json.dumps({"answers": ANSWERS[key]})
+        return json.dumps({"answers": ANSWERS_BATCHED[key]})
     if "Is it likely that the object" in prompt:
         return ANSWERS[key][0]
     first_choice = prompt.split("\nA. ", 1)[1].split("\n", 1)[0]

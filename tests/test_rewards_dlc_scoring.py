@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from projects.llava_sam2.rl_train.rewards.judge import load_qa, parse_answer, save_qa, score_answers, summarize
+from projects.llava_sam2.rl_train.rewards.judge import (
+    load_qa, parse_answer, parse_letter, save_qa, score_answers, summarize)
 from projects.llava_sam2.rl_train.rewards.judge.prompts import dlc_eval_prompt
 from projects.llava_sam2.rl_train.rewards.judge.questions import parse_generated, validate_generated
 from projects.llava_sam2.rl_train.rewards.judge.scoring import questions_with_recognition, recognition_question
@@ -53,13 +54,39 @@ def test_unparsed_recognition_gives_no_score(qa_files):
     ("mentioned", ["The sky is not mentioned", "The sky is mentioned in the description"], 1),  # inside
     ("c\nbecause", ["x1", "x2", "x3"], 2),                        # lone letter before a newline
     ("e", ["No", "Ok"], None),                                     # letter beyond the choices
-    ("e", ["Yes", "No"], 0),                                      # ...but "e" occurs inside "yes" first
+    ("e", ["Yes", "No"], 0),                                      # DLC-Bench's quirk: "e" is inside "yes"
     ("e. foo", ["red", "blue"], None),
     ("", ["Yes", "No"], None),
     ("maybe", ["The grass is mentioned.", "The grass is not mentioned."], None),
 ])
 def test_parse_answer_rules(answer, choices, expected):
     assert parse_answer(answer, choices) == expected
+
+
+@pytest.mark.parametrize("answer, choices, expected", [
+    ("A", ["Yes", "No"], 0), ("b", ["Yes", "No"], 1), (" B. ", ["Yes", "No"], 1), ("b)", ["Yes", "No"], 1),
+    ("No", ["Yes", "No"], 1),                                     # a choice's exact text
+    ("B. No", ["Yes", "No"], 1),                                  # "x. choice" with x's own choice
+    ("A. No", ["Yes", "No"], None),                               # letter and text disagree
+    ("e", ["Yes", "No"], None),                                   # past the last choice: never a substring match
+    ("C", ["The grass is not mentioned in the description.", "The grass is mentioned in the description."], None),
+    ("I would say no", ["Yes", "No"], None),                      # free form is not a letter
+    ("", ["Yes", "No"], None), ("AB", ["Yes", "No"], None),
+])
+def test_parse_letter_is_strict(answer, choices, expected):
+    assert parse_letter(answer, choices) == expected
+
+
+def test_batched_letter_past_last_choice_is_unparsed_not_rewarded(qa_files):
+    # Two-choice negative question: "C" is out of range. Free-form rules match it inside the longer
+    # (+1) choice; the letter parser leaves it unparsed (0) and counts it.
+    entry = load_qa(*qa_files)["102"]
+    questions = questions_with_recognition(entry)
+    assert score_answers(questions, ["A", "A", "C"]).score_neg == 1.0  # DLC-Bench free-form parity
+    strict = score_answers(questions, ["A", "A", "C"], parser="letter")
+    assert strict.score_neg == 0.0 and strict.n_unparsed == 1 and strict.answer_indices == (0, 0, None)
+    with pytest.raises(ValueError, match="parser must be one of"):
+        score_answers(questions, ["A", "A", "A"], parser="regex")
 
 
 def test_recognition_questions():

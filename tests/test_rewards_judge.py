@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from openai_stub_server import GENERATED_QA, Fault, StubServer, default_responder
-from rewards_dlc_fixture import CLASS_NAMES, EXPECTED, PREDICTIONS, QA, scripted_answer
+from rewards_dlc_fixture import CLASS_NAMES, EXPECTED, EXPECTED_BATCHED, PREDICTIONS, QA, scripted_answer
 
 from projects.llava_sam2.rl_train.rewards import DLCJudgeReward, RewardComposer, RewardInputs
 from projects.llava_sam2.rl_train.rewards.judge import DLCJudge, JudgeClient, evaluate_predictions, load_qa
@@ -53,13 +53,16 @@ def test_judge_reproduces_fixture_scores_and_caches(qa_files, tmp_path, mode, re
         first, second = asyncio.run(run_twice())
         assert len(server.requests) == sum(requests_per_key.values())  # the repeat was all cache hits
         assert client.counters["cache_hits"] == sum(requests_per_key.values())
+    expected = EXPECTED if mode == "per_question" else EXPECTED_BATCHED
     for report in (first, second):
         assert not report.failures
-        for key, (score, pos, neg, recognised, unparsed) in EXPECTED.items():
+        for key, (score, pos, neg, recognised, unparsed) in expected.items():
             got = report.scores[key]
             assert (got.score, got.score_pos, got.score_neg, got.recognition, got.n_unparsed) == (
                 score, pos, neg, recognised, unparsed), key
-        assert report.summary["avg"] == pytest.approx((0.25 / 3 + 0.25) / 2)
+        # Pos = (0.5 + 0 - 0.25) / 3; Neg = (0.5 + 0) / 2 per question, (0 + 0) / 2 batched (101's "C" unparsed)
+        neg = 0.25 if mode == "per_question" else 0.0
+        assert report.summary["avg"] == pytest.approx((0.25 / 3 + neg) / 2)
     if mode == "per_question":  # DLC-Bench's exact prompt went over the wire
         assert all(judge_prompts.is_dlc_eval_prompt(p) for p in server.requests)
 

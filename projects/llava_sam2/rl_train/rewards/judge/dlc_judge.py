@@ -5,8 +5,9 @@ Two ways to ask the judge:
 * ``per_question`` — DLC-Bench's protocol: one request per question (recognition question first),
   with DLC-Bench's exact prompt. Use this for benchmark numbers.
 * ``batched`` — one request per caption holding every question, answered as JSON letters
-  (``{"answers": ["A", ...]}``). ~10x fewer requests; the same parsing and scoring. Its numbers
-  are close to, but not the same protocol as, DLC-Bench's.
+  (``{"answers": ["A", ...]}``). ~10x fewer requests; the same scoring, but answers are parsed
+  strictly as letters (:func:`~.scoring.parse_letter`: a letter past the last choice is unparsed,
+  never matched by substring). Its numbers are close to, but not the same protocol as, DLC-Bench's.
 
 :func:`evaluate_predictions` scores a prediction file against qa.json as
 ``eval_model_outputs.py`` does (missing or ``"Error:"`` predictions take ``default_prediction``).
@@ -64,7 +65,7 @@ class DLCJudge:
                 max_tokens=max(self.client.config.max_tokens, 16 * len(questions)),
             )
             answers = parse_batched_answers(text, len(questions))
-        score = score_answers(questions, answers)
+        score = score_answers(questions, answers, parser="letter" if self.mode == "batched" else "free_form")
         if score.recognition is None:
             raise JudgeError("unparsable", "recognition answer is neither Yes nor No")
         return score

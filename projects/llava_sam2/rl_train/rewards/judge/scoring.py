@@ -6,7 +6,13 @@ Rules as in DLC-Bench's ``eval_model_outputs.py`` (NVlabs/describe-anything):
   the answer equals a choice, ``"x. <choice>"`` or the bare letter; exactly one choice occurs in
   it; it starts with ``"x."``; several choices occur: the one starting last (then the longest);
   the answer occurs inside choices: the longest such choice; a lone letter (alone or before a
-  newline). Otherwise it is unparsed and scores 0.
+  newline). Otherwise it is unparsed and scores 0. These rules are for free-form answers (the
+  ``per_question`` protocol) and keep DLC-Bench's quirks: a lone letter past the last choice that
+  occurs inside a choice's text (``"e"`` in ``"Yes"``) is matched to that choice, as upstream does.
+* Letter answers (:func:`parse_letter`, the ``batched`` protocol, whose prompt asks for one letter
+  per question) are parsed strictly: a letter (``"b"``, ``"B."``, ``"B)"``), the exact text of a
+  choice, or ``"x. <choice>"`` whose text is that letter's choice. Anything else, including a letter
+  past the last choice (``"C"`` for a two-choice question), is unparsed: never matched by substring.
 * Recognition gate: the recognition question ("Is it likely that the object … is a <class> …")
   is asked first; if answered "No", every positive and negative score s becomes min(0, s).
 * Per caption: ``score = (Σ pos + Σ neg) / (n_pos + n_neg)``, ``score_pos = mean(pos)``,
@@ -14,13 +20,14 @@ Rules as in DLC-Bench's ``eval_model_outputs.py`` (NVlabs/describe-anything):
 * Benchmark: ``Pos = mean_k score_pos``, ``Neg = mean_k score_neg`` over keys with negatives,
   ``Avg = (Pos + Neg) / 2``.
 
-Where upstream crashes we return "unparsed" instead: an empty answer, a letter beyond the last
-choice (upstream raises IndexError), and an unparsed recognition answer (upstream raises
+Where upstream crashes we return "unparsed" instead: an empty answer, a ``"x."`` prefix or a lone
+letter beyond the last choice that no earlier rule matched (upstream raises IndexError), and an unparsed recognition answer (upstream raises
 ValueError) — the last gives ``recognition=None``, which callers count as a failure.
 """
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -28,6 +35,7 @@ from .prompts import RECOGNITION_CHOICES, RECOGNITION_PLURAL, RECOGNITION_SINGUL
 from .questions import QAEntry, Question
 
 _LABELS = "abcde"
+_LETTER = re.compile(r"([a-z])\s*[.)]?")  # "b", "b.", "b)" (lower-cased, stripped)
 
 
 def parse_answer(answer: str, choices: Sequence[str]) -> int | None:
@@ -59,6 +67,27 @@ def parse_answer(answer: str, choices: Sequence[str]) -> int | None:
         index = _LABELS.index(pred[0])
         return index if index < n else None
     return None
+
+
+def parse_letter(answer: str, choices: Sequence[str]) -> int | None:
+    """Index of the chosen choice in a letter answer (batched protocol), or None when unparsed.
+
+    Accepts a letter (``"b"``, ``"B."``, ``"B)"``), a choice's exact text, or ``"x. <choice>"``
+    with the x-th choice's text, case-insensitive; a letter past the last choice is unparsed.
+    """
+    pred = answer.strip().lower()
+    match = _LETTER.fullmatch(pred)
+    if match:
+        index = ord(match.group(1)) - ord("a")
+        return index if index < len(choices) else None
+    for index, choice in enumerate(choices):
+        choice = choice.strip().lower()
+        if pred == choice or (index < len(_LABELS) and pred == f"{_LABELS[index]}. {choice}"):
+            return index
+    return None
+
+
+PARSERS = {"free_form": parse_answer, "letter": parse_letter}
 
 
 @functools.lru_cache(maxsize=1)
@@ -116,13 +145,20 @@ class CaptionScore:
     answer_indices: tuple[int | None, ...]
 
 
-def score_answers(questions: Sequence[Question], answers: Sequence[str]) -> CaptionScore:
-    """Score the judge's answers to ``questions`` (recognition first) as DLC-Bench does."""
+def score_answers(questions: Sequence[Question], answers: Sequence[str], parser: str = "free_form") -> CaptionScore:
+    """Score the judge's answers to ``questions`` (recognition first) as DLC-Bench does.
+
+    ``parser`` is ``"free_form"`` (DLC-Bench's rules, :func:`parse_answer`) or ``"letter"`` (strict
+    letters, :func:`parse_letter`, for the batched protocol).
+    """
+    if parser not in PARSERS:
+        raise ValueError(f"parser must be one of {tuple(PARSERS)}, got {parser!r}")
+    parse = PARSERS[parser]
     if len(questions) != len(answers):
         raise ValueError(f"{len(answers)} answers for {len(questions)} questions")
     if not questions or questions[0].type != "recognition":
         raise ValueError("the first question must be the recognition question (questions_with_recognition)")
-    indices = tuple(parse_answer(a, [c for c, _ in q.choices]) for q, a in zip(questions, answers))
+    indices = tuple(parse(a, [c for c, _ in q.choices]) for q, a in zip(questions, answers))
     values = [q.choices[i][1] if i is not None else 0 for q, i in zip(questions, indices)]
     recognition = {"correct": True, "incorrect": False}.get(values[0])
     n_unparsed = sum(i is None for i in indices)
