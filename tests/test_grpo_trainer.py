@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from grpo_tiny import build_tiny, make_algo, one_thread, run_rollout, shapes_batch, step_loss
+from grpo_tiny import TINY_CONFIG, build_tiny, make_algo, one_thread, run_rollout, shapes_batch, step_loss
 from projects.llava_sam2.rl_train.grpo import cycle
 from projects.llava_sam2.rl_train.grpo.rollout import CaptionReplay, MaskReplay
 
@@ -185,6 +185,30 @@ def test_partner_and_reference_swaps_leave_the_policy_bit_identical(monkeypatch)
     assert_bit_identical(model, snapshot)
     with weights.reference(model):  # no swap was left active
         pass
+
+
+def test_negative_reward_weights_override_and_penalise():
+    # reward_weights may be negative (TRL semantics); they override the rewards' weights and enter the total
+    from projects.llava_sam2.rl_train.grpo.config import GRPOConfig
+    from projects.llava_sam2.rl_train.grpo.trainer import build_composer
+    from projects.llava_sam2.rl_train.rewards import RewardInputs, build_reward
+
+    class Const:
+        def __init__(self, name, value):
+            self.name, self.weight, self.value = name, 1.0, value
+
+        def __call__(self, inputs):
+            return [self.value] * len(inputs)
+
+    config = GRPOConfig(**{**TINY_CONFIG, "reward_weights": {"quality": 1.0, "length": -0.25}})
+    composer = build_composer([Const("quality", 0.8), Const("length", 2.0)], config, "mask_to_caption")
+    assert [r.weight for r in composer.rewards] == [1.0, -0.25]
+    total, _ = composer.compute(RewardInputs(sample_ids=["a", "b"]))
+    assert total.tolist() == pytest.approx([0.8 - 0.25 * 2.0] * 2)  # 0.3
+    assert build_reward(dict(type="iou", weight=-1.0)).weight == -1.0  # a reward's own weight too
+    config = GRPOConfig(**{**TINY_CONFIG, "reward_weights": {"quality": 0.0, "length": 0.0}})
+    with pytest.raises(ValueError, match="weight 0 after reward_weights"):
+        build_composer([Const("quality", 0.8), Const("length", 2.0)], config, "mask_to_caption")
 
 
 def test_build_and_call_errors_name_the_knob():

@@ -53,6 +53,23 @@ def test_renormalize_keeps_total_weight_scale():
     assert combine(values, torch.tensor([1.0, 1.0], dtype=torch.float64), "renormalize").item() == pytest.approx(0.6)
 
 
+@pytest.mark.parametrize("missing, expected", [
+    # weights: iou 1.0, length penalty -0.5 (TRL semantics: total = Σ w_r v_r, a negative weight penalises)
+    # rollout 0: both present -> 1.0*0.8 - 0.5*0.4 = 0.6 under every policy
+    # rollout 1: penalty missing -> renormalize keeps |weight| mass A = 1.5: 1.5 * 0.8 / 1.0 = 1.2; zero: 0.8
+    # rollout 2: iou missing -> renormalize: 1.5 * (-0.5*0.4) / 0.5 = -0.6 (still a penalty); zero: -0.2
+    ("renormalize", [0.6, 1.2, -0.6]),
+    ("zero", [0.6, 0.8, -0.2]),
+    ("nan", [0.6, NAN, NAN]),
+])
+def test_negative_weight_penalises_with_trl_semantics(missing, expected):
+    composer = RewardComposer([Fixed("iou", 1.0, [0.8, 0.8, None]), Fixed("length", -0.5, [0.4, None, 0.4])],
+                              missing=missing)
+    total, stats = composer.compute(_inputs(3))
+    assert torch.allclose(total.double(), torch.tensor(expected, dtype=torch.float64), equal_nan=True, atol=1e-6)
+    assert stats["length/mean"] == pytest.approx(0.4)  # logged as returned, before weighting
+
+
 def test_composer_stats_and_zero_weight_logging_only():
     composer = RewardComposer([
         Fixed("meteor", 0.25, [0.4, 0.2, 0.0]),
@@ -101,8 +118,10 @@ def test_composer_errors():
         RewardComposer([Fixed("a", 1.0, [1.0])], missing="drop")
     with pytest.raises(ValueError, match="unique"):
         RewardComposer([Fixed("a", 1.0, [1.0]), Fixed("a", 1.0, [1.0])])
-    with pytest.raises(ValueError, match="weight > 0"):
+    with pytest.raises(ValueError, match="non-zero weight"):
         RewardComposer([Fixed("a", 0.0, [1.0])])
+    with pytest.raises(ValueError, match="finite"):
+        RewardComposer([Fixed("a", 1.0, [1.0]), Fixed("b", float("nan"), [1.0])])
     with pytest.raises(ValueError, match="returned 2 values for 1 rollouts"):
         RewardComposer([Fixed("a", 1.0, [1.0, 2.0])]).compute(_inputs(1))
     with pytest.raises(TypeError, match="returned str for rollout 0"):

@@ -93,6 +93,7 @@ def test_reward_inputs_validation_names_the_field():
     with pytest.raises(ValueError, match="needs RewardInputs.pred_masks"):
         IoUReward()(RewardInputs(sample_ids=["a"]))
     with pytest.raises(ValueError, match="weight must be a finite number"):
-        IoUReward(weight=-1)
+        IoUReward(weight=float("inf"))
+    assert IoUReward(weight=-1).weight == -1.0  # negative weights penalise (TRL semantics)
     with pytest.raises(ValueError, match="unknown reward type 'nope'"):
         build_reward({"type": "nope"})

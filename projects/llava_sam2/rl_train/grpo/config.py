@@ -65,7 +65,8 @@ class GRPOConfig:
     scale_rewards: str = "group"
     """Advantage divisor: group (std per prompt, GRPO) | batch (batch std, Lite PPO) | none (Dr. GRPO)."""
     reward_weights: dict[str, float] | None = None
-    """Reward name -> weight, overriding each reward's own weight; None keeps them."""
+    """Reward name -> weight, overriding each reward's own weight; None keeps them. Finite; a negative weight
+    penalises (TRL: total = sum_r w_r v_r), 0 computes and logs the reward without training on it."""
     mask_to_caption_weight: float = 1.0
     """Weight of loop 1's loss (mask -> caption -> mask', reward IoU) in the step's total loss; 0 turns it off."""
     caption_to_mask_weight: float = 1.0

@@ -116,10 +116,10 @@ def build_composer(rewards, config: GRPOConfig, loop_key: str) -> RewardComposer
     for reward in composer.rewards:
         if config.reward_weights and reward.name in config.reward_weights:
             reward.weight = float(config.reward_weights[reward.name])
-    if not any(r.weight > 0 for r in composer.rewards):
+    if all(r.weight == 0 for r in composer.rewards):
         raise ValueError(f"CycleGRPO: every {loop_key} reward has weight 0 after reward_weights="
                          f"{config.reward_weights}; give at least one of {[r.name for r in composer.rewards]} a "
-                         f"weight > 0, or set {loop_key}_weight=0 to switch the loop off.")
+                         f"non-zero weight, or set {loop_key}_weight=0 to switch the loop off.")
     return composer
 
 

@@ -10,6 +10,8 @@ MMEngine's registry, so this package stays framework-free.
 """
 from __future__ import annotations
 
+import math
+
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Union, runtime_checkable
@@ -110,10 +112,10 @@ def as_result(output: RewardValues | RewardResult, n: int, name: str) -> RewardR
 
 
 def check_weight(name: str, weight: float) -> float:
-    """Validate a reward weight (finite, >= 0)."""
+    """Validate a reward weight: finite; negative penalises (TRL's semantics), 0 logs without training on it."""
     weight = float(weight)
-    if not weight >= 0.0 or weight == float("inf"):
-        raise ValueError(f"reward {name!r}: weight must be a finite number >= 0, got {weight}")
+    if not math.isfinite(weight):
+        raise ValueError(f"reward {name!r}: weight must be a finite number, got {weight}")
     return weight
 
 

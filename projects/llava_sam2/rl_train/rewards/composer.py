@@ -1,11 +1,16 @@
 """Weighted reward composition with fallbacks and per-term statistics.
 
 For rollout n with reward values v_rn (None where missing) and weights w_r, over the rewards with
-w_r > 0 (zero-weight rewards are computed and logged only)::
+w_r ≠ 0 (zero-weight rewards are computed and logged only)::
 
-    renormalize (default):  total_n = W · Σ_{r present} w_r v_rn / Σ_{r present} w_r,   W = Σ_r w_r
+    renormalize (default):  total_n = A · Σ_{r present} w_r v_rn / Σ_{r present} |w_r|,   A = Σ_r |w_r|
     zero:                   total_n = Σ_{r present} w_r v_rn                 (missing counts as 0)
     nan:                    total_n = NaN if any reward is missing
+
+Weights may be negative, with TRL's semantics (``GRPOTrainer``: total = Σ_r w_r v_r, a negative weight
+turns a reward into a penalty); ``zero`` is exactly TRL's ``nansum``. ``renormalize`` scales the present
+terms by one positive factor so that their absolute weights add up to the full A: signs are kept, and
+with all weights positive it is W · Σ w v / Σ w, W = Σ w.
 
 A rollout with no reward present is NaN under every policy; GRPO drops NaN rollouts from the group
 statistics (TRL's convention). With the caption weights 0.25 (METEOR) + 0.75 (judge), a failed
@@ -42,7 +47,7 @@ def combine(values: torch.Tensor, weights: torch.Tensor, missing: str) -> torch.
 
     Args:
         values: ``[R, N]`` float64, NaN where a reward is missing.
-        weights: ``[R]`` float64, all > 0.
+        weights: ``[R]`` float64, all ≠ 0 (negative weights penalise).
         missing: one of ``MISSING_POLICIES``.
     Returns:
         ``[N]`` float64 totals, NaN where no value can be formed.
@@ -51,8 +56,8 @@ def combine(values: torch.Tensor, weights: torch.Tensor, missing: str) -> torch.
     weighted = torch.where(present, values * weights[:, None], torch.zeros_like(values))  # [R, N]
     total = weighted.sum(0)  # [N]
     if missing == "renormalize":
-        present_weight = (present * weights[:, None]).sum(0)  # [N]
-        total = weights.sum() * total / present_weight  # NaN (0/0) where nothing is present
+        present_weight = (present * weights.abs()[:, None]).sum(0)  # [N]
+        total = weights.abs().sum() * total / present_weight  # NaN (0/0) where nothing is present
     elif missing == "nan":
         total = torch.where(present.all(0), total, torch.full_like(total, float("nan")))
     return torch.where(present.any(0), total, torch.full_like(total, float("nan")))
@@ -81,8 +86,11 @@ class RewardComposer:
         names = [r.name for r in self.rewards]
         if len(set(names)) != len(names):
             raise ValueError(f"reward names must be unique (they key the logs), got {names}")
-        if not any(r.weight > 0 for r in self.rewards):
-            raise ValueError(f"at least one reward needs weight > 0, got {[(r.name, r.weight) for r in self.rewards]}")
+        bad = [(r.name, r.weight) for r in self.rewards if not math.isfinite(r.weight)]
+        if bad:
+            raise ValueError(f"reward weights must be finite numbers, got {bad}")
+        if all(r.weight == 0 for r in self.rewards):
+            raise ValueError(f"at least one reward needs a non-zero weight, got {[(r.name, r.weight) for r in self.rewards]}")
         self.missing = missing
         self._runner = runner
 
@@ -103,7 +111,7 @@ class RewardComposer:
         """``(total [N] float32, stats)``; stats keys are listed in :meth:`_stats`."""
         outputs = await asyncio.gather(*(self._run_one(r, inputs) for r in self.rewards))
         results = [result for result, _ in outputs]
-        active = [i for i, r in enumerate(self.rewards) if r.weight > 0]
+        active = [i for i, r in enumerate(self.rewards) if r.weight != 0]
         values = torch.tensor(
             [[math.nan if v is None else v for v in results[i].values] for i in active], dtype=torch.float64
         ).reshape(len(active), len(inputs))  # [R, N]
