@@ -90,6 +90,16 @@ def truncate_file(path: str, keep: int) -> None:
 
 
 # --------------------------------------------------------------------------- COCO-style
+def replace_bytes(path: str, old: bytes, new: bytes) -> None:
+    """Overwrite ``old`` (which must occur once) with ``new`` of the same length in a file, e.g. to put
+    bytes that are not valid UTF-8 into a string that a writer would refuse."""
+    data = open(path, "rb").read()
+    if data.count(old) != 1 or len(old) != len(new):
+        raise ValueError(f"{path}: {old!r} occurs {data.count(old)} times (need 1, same length as {new!r})")
+    with open(path, "wb") as handle:
+        handle.write(data.replace(old, new))
+
+
 def make_coco(root: str) -> tuple[str, list[Expected]]:
     """annotations.json with polygons, compressed and uncompressed RLE, caption / expressions."""
     os.makedirs(os.path.join(root, "images"), exist_ok=True)

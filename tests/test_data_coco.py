@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from data_fixtures import make_bad_coco, make_coco, rgb_image
+from data_fixtures import make_bad_coco, make_coco, replace_bytes, rgb_image
 from projects.llava_sam2.rl_train.data import BadSampleError, CocoRegionDataset, SkippedSample
 from projects.llava_sam2.rl_train.data.types import RegionSample
 
@@ -110,3 +110,45 @@ def test_unusable_files_and_knobs(tmp_path):
         CocoRegionDataset(ann_file, on_bad_sample="ignore")
     with pytest.raises(IndexError):
         CocoRegionDataset(ann_file)[5]
+
+
+def test_non_utf8_annotation_file_names_file_and_offset(tmp_path):
+    ann_file, _ = make_coco(str(tmp_path))
+    replace_bytes(ann_file, b"two boxes", b"two b\xf6xes")  # latin-1 "ö"
+    offset = open(ann_file, "rb").read().index(b"\xf6")
+    with pytest.raises(ValueError, match=rf"annotations.json is not valid UTF-8: byte 0xf6 at offset {offset}") as info:
+        CocoRegionDataset(ann_file)
+    assert "re-save it as UTF-8" in str(info.value) and not isinstance(info.value, UnicodeDecodeError)
+
+
+def _write(tmp_path, data):
+    path = tmp_path / "dup.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_duplicate_image_id_is_not_silently_overwritten(tmp_path):
+    ann_file, _ = make_coco(str(tmp_path))
+    data = json.loads(open(ann_file).read())
+    # a second record for image 2 naming another picture: which one annotations 21/22 mean is unknown
+    data["images"].append({"id": 2, "file_name": "images/003.png", "height": 32, "width": 32})
+    dup = _write(tmp_path, data)
+    with pytest.raises(BadSampleError, match=r"image_id 2 appears 2 times in 'images' \(file_name \['images/002.png', "
+                                             r"'images/003.png'\]\)") as info:
+        CocoRegionDataset(dup)
+    assert info.value.problem == "duplicate_id" and info.value.sample_id == "coco/2#21" and info.value.file == dup
+    skipping = CocoRegionDataset(dup, on_bad_sample="skip")
+    assert [skipping[i].sample_id for i in range(len(skipping))] == ["coco/1#11", "coco/1#12", "coco/3#32"]
+    assert skipping.bad_sample_counts == {"duplicate_id": 2}
+
+
+def test_duplicate_annotation_ids_are_detected(tmp_path):
+    ann_file, _ = make_coco(str(tmp_path))
+    data = json.loads(open(ann_file).read())
+    data["annotations"][3]["id"] = 12  # two annotations (image 1 and image 2) now share id 12
+    dup = _write(tmp_path, data)
+    with pytest.raises(BadSampleError, match=r"annotation id 12 \(entry 1 of 'annotations'\) is used by more than one"):
+        CocoRegionDataset(dup)
+    skipping = CocoRegionDataset(dup, on_bad_sample="skip")
+    assert [skipping[i].sample_id for i in range(len(skipping))] == ["coco/1#11", "coco/2#21", "coco/3#32"]
+    assert skipping.bad_sample_counts == {"duplicate_id": 2}

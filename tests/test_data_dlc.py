@@ -6,7 +6,7 @@ import tarfile
 import numpy as np
 import pytest
 
-from data_fixtures import DLC_KEYS, make_dlc
+from data_fixtures import DLC_KEYS, make_dlc, replace_bytes
 from projects.llava_sam2.rl_train.data import BadSampleError, DLCRegionDataset, RegionSample
 from projects.llava_sam2.rl_train.data.dlc import scan_tar
 from projects.llava_sam2.rl_train.data.pickles import loads_data
@@ -120,3 +120,13 @@ def test_layout_errors(tmp_path):
     (tmp_path / "LVIS" / "annotations.json").write_text("{}")
     with pytest.raises(ValueError, match="no tar shards"):
         DLCRegionDataset(str(tmp_path), ["LVIS"])
+
+
+def test_non_utf8_annotations_json_names_the_file(tmp_path):
+    make_dlc(str(tmp_path))
+    ann_path = str(tmp_path / "COCOStuff" / "annotations.json")
+    caption = f"region 1 of image {DLC_KEYS[0]}".encode()
+    replace_bytes(ann_path, caption, caption.replace(b"region", b"r\xe9gion"))  # latin-1 "é"
+    with pytest.raises(ValueError, match=r"DLC COCOStuff annotation file .*annotations.json is not valid UTF-8: "
+                                         r"byte 0xe9 at offset \d+ \(line 1\)"):
+        DLCRegionDataset(str(tmp_path), ["COCOStuff"])

@@ -5,7 +5,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from data_fixtures import blob_mask, make_gar, make_gar_json_conversations, rgb_image, rle, truncate_file
+from data_fixtures import (
+    blob_mask, make_gar, make_gar_json_conversations, replace_bytes, rgb_image, rle, truncate_file)
 from projects.llava_sam2.rl_train.data import BadSampleError, GARRegionDataset, RegionSample
 from projects.llava_sam2.rl_train.data.gar import parse_conversation, read_stream
 
@@ -57,6 +58,22 @@ def test_bad_conversations_raise_or_skip(tmp_path):
     skipping = GARRegionDataset(str(tmp_path), SUBSETS, on_bad_sample="skip")
     kept = [s for s in (skipping[i] for i in range(len(skipping))) if isinstance(s, RegionSample)]
     assert len(kept) == len(expected) - 2 and skipping.bad_sample_counts == {"bad_conversation": 2}
+
+
+def test_invalid_utf8_text_is_a_bad_sample_naming_file_row_and_column(tmp_path):
+    expected = make_gar(str(tmp_path))
+    shard = str(tmp_path / "Fine-Grained-Dataset-Part1" / "data-00000-of-00002.arrow")
+    replace_bytes(shard, b"fine caption 1", b"fine capti\xff\xfe 1")  # Arrow does not validate UTF-8 on read
+    replace_bytes(shard, b"cat2", b"c\xe9t2")
+    dataset = GARRegionDataset(str(tmp_path), SUBSETS)
+    for index, column in ((1, "conversations"), (2, "catagory")):
+        with pytest.raises(BadSampleError, match=f"column '{column}' holds a string that is not valid UTF-8") as info:
+            dataset[index]
+        assert info.value.problem == "bad_text" and info.value.file == shard
+        assert info.value.sample_id == expected[index].sample_id  # ".../data-00000-of-00002:<row>#0"
+    skipping = GARRegionDataset(str(tmp_path), SUBSETS, on_bad_sample="skip")
+    kept = [s for s in (skipping[i] for i in range(len(skipping))) if isinstance(s, RegionSample)]
+    assert len(kept) == len(expected) - 2 and skipping.bad_sample_counts == {"bad_text": 2}
 
 
 def test_json_string_conversations(tmp_path):

@@ -49,3 +49,23 @@ def test_missing_image_names_the_ref(refcoco, tmp_path):
         dataset[0]
     assert info.value.problem == "missing_image"
     assert expected[("refcoco", "val")][0].sample_id in str(info.value)
+
+
+def test_duplicate_ids_in_instances_are_bad_samples(refcoco, tmp_path):
+    import json
+    import pickle
+    import shutil
+
+    root, image_root, _ = refcoco
+    folder = tmp_path / "refcoco"
+    shutil.copytree(f"{root}/refcoco", folder)
+    instances = json.loads((folder / "instances.json").read_text())
+    instances["images"].append({"id": 9, "file_name": "other.jpg", "height": 30, "width": 40})  # image 9 twice
+    instances["annotations"].append(dict(instances["annotations"][2], segmentation=[]))         # ann 503 twice
+    (folder / "instances.json").write_text(json.dumps(instances))
+    with pytest.raises(BadSampleError, match=r"image_id 9 appears 2 times in 'images'"):
+        RefCocoRegionDataset(str(folder), image_root, split="val")  # val: refs 1 (ann 502, image 9), 2 (ann 503)
+    skipping = RefCocoRegionDataset(str(folder), image_root, split="val", on_bad_sample="skip")
+    assert len(skipping) == 0 and skipping.bad_sample_counts == {"duplicate_id": 2}
+    refs = pickle.loads((folder / "refs(unc).p").read_bytes())
+    assert {r["ann_id"] for r in refs if r["split"] == "val"} == {502, 503}

@@ -30,6 +30,8 @@ PROBLEMS = {
     "bad_conversation": "conversations must be a list of {'from': 'human'|'gpt', 'value': str} "
                         "with one gpt answer per mask",
     "bad_annotation": "fix the annotation record (see the message for the field)",
+    "duplicate_id": "make every 'id' unique within 'images' and within 'annotations' (COCO requires it)",
+    "bad_text": "text fields must be valid UTF-8; decode the source with its real encoding and re-save the shard",
 }
 
 

@@ -36,29 +36,62 @@ class AnnRecord(NamedTuple):
 
 
 def read_json(path: str, what: str) -> object:
-    """Read a JSON file, turning a missing or malformed file into a ValueError naming it."""
+    """Read a JSON file, turning a missing, non-UTF-8 or malformed file into a ValueError naming it."""
     if not os.path.isfile(path):
         raise ValueError(f"{what} {path} does not exist; set the dataset's path to your local copy")
+    with open(path, "rb") as handle:
+        raw = handle.read()
     try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        raise ValueError(f"{what} {path} is not valid UTF-8: byte {raw[err.start]:#04x} at offset {err.start} "
+                         f"(line {line}) ({err.reason}); JSON files must be UTF-8: re-save it as UTF-8 (e.g. "
+                         "iconv -f latin1 -t utf-8) or fix that string") from None
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as err:
         raise ValueError(f"{what} {path} is not valid JSON ({err}); re-export it") from None
 
 
-def coco_tables(data: object, path: str) -> tuple[dict[int, ImageRecord], dict[int, str]]:
-    """``images`` and ``categories`` of a COCO dict -> ``{image_id: ImageRecord}``, ``{cat_id: name}``."""
+def duplicated(ids) -> set:
+    """The values that occur more than once in ``ids``."""
+    seen, repeated = set(), set()
+    for value in ids:
+        (repeated if value in seen else seen).add(value)
+    return repeated
+
+
+def coco_tables(data: object, path: str) -> tuple[dict[int, ImageRecord], dict[int, str], dict[int, list[str]]]:
+    """``images`` and ``categories`` of a COCO dict -> ``{image_id: ImageRecord}``, ``{cat_id: name}`` and
+    ``{image_id: [file_name, ...]}`` of ids that ``images`` lists more than once (left out of the first
+    table: an annotation cannot tell which picture such an id means)."""
     if not isinstance(data, dict) or not isinstance(data.get("images"), list) \
             or not isinstance(data.get("annotations"), list):
         raise ValueError(f"{path}: expected a COCO dict with 'images' and 'annotations' lists, got "
                          f"keys {sorted(data) if isinstance(data, dict) else type(data).__name__}")
-    images = {}
+    images, duplicates = {}, {}
     for record in data["images"]:
         if not isinstance(record, dict) or "id" not in record or "file_name" not in record:
             raise ValueError(f"{path}: every entry of 'images' needs 'id' and 'file_name', got {record!r}")
-        images[record["id"]] = ImageRecord(record["file_name"], record.get("height"), record.get("width"))
+        image_id = record["id"]
+        if image_id in duplicates:
+            duplicates[image_id].append(record["file_name"])
+        elif image_id in images:
+            duplicates[image_id] = [images.pop(image_id).file_name, record["file_name"]]
+        else:
+            images[image_id] = ImageRecord(record["file_name"], record.get("height"), record.get("width"))
     categories = {c["id"]: c.get("name") for c in data.get("categories", []) if "id" in c}
-    return images, categories
+    return images, categories, duplicates
+
+
+def check_image_id(image_id, images: dict, duplicates: dict, **where) -> None:
+    """Raise ``BadSampleError`` unless ``image_id`` names exactly one record of ``images``."""
+    if image_id in duplicates:
+        raise BadSampleError("duplicate_id", f"image_id {image_id} appears {len(duplicates[image_id])} times in "
+                             f"'images' (file_name {duplicates[image_id]})", **where)
+    if image_id not in images:
+        raise BadSampleError("bad_annotation", f"image_id {image_id} is not in 'images'", **where)
 
 
 def text_list(value, field: str, *, file: str, sample_id: str) -> list[str]:
@@ -103,24 +136,26 @@ class CocoRegionDataset(RegionDataset):
         self.ann_file = str(ann_file)
         self.image_root = str(image_root) if image_root is not None else os.path.dirname(self.ann_file)
         data = read_json(self.ann_file, "COCO annotation file")
-        self._images, categories = coco_tables(data, self.ann_file)
+        self._images, categories, self._duplicate_images = coco_tables(data, self.ann_file)
+        annotations = [a for a in data["annotations"] if not (a.get("iscrowd", 0) and not include_crowd)]
+        repeated_ids = duplicated(a.get("id") for a in annotations if isinstance(a, dict) and "id" in a)
         self._anns: list[AnnRecord] = []
-        for ann in data["annotations"]:
-            if ann.get("iscrowd", 0) and not include_crowd:
-                continue
+        for position, ann in enumerate(annotations):
             try:
-                self._anns.append(self._index_ann(ann, categories))
+                self._anns.append(self._index_ann(ann, categories, position, repeated_ids))
             except BadSampleError as err:
                 self.index_time_bad(err)
 
-    def _index_ann(self, ann: dict, categories: dict[int, str]) -> AnnRecord:
+    def _index_ann(self, ann: dict, categories: dict[int, str], position: int, repeated_ids: set) -> AnnRecord:
         sample_id = f"{self.name}/{ann.get('image_id')}#{ann.get('id')}"
         where = dict(file=self.ann_file, sample_id=sample_id)
         for key in ("id", "image_id", "segmentation"):
             if key not in ann:
                 raise BadSampleError("bad_annotation", f"annotation has no '{key}'", **where)
-        if ann["image_id"] not in self._images:
-            raise BadSampleError("bad_annotation", f"image_id {ann['image_id']} is not in 'images'", **where)
+        if ann["id"] in repeated_ids:
+            raise BadSampleError("duplicate_id", f"annotation id {ann['id']} (entry {position} of 'annotations') "
+                                 "is used by more than one annotation", **where)
+        check_image_id(ann["image_id"], self._images, self._duplicate_images, **where)
         captions = text_list(ann.get("caption"), "caption", **where) + \
             text_list(ann.get("captions"), "captions", **where)
         expressions = text_list(ann.get("expressions"), "expressions", **where)

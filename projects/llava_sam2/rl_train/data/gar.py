@@ -191,9 +191,7 @@ class GARRegionDataset(RegionDataset):
         path = self.shards[shard]
         sample_id = f"{self._key(path, row)}#{k}"
         where = dict(file=path, sample_id=sample_id)
-        table = self._tables.get(path)
-        columns = [c for c in (*REQUIRED_COLUMNS, "catagory", "category") if c in table.column_names]
-        record = table.slice(row, 1).select(columns).to_pylist()[0]
+        record = self._row(self._tables.get(path), row, where)
         turns = parse_conversation(record["conversations"], **where)
         answers = [text.strip() for role, text in turns if role == "gpt" and text.strip()]
         rles = record["mask_rle"] if isinstance(record["mask_rle"], list) else [record["mask_rle"]]
@@ -206,6 +204,20 @@ class GARRegionDataset(RegionDataset):
         return finish_sample(image, gt_mask, captions=answers if len(rles) == 1 else [answers[k]],
                              expressions=[], sample_id=sample_id, source=self._source(path), file=path,
                              category=category if isinstance(category, str) else None)
+
+    @staticmethod
+    def _row(table: pa.Table, row: int, where: dict) -> dict:
+        """One row as Python values; a string that is not valid UTF-8 is a bad sample naming its column."""
+        record = {}
+        for column in (c for c in (*REQUIRED_COLUMNS, "catagory", "category") if c in table.column_names):
+            try:
+                record[column] = table.column(column).slice(row, 1).to_pylist()[0]
+            except UnicodeDecodeError as err:
+                raise BadSampleError("bad_text", f"column {column!r} holds a string that is not valid UTF-8 "
+                                     f"({err.reason}: byte {err.object[err.start:err.start + 1]!r} at offset "
+                                     f"{err.start} of {err.object[max(0, err.start - 20):err.end + 20]!r})",
+                                     **where) from None
+        return record
 
     @staticmethod
     def _image_source(value, shard_path: str, where: dict):

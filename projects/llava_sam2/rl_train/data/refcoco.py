@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from .bad_samples import BadSampleError
 from .base import RegionDataset, finish_sample
-from .coco import coco_tables, load_region, read_json
+from .coco import check_image_id, coco_tables, duplicated, load_region, read_json
 from .pickles import load_data_file
 from .types import RegionSample
 
@@ -62,11 +62,12 @@ class RefCocoRegionDataset(RegionDataset):
             raise ValueError(f"RefCocoRegionDataset: split={split!r} is not in {self.refs_file} "
                              f"(splits there: {splits})")
         data = read_json(self.ann_file, "RefCOCO instances file")
-        self._images, categories = coco_tables(data, self.ann_file)
+        self._images, categories, self._duplicate_images = coco_tables(data, self.ann_file)
         selected = [r for r in refs if isinstance(r, dict) and r.get("split") == split]
         wanted = {r.get("ann_id") for r in selected}
-        self._anns = {a["id"]: (a.get("segmentation"), categories.get(a.get("category_id")))
-                      for a in data["annotations"] if a.get("id") in wanted}
+        chosen = [a for a in data["annotations"] if isinstance(a, dict) and a.get("id") in wanted]
+        self._repeated_anns = duplicated(a["id"] for a in chosen)
+        self._anns = {a["id"]: (a.get("segmentation"), categories.get(a.get("category_id"))) for a in chosen}
         self._refs: list[RefRecord] = []
         for ref in selected:
             try:
@@ -80,9 +81,10 @@ class RefCocoRegionDataset(RegionDataset):
         if ref.get("ann_id") not in self._anns:
             raise BadSampleError("bad_annotation", f"ann_id {ref.get('ann_id')} is not in "
                                  f"{self.ann_file}", **where)
-        if ref.get("image_id") not in self._images:
-            raise BadSampleError("bad_annotation", f"image_id {ref.get('image_id')} is not in "
-                                 f"{self.ann_file}", **where)
+        if ref.get("ann_id") in self._repeated_anns:
+            raise BadSampleError("duplicate_id", f"ann_id {ref.get('ann_id')} is used by more than one annotation "
+                                 f"of {self.ann_file}", **where)
+        check_image_id(ref.get("image_id"), self._images, self._duplicate_images, **where)
         sentences = ref.get("sentences")
         if not isinstance(sentences, list) or not sentences:
             raise BadSampleError("bad_annotation", "ref has no 'sentences' list", **where)
