@@ -41,9 +41,33 @@ def test_from_config_reads_every_knob(tok, proc):
     cfg = types.SimpleNamespace(template="phi3-chat", force_image_size=None, downsample_ratio=0.5,
                                 min_dynamic_patch=1, max_dynamic_patch=6, use_thumbnail=False,
                                 vision_config=types.SimpleNamespace(patch_size=14, image_size=448))
-    other = Sa2VAProcessor.from_config(tok, cfg)  # '-' -> '_', image size from vision_config
+    other = Sa2VAProcessor.from_config(tok, cfg, tile_budget="config")  # '-' -> '_', image size from vision_config
     assert other.template_name == "phi3_chat" and other.tiling.image_size == 448
-    assert other.sam_image_size == 1024 and other.tiling.use_thumbnail is False
+    assert other.sam_image_size == 1024 and other.tiling.use_thumbnail is False and other.tiling.max_num == 6
+
+
+def test_tile_budget_follows_upstream_inference(tok):
+    # A 448 px checkpoint whose config.json says max_dynamic_patch=6 (Sa2VAConfig's default) and no thumbnail:
+    # upstream's predict_forward still tiles with 1..12 tiles + thumbnail. 640x480: r = 4/3 -> grid (4, 3)
+    # (exact ratio within 12 tiles) -> 12 tiles + thumbnail = 13. With max 6 the closest grid is (3, 2):
+    # |4/3 - 3/2| = 0.167 < |4/3 - 1| = 0.333 -> 6 tiles + thumbnail = 7 (this repo's old default).
+    cfg = build_preset("1b")
+    cfg.max_dynamic_patch, cfg.use_thumbnail = 6, False
+    image = Image.new("RGB", (640, 480), (10, 20, 30))
+    assert Sa2VAProcessor.from_config(tok, cfg).preprocess_image(image).n_tiles == 13  # the default
+    for budget in ("auto", "upstream"):
+        proc = Sa2VAProcessor.from_config(tok, cfg, tile_budget=budget)
+        assert (proc.tiling.min_num, proc.tiling.max_num, proc.tiling.use_thumbnail) == (1, 12, True)
+        assert proc.preprocess_image(image).n_tiles == 13
+        assert proc.segment_text(13, "the cat").count(CTX) == 13 * 256
+    assert Sa2VAProcessor.from_config(tok, cfg, tile_budget="config").preprocess_image(image).n_tiles == 6  # no thumb
+    explicit = Sa2VAProcessor.from_config(tok, cfg, max_dynamic_patch=6)  # an explicit override wins
+    assert explicit.preprocess_image(image).n_tiles == 7 and explicit.tiling.use_thumbnail is True
+    tiny = Sa2VAProcessor.from_config(tok, build_preset("tiny"))  # 224 px tiles: not upstream's geometry
+    assert tiny.tiling.max_num == 1
+    assert Sa2VAProcessor.from_config(tok, build_preset("tiny"), tile_budget="upstream").tiling.max_num == 12
+    with pytest.raises(ValueError, match="tile_budget='max'"):
+        Sa2VAProcessor.from_config(tok, cfg, tile_budget="max")
 
 
 def test_bad_construction(tok):

@@ -4,6 +4,16 @@ Everything the upstream model does to its inputs before the forward pass, in one
 (reference/sa2va.md §2, §3, §5):
 
 * ``preprocess_image``: dynamic tiling + ImageNet normalisation, and the SAM2 direct resize.
+  Tile budget (``from_config``'s ``tile_budget``). Upstream Sa2VA's inference path tiles with 1..12
+  tiles plus a thumbnail whatever config.json says: HF ``Sa2VAChatModel.preparing_for_generation`` sets
+  ``min_dynamic_patch=1``, ``max_dynamic_patch=12``, ``use_thumbnail=True`` (with 448 px tiles, ratio 0.5)
+  before ``predict_forward``, and config.json's ``max_dynamic_patch`` (default 6) is never read there.
+  ``"upstream"`` uses those tile counts, so a 640×480 image gives a 4×3 grid + thumbnail = 13 tiles, the
+  prompts the released models were evaluated with; ``"config"`` reads ``min/max_dynamic_patch`` and
+  ``use_thumbnail`` from the config; ``"auto"`` (default) is ``"upstream"`` for a checkpoint with
+  upstream's tile geometry (448 px tiles, downsample 0.5: every released Sa2VA) and ``"config"`` for any
+  other (e.g. the tiny preset's 224 px tiles, which upstream's inference path could not run). Explicit
+  ``min_dynamic_patch=`` / ``max_dynamic_patch=`` / ``use_thumbnail=`` overrides win over all three.
 * ``region_cells``: a region mask → the g×g token grid by nearest point sampling,
   cell (r, c) ← pixel (⌊r·H/g⌋, ⌊c·W/g⌋) (``F.interpolate(mode='nearest')``, as upstream).
 * ``caption_text`` / ``segment_text``: user text with ``<image>`` expanded into the image block
@@ -49,6 +59,11 @@ from .tiling import TilingSettings, check_rgb_image, normalise_tiles, sam_pixel_
 from .tokenizer import check_sa2va_tokenizer
 
 EMPTY_REGION_POLICIES = ("raise", "keep", "dilate_to_one_cell")
+# Tiling of upstream Sa2VA's inference path (HF preparing_for_generation), whatever config.json says,
+# and the tile geometry it runs with (used by tile_budget="auto" to recognise an upstream checkpoint).
+UPSTREAM_INFERENCE_TILING = {"min_dynamic_patch": 1, "max_dynamic_patch": 12, "use_thumbnail": True}
+UPSTREAM_TILE_GEOMETRY = {"image_size": 448, "downsample_ratio": 0.5}
+TILE_BUDGETS = ("auto", "upstream", "config")
 
 
 @dataclass(frozen=True)
@@ -104,17 +119,25 @@ class Sa2VAProcessor:
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
 
     @classmethod
-    def from_config(cls, tokenizer: Any, config: Any, **overrides: Any) -> "Sa2VAProcessor":
-        """Read template / force_image_size / downsample_ratio / *_dynamic_patch / use_thumbnail,
-        vision_config.patch_size and sam_image_size from a Sa2VAConfig (never guessed)."""
-        image_size = config.force_image_size or config.vision_config.image_size
-        kwargs = dict(template=config.template, image_size=int(image_size),
-                      patch_size=int(config.vision_config.patch_size),
-                      downsample_ratio=float(config.downsample_ratio),
-                      min_dynamic_patch=int(config.min_dynamic_patch),
-                      max_dynamic_patch=int(config.max_dynamic_patch),
-                      use_thumbnail=bool(config.use_thumbnail),
-                      sam_image_size=int(getattr(config, "sam_image_size", 1024)))
+    def from_config(cls, tokenizer: Any, config: Any, *, tile_budget: str = "auto",
+                    **overrides: Any) -> "Sa2VAProcessor":
+        """Read template / force_image_size / downsample_ratio, vision_config.patch_size and sam_image_size
+        from a Sa2VAConfig (never guessed). Tile count and thumbnail follow ``tile_budget`` (module doc):
+        ``"upstream"`` = upstream inference's 1..12 tiles + thumbnail, ``"config"`` = the config's
+        ``*_dynamic_patch`` / ``use_thumbnail``, ``"auto"`` = upstream's for a 448 px / ratio 0.5 checkpoint,
+        else the config's. Keyword ``overrides`` win over all of them."""
+        if tile_budget not in TILE_BUDGETS:
+            raise ValueError(f"tile_budget={tile_budget!r}: expected one of {TILE_BUDGETS} ('upstream' tiles as "
+                             "upstream Sa2VA inference does, 'config' reads max_dynamic_patch from config.json)")
+        geometry = {"image_size": int(config.force_image_size or config.vision_config.image_size),
+                    "downsample_ratio": float(config.downsample_ratio)}
+        if tile_budget == "auto":
+            tile_budget = "upstream" if geometry == UPSTREAM_TILE_GEOMETRY else "config"
+        tiling = dict(UPSTREAM_INFERENCE_TILING) if tile_budget == "upstream" else dict(
+            min_dynamic_patch=int(config.min_dynamic_patch), max_dynamic_patch=int(config.max_dynamic_patch),
+            use_thumbnail=bool(config.use_thumbnail))
+        kwargs = dict(template=config.template, **geometry, patch_size=int(config.vision_config.patch_size),
+                      **tiling, sam_image_size=int(getattr(config, "sam_image_size", 1024)))
         kwargs.update(overrides)
         return cls(tokenizer, **kwargs)
 
