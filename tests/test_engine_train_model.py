@@ -85,6 +85,15 @@ def test_grpo_forward_returns_the_algorithm_loss_and_mixes_weighted_sft(sft_batc
     assert log_vars["loop1/pg_loss"].item() == 5.0 and log_vars["grpo_loss"].item() == 2.0
 
 
+def test_missing_pretrained_path_is_reported_as_such(tmp_path):
+    # not as a missing tokenizer directory (the tokenizer is read from the checkpoint first)
+    with pytest.raises(FileNotFoundError, match=r"pretrained_path '.*Sa2VA-missing' does not exist") as info:
+        Sa2VATrainModel(pretrained_path=str(tmp_path / "Sa2VA-missing"))
+    assert "tokenizer directory" not in str(info.value)
+    with pytest.raises(FileNotFoundError, match="has no config.json"):
+        Sa2VATrainModel(pretrained_path=str(tmp_path))
+
+
 def test_bad_arguments_are_rejected_with_the_fix():
     with pytest.raises(ValueError, match="exactly one of pretrained_path"):
         Sa2VATrainModel(pretrained_path="./pretrained/Sa2VA-4B", preset="tiny")

@@ -48,10 +48,21 @@ def build_tokenizer(tokenizer: Any = None, pretrained_path: str | os.PathLike | 
 
 
 def check_model_source(pretrained_path: str | os.PathLike | None, preset: str | None) -> None:
+    """Exactly one of ``pretrained_path`` / ``preset``; a ``pretrained_path`` must be a checkpoint directory."""
     if (pretrained_path is None) == (preset is None):
         raise ValueError(f"give exactly one of pretrained_path (a local HF Sa2VA checkpoint, e.g. "
                          f"./pretrained/Sa2VA-4B) and preset (tiny/1b/4b/8b); got pretrained_path={pretrained_path!r}, "
                          f"preset={preset!r}.")
+    if pretrained_path is not None:
+        path = Path(pretrained_path)
+        problem = ("does not exist" if not path.exists() else "is not a directory" if not path.is_dir()
+                   else "has no config.json" if not (path / "config.json").is_file() else None)
+        if problem:
+            raise FileNotFoundError(
+                f"pretrained_path {os.fspath(pretrained_path)!r} {problem} (relative paths start at "
+                f"{os.getcwd()}); it must be a local HF Sa2VA checkpoint directory (config.json, weights, tokenizer "
+                "files), e.g. ./pretrained/Sa2VA-4B. Download it first, or set model.pretrained_path (nothing is "
+                "downloaded at run time).")
 
 
 def model_config(pretrained_path: str | os.PathLike | None, preset: str | None, vocab_size: int) -> Sa2VAConfig:
