@@ -58,6 +58,33 @@ def test_loop_hook_points_metrics_and_checkpoint_content(tmp_path):
     assert all(r["completion"].isdigit() for r in rows)
 
 
+def test_reward_failure_hook_warns_standing_causes_never_per_iteration():
+    # 'no_endpoint' (no judge configured) is the same every iteration: counted, not warned each time (the
+    # reward says so once at start-up); a transient cause (timeout) is still warned when it happens
+    import types
+
+    from mmengine.logging import MessageHub
+
+    from projects.llava_sam2.rl_train.engine.hooks.reward_hooks import RewardFailureHook
+
+    warnings = []
+    runner = types.SimpleNamespace(message_hub=MessageHub.get_instance("reward_failure_hook_test"),
+                                   logger=types.SimpleNamespace(warning=warnings.append))
+
+    def rollout(stats):
+        return types.SimpleNamespace(replay=None, reward_stats=stats, num_rollouts=4)
+
+    hook = RewardFailureHook()
+    for i in range(3):
+        hook.after_reward(runner, i, rollouts=[rollout({"dlc_judge/failures/no_endpoint": 4.0})])
+    assert warnings == []
+    assert runner.message_hub.get_info("reward_failures") == {"rollout0/dlc_judge/failures/no_endpoint": 12.0}
+    hook.after_reward(runner, 3, rollouts=[rollout({"dlc_judge/failures/no_endpoint": 3.0,
+                                                    "dlc_judge/failures/timeout": 1.0})])
+    assert len(warnings) == 1 and "iteration 4" in warnings[0]
+    assert "timeout=1 (run total 1)" in warnings[0] and "no_endpoint" not in warnings[0]
+
+
 def test_ema_partner_follows_the_policy_at_the_configured_decay(tmp_path):
     runner, _ = run_toy(tmp_path, **{"train_cfg.max_iters": 1})
     model = unwrap_model(runner.model)
