@@ -140,3 +140,42 @@ def test_make_report_tool(runs, tmp_path, capsys):
     assert "Paired differences vs `a`" in text and not (tmp_path / "examples_res.png").exists()
     with pytest.raises(SystemExit, match="expected NAME=VALUE"):
         make_report.main(["--run", dirs["before"], "--out", str(tmp_path)])
+
+
+def _caption_run(name: str, scores) -> "Run":
+    from projects.llava_sam2.rl_train.evaluation.results import Run
+
+    records = [EvalRecord("caption", f"s#{i}", float(s), answer_a="a thing", caption="a thing",
+                          references=["a thing"]) for i, s in enumerate(scores)]
+    result = TaskResult("caption", records)
+    result.metrics = summarize("caption", records, n_resamples=300)
+    return Run(name, {}, {"caption": result})
+
+
+@pytest.mark.parametrize("moved, delta, mark", [
+    (4, 0.05, ""),     # 4 of 200 samples up by 0.05: +0.001 [0.000, 0.002]: the printed CI touches 0 -> no mark
+    (20, 0.002, ""),   # 20 of 200 up by 0.002: 0.000 [0.000, 0.000], CI > 0 unrounded -> no mark
+    (40, 0.5, " ✅"),  # +0.100, CI far from 0
+    (40, -0.5, " ⚠️"),  # a loss
+])
+def test_significance_mark_needs_a_printed_ci_off_zero_and_a_minimum_effect(moved, delta, mark):
+    from projects.llava_sam2.rl_train.evaluation.report import differences_table
+
+    base = [0.3] * 200
+    other = [s + (delta if i < moved else 0.0) for i, s in enumerate(base)]
+    table = differences_table("caption", {"before": _caption_run("before", base), "after": _caption_run("after", other)},
+                              "before", n_resamples=300)
+    row = next(line for line in table.splitlines() if line.startswith("| after |"))
+    cell = row.split("|")[2].strip()
+    assert cell.endswith(mark.strip()) and (mark or ("✅" not in cell and "⚠️" not in cell)), cell
+
+
+def test_is_marked_rule():
+    from projects.llava_sam2.rl_train.evaluation.bootstrap import Estimate
+    from projects.llava_sam2.rl_train.evaluation.report import is_marked
+
+    assert not is_marked(Estimate(0.001, 0.0002, 0.0014, 200))   # displays +0.001 [0.000, 0.001]
+    assert not is_marked(Estimate(0.0003, 0.0001, 0.0004, 200))  # displays 0.000 [0.000, 0.000]
+    assert not is_marked(Estimate(0.004, 0.002, 0.006, 200))     # CI off zero, but |Δ| < 0.005
+    assert not is_marked(Estimate(0.2, -0.01, 0.4, 200))         # CI includes 0
+    assert is_marked(Estimate(0.02, 0.006, 0.034, 200)) and is_marked(Estimate(-0.02, -0.03, -0.01, 200))

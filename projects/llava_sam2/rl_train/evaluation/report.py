@@ -23,8 +23,10 @@ NOTES = """\
 
 * Every number is computed on the held-out split named above; all systems were scored on the same samples.
 * `estimate [low, high]`: percentile bootstrap 95% CI over samples ({n_resamples} resamples, seed {seed}).
-  "Δ vs baseline" is a *paired* bootstrap of the difference on the same samples; a CI that excludes 0 is marked
-  ✅ when it is a gain (higher is better, except for the `*_rate` columns) and ⚠️ when it is a loss.
+  "Δ vs baseline" is a *paired* bootstrap of the difference on the same samples. A difference is marked ✅ (a gain:
+  higher is better, except for the `*_rate` columns) or ⚠️ (a loss) only when its CI excludes 0 *as printed* (both
+  bounds non-zero at 3 decimals, same sign) and |Δ| ≥ {min_effect} (half a point on these 0-1 metrics; one
+  sample in 200 moving by 1.0 is 0.005). Smaller or rounded-to-zero changes get no mark, whatever their CI.
 * RES: `cIoU` = Σ∩ / Σ∪ over samples, `gIoU` = mean per-sample IoU (Sa2VA's `RES.evaluate`). An answer without a
   fed-back `[SEG]` is an empty prediction: IoU 0 in gIoU and its ground-truth area still counts in Σ∪ of cIoU;
   `cIoU_seg_only` leaves those samples out, `no_seg_rate` counts them.
@@ -81,9 +83,22 @@ def differences_table(task: str, runs: Mapping[str, Run], baseline: str, **knobs
     return "\n".join(lines)
 
 
-def _mark(diff: Estimate, higher_is_better: bool) -> str:
-    """' ✅' for a significant gain, ' ⚠️' for a significant loss (CI excludes 0), else ''."""
+MIN_EFFECT = 0.005  # smallest |Δ| a mark can claim: half a point on the report's 0-1 metrics
+
+
+def is_marked(diff: Estimate, digits: int = 3, min_effect: float = MIN_EFFECT) -> bool:
+    """Whether a paired difference earns a ✅/⚠️: its CI excludes 0 as displayed with ``digits`` decimals (both
+    printed bounds non-zero and of one sign, so a mark never sits beside a ``0.000`` bound) and
+    ``|value| >= min_effect``."""
     if not diff.excludes_zero:
+        return False
+    low, high = (float(f"{bound:.{digits}f}") for bound in (diff.low, diff.high))
+    return (low > 0 or high < 0) and abs(diff.value) >= min_effect
+
+
+def _mark(diff: Estimate, higher_is_better: bool) -> str:
+    """' ✅' for a marked gain, ' ⚠️' for a marked loss (:func:`is_marked`), else ''."""
+    if not is_marked(diff):
         return ""
     return " ✅" if (diff.value > 0) == higher_is_better else " ⚠️"
 
@@ -177,7 +192,7 @@ def write_report(out_dir: str, runs: Mapping[str, str | Run], *, baseline: str |
         dataset = dataset if dataset is not None else build_dataset(runs[baseline].meta.get("dataset", {}))
         figures += _example_figures(out_dir, runs, dataset, num_examples)
     lines += ["## Figures", ""] + [f"### {caption}\n\n![{caption}]({name})\n" for caption, name in figures]
-    lines += [NOTES.format(n_resamples=n_resamples, seed=seed)]
+    lines += [NOTES.format(n_resamples=n_resamples, seed=seed, min_effect=MIN_EFFECT)]
     path = os.path.join(out_dir, "report.md")
     with open(path, "w", encoding="utf-8") as handle:
         handle.write("\n".join(lines))
