@@ -179,3 +179,22 @@ def test_is_marked_rule():
     assert not is_marked(Estimate(0.004, 0.002, 0.006, 200))     # CI off zero, but |Δ| < 0.005
     assert not is_marked(Estimate(0.2, -0.01, 0.4, 200))         # CI includes 0
     assert is_marked(Estimate(0.02, 0.006, 0.034, 200)) and is_marked(Estimate(-0.02, -0.03, -0.01, 200))
+
+
+def test_example_panels_keep_the_score_line_under_a_long_answer(tmp_path, monkeypatch):
+    from matplotlib.axes import Axes
+
+    from projects.llava_sam2.rl_train.evaluation.plots import plot_examples
+
+    sample = next(iter(ShapesWorld(SPEC["split"], 1, SPEC["seed"], image_size=64)))
+    stats = MaskStats.from_masks(sample.gt_mask, sample.gt_mask, 1, keep_rle=True, sample_id=sample.sample_id)
+    long_caption = " ".join(["a very long rambling caption"] * 30)
+    records = {"sys": {sample.sample_id: EvalRecord("cycle_iou", sample.sample_id, 0.5, answer_a=long_caption,
+                                                    answer_b="Sure, [SEG].", caption=long_caption, mask=stats)}}
+    labels = []
+    original = Axes.set_xlabel
+    monkeypatch.setattr(Axes, "set_xlabel", lambda self, text, *a, **k: (labels.append(text), original(self, text, *a, **k))[1])
+    plot_examples("cycle_iou", [sample], records, str(tmp_path / "ex.png"))
+    lines = labels[-1].split("\n")  # the system's panel
+    assert lines[-1] == "IoU 0.50" and len(lines) <= 6 and lines[-2].endswith("…"), lines
+    assert all(len(line) <= 34 for line in lines)

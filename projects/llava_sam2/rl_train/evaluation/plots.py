@@ -148,8 +148,8 @@ def overlay(image: np.ndarray, region: np.ndarray | None, colour: tuple[int, int
     return out.astype(np.uint8)
 
 
-def _record_view(record: EvalRecord, gt_mask: np.ndarray) -> tuple[np.ndarray | None, str]:
-    """(mask to draw, text to print) of one system's record."""
+def _record_view(record: EvalRecord, gt_mask: np.ndarray) -> tuple[np.ndarray | None, str, str]:
+    """(mask to draw, answer text, score line) of one system's record."""
     pred = None
     if record.mask is not None and record.mask.rle is not None:
         h, w = record.mask.rle["size"]
@@ -160,17 +160,25 @@ def _record_view(record: EvalRecord, gt_mask: np.ndarray) -> tuple[np.ndarray | 
     if record.mask is not None and not record.mask.has_mask:
         score += " · no [SEG]"
     if record.task == "res":
-        return pred, f"{record.answer_a}\n{score}"
+        return pred, record.answer_a, score
     if record.task == "caption":
-        return gt_mask, f"“{record.caption}”\n{score}"
+        return gt_mask, f"“{record.caption}”", score
     if record.task == "cycle_iou":
-        return pred, f"A: “{record.caption}”\nB: {record.answer_b or '—'}\n{score}"
-    return pred, f"A: {record.answer_a}\nB: “{record.caption}”\n{score}"
+        return pred, f"A: “{record.caption}”\nB: {record.answer_b or '—'}", score
+    return pred, f"A: {record.answer_a}\nB: “{record.caption}”", score
 
 
-def _wrap(text: str, width: int = 34, lines: int = 6) -> str:
-    wrapped = [line for part in text.split("\n") for line in (textwrap.wrap(part, width) or [""])]
-    return "\n".join(wrapped[:lines] + (["…"] if len(wrapped) > lines else []))
+def _wrap(text: str, width: int = 34, lines: int = 6, footer: str = "") -> str:
+    """``text`` wrapped to ``width`` characters and cut to fit ``lines`` lines with an ellipsis; ``footer``
+    (the score line) is wrapped too and always kept whole below it, so a long answer never hides the score."""
+    def wrap(block: str) -> list[str]:
+        return [line for part in block.split("\n") for line in (textwrap.wrap(part, width) or [""])]
+
+    tail = wrap(footer) if footer else []
+    body, room = wrap(text), max(1, lines - len(tail))
+    if len(body) > room:
+        body = body[:room - 1] + [body[room - 1][:width - 1] + "…"]
+    return "\n".join(body + tail)
 
 
 def plot_examples(task: str, samples: Sequence, records: Mapping[str, Mapping[str, EvalRecord]], out_png: str
@@ -194,12 +202,12 @@ def plot_examples(task: str, samples: Sequence, records: Mapping[str, Mapping[st
             record = records[system].get(sample.sample_id)
             if record is None:
                 raise ValueError(f"plot_examples: system {system!r} has no {task} record for {sample.sample_id!r}")
-            pred, text = _record_view(record, gt_mask)
+            pred, text, score = _record_view(record, gt_mask)
             shown = overlay(image, gt_mask, GT_COLOUR) if record.task == "caption" else \
                 overlay(image, pred, PRED_COLOUR, reference=gt_mask)
             axis.imshow(shown, interpolation="nearest")
             axis.set_title(system, fontsize=9)
-            axis.set_xlabel(_wrap(text), fontsize=8)
+            axis.set_xlabel(_wrap(text, footer=score), fontsize=8)
         for axis in row:
             axis.set_xticks([])
             axis.set_yticks([])

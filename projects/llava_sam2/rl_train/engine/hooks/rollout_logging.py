@@ -45,7 +45,9 @@ def overlay(image: Image.Image, mask: np.ndarray | None, color: tuple[int, int, 
 def caption_strip(tile: Image.Image, text: str, lines: int = 3) -> Image.Image:
     """``tile`` with ``text`` wrapped into a white strip below it."""
     width = max(8, tile.width // 6)
-    wrapped = textwrap.wrap(text, width)[:lines] or [""]
+    wrapped = textwrap.wrap(text, width) or [""]
+    if len(wrapped) > lines:  # mark the cut (the reward leads the text, so it is never the part cut)
+        wrapped = wrapped[:lines - 1] + [wrapped[lines - 1][:width - 3] + "..."]  # ASCII: PIL's bitmap font
     strip_h = 12 * len(wrapped) + 4
     out = Image.new("RGB", (tile.width, tile.height + strip_h), (255, 255, 255))
     out.paste(tile, (0, 0))
