@@ -47,12 +47,16 @@ def build_tokenizer(tokenizer: Any = None, pretrained_path: str | os.PathLike | 
                      "tokens match the checkpoint; only preset='tiny' has a built-in one.")
 
 
-def check_model_source(pretrained_path: str | os.PathLike | None, preset: str | None) -> None:
-    """Exactly one of ``pretrained_path`` / ``preset``; a ``pretrained_path`` must be a checkpoint directory."""
-    if (pretrained_path is None) == (preset is None):
+def check_model_source(pretrained_path: str | os.PathLike | None, preset: str | None,
+                       upstream_sft: Mapping | None = None) -> None:
+    """Exactly one of ``pretrained_path`` / ``preset`` / ``upstream_sft``; a ``pretrained_path`` must be a checkpoint
+    directory."""
+    given = [v is not None for v in (pretrained_path, preset, upstream_sft)]
+    if sum(given) != 1:
         raise ValueError(f"give exactly one of pretrained_path (a local HF Sa2VA checkpoint, e.g. "
-                         f"./pretrained/Sa2VA-4B) and preset (tiny/1b/4b/8b); got pretrained_path={pretrained_path!r}, "
-                         f"preset={preset!r}.")
+                         f"./pretrained/Sa2VA-4B), preset (tiny/1b/4b/8b) and upstream_sft (an upstream XTuner SFT "
+                         f"run); got pretrained_path={pretrained_path!r}, preset={preset!r}, "
+                         f"upstream_sft={'set' if upstream_sft is not None else None}.")
     if pretrained_path is not None:
         path = Path(pretrained_path)
         problem = ("does not exist" if not path.exists() else "is not a directory" if not path.is_dir()

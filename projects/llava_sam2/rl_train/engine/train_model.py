@@ -19,8 +19,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from mmengine.logging import print_log
 from mmengine.model import BaseModel
 from mmengine.registry import MODELS
+from peft import PeftModel
 from torch import nn
 
 from ..grpo.config import GRPOConfig
@@ -31,10 +33,31 @@ from ..model.sa2va import Sa2VAModel
 from ..model.sft_loss import sft_loss
 from .builders import build_tokenizer, check_model_source, model_config
 from .checkpointing import keep_trainable_state
+from .upstream_sft import build_upstream_sft_model
 from .registry import ALGORITHMS, build_component
 
 # Upstream Sa2VA SFT LoRA (reference/sa2va.md §6).
 DEFAULT_LORA = dict(r=128, lora_alpha=256, lora_dropout=0.05)
+
+
+def _build_sa2va(pretrained_path, preset, upstream_sft, tokenizer, dtype):
+    """(Sa2VAModel, tokenizer, train_mask_decoder) from exactly one source: an HF checkpoint, a preset, or an
+    upstream XTuner SFT run (engine/upstream_sft.py)."""
+    check_model_source(pretrained_path, preset, upstream_sft)
+    if upstream_sft is not None:
+        if tokenizer is not None:
+            raise ValueError("Sa2VATrainModel: upstream_sft brings its tokenizer (the SFT config's, plus its special "
+                             "tokens); remove tokenizer=")
+        sa2va, tokenizer, flags, report, _ = build_upstream_sft_model(upstream_sft, torch_dtype=dtype)
+        print_log(f"Sa2VATrainModel: upstream SFT run loaded: {report.summary()}", logger="current")
+        return sa2va, tokenizer, flags.train_mask_decoder
+    tokenizer = build_tokenizer(tokenizer, pretrained_path, preset)
+    if pretrained_path is not None:
+        return Sa2VAModel.from_pretrained(pretrained_path, torch_dtype=dtype).train(), tokenizer, True
+    sa2va = Sa2VAModel(model_config(None, preset, vocab_size=len(tokenizer)))
+    if dtype is not None:
+        sa2va.to(dtype)
+    return sa2va, tokenizer, True
 
 
 def _dtype(value: str | torch.dtype | None) -> torch.dtype | None:
@@ -53,6 +76,10 @@ class Sa2VATrainModel(BaseModel):
     Args:
         pretrained_path: HF Sa2VA checkpoint directory (``Sa2VAModel.from_pretrained``); or None with ``preset``.
         preset: size preset name (``tiny`` / ``1b`` / ``4b`` / ``8b``) for a randomly initialised model.
+        upstream_sft: start from an upstream XTuner SFT run: ``dict(sft_model=<the SFT config's model dict>,
+            template=<its template>, pretrained_pth=<its iter_*.pth file or DeepSpeed dir>, lora_mode='keep' |
+            'merge')`` (engine/upstream_sft.py); LoRA, freeze flags, special tokens and paths come from it. With
+            'keep' the SFT adapter is trained on and ``lora`` is unused.
         tokenizer: tokenizer object, config dict or path; None reads it from ``pretrained_path`` (or the tiny one).
         lora: ``apply_lora`` kwargs (r, lora_alpha, lora_dropout, target_modules).
         train_embeddings: also train the LLM input embeddings and LM head (upstream SFT does; off for RL).
@@ -66,26 +93,23 @@ class Sa2VATrainModel(BaseModel):
             the model.
     """
 
-    def __init__(self, *, pretrained_path: str | None = None, preset: str | None = None, tokenizer: Any = None,
+    def __init__(self, *, pretrained_path: str | None = None, preset: str | None = None,
+                 upstream_sft: Mapping[str, Any] | None = None, tokenizer: Any = None,
                  lora: Mapping[str, Any] = DEFAULT_LORA, train_embeddings: bool = False,
                  gradient_checkpointing: bool = False, torch_dtype: str | torch.dtype | None = None,
                  processor_cfg: Mapping[str, Any] | None = None, sft_loss_cfg: Mapping[str, Any] | None = None,
                  data_preprocessor: dict | None = None, weights_storage_device: str | None = None) -> None:
         super().__init__(data_preprocessor=data_preprocessor)
-        check_model_source(pretrained_path, preset)
-        tokenizer = build_tokenizer(tokenizer, pretrained_path, preset)
-        dtype = _dtype(torch_dtype)
-        if pretrained_path is not None:
-            sa2va = Sa2VAModel.from_pretrained(pretrained_path, torch_dtype=dtype).train()
-        else:
-            sa2va = Sa2VAModel(model_config(None, preset, vocab_size=len(tokenizer)))
-            if dtype is not None:
-                sa2va.to(dtype)
+        sa2va, tokenizer, train_mask_decoder = _build_sa2va(pretrained_path, preset, upstream_sft, tokenizer,
+                                                            _dtype(torch_dtype))
         sa2va.bind_tokenizer(tokenizer)
         if gradient_checkpointing:
             sa2va.language_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        sa2va.language_model = apply_lora(sa2va.language_model, **dict(lora))
-        configure_trainable(sa2va, train_embeddings=train_embeddings)
+        # lora_mode='keep' of an upstream SFT run: the LLM arrives with the SFT adapter, which RL continues
+        self.is_lora_from_sft = isinstance(sa2va.language_model, PeftModel)
+        if not self.is_lora_from_sft:
+            sa2va.language_model = apply_lora(sa2va.language_model, **dict(lora))
+        configure_trainable(sa2va, train_embeddings=train_embeddings, train_mask_decoder=train_mask_decoder)
         self.sa2va = sa2va
         self.processor = Sa2VAProcessor.from_config(tokenizer, sa2va.config, **dict(processor_cfg or {}))
         self.sft_loss_cfg = dict(sft_loss_cfg or {})
@@ -108,8 +132,11 @@ class Sa2VATrainModel(BaseModel):
         config = args.get("config")
         config = config if isinstance(config, GRPOConfig) else GRPOConfig(**dict(config or {}))
         args["config"] = config
+        # a LoRA adapter continued from SFT is not zero at the start, so "adapter off" is not the reference policy:
+        # snapshot the LoRA tensors like the other trainables
+        adapter = {"is_adapter": lambda name: False} if self.is_lora_from_sft else {}
         self.weights = WeightSets.from_model(self.sa2va, ema_decay=config.ema_decay, use_reference=config.beta > 0,
-                                             storage_device=self.weights_storage_device)
+                                             storage_device=self.weights_storage_device, **adapter)
         return build_component(ALGORITHMS, args, model=self.sa2va, processor=self.processor, weights=self.weights)
 
     def forward(self, data: dict | None = None, data_samples=None, mode: str = "loss", grpo_batch=None,

@@ -79,14 +79,16 @@ def apply_lora(
     return get_peft_model(language_model, config)
 
 
-def configure_trainable(model: nn.Module, *, train_embeddings: bool = False) -> dict[str, nn.Parameter]:
+def configure_trainable(model: nn.Module, *, train_embeddings: bool = False,
+                        train_mask_decoder: bool = True) -> dict[str, nn.Parameter]:
     """Freeze ``model`` (a Sa2VAModel), then unfreeze the upstream SFT set.
 
     Trainable: LoRA tensors of ``language_model``, ``mlp1``, ``grounding_encoder.sam2_model.
-    sam_mask_decoder``, ``text_hidden_fcs``; with ``train_embeddings`` also the LLM input
-    embeddings and LM head (as upstream SFT). With frozen embeddings and gradient checkpointing,
-    the LLM's input embeddings are made to require grad so checkpointed blocks still backpropagate
-    into LoRA (sa2va.md §8.11); enable checkpointing before calling this.
+    sam_mask_decoder`` (unless ``train_mask_decoder=False``, upstream's ``frozen_sam2_decoder=True``),
+    ``text_hidden_fcs``; with ``train_embeddings`` also the LLM input embeddings and LM head (as
+    upstream SFT). With frozen embeddings and gradient checkpointing, the LLM's input embeddings are
+    made to require grad so checkpointed blocks still backpropagate into LoRA (sa2va.md §8.11);
+    enable checkpointing before calling this.
 
     Returns :func:`trainable_parameters` of the configured model.
     """
@@ -102,7 +104,7 @@ def configure_trainable(model: nn.Module, *, train_embeddings: bool = False) -> 
         if "lora_" in name:
             param.requires_grad_(True)
     model.mlp1.requires_grad_(True)
-    model.grounding_encoder.sam2_model.sam_mask_decoder.requires_grad_(True)
+    model.grounding_encoder.sam2_model.sam_mask_decoder.requires_grad_(train_mask_decoder)
     model.text_hidden_fcs.requires_grad_(True)
     if train_embeddings:
         language_model.get_input_embeddings().requires_grad_(True)

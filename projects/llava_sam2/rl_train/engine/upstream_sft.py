@@ -1,0 +1,150 @@
+"""Read an upstream Sa2VA SFT config (XTuner/MMEngine lazy config) for RL: the model it trains, never built.
+
+The schema is upstream's ``projects/llava_sam2/configs/sa2va_4b.py`` (docs/upstream.md): top-level ``path``,
+``template``, ``special_tokens``, ``pretrained_pth`` and a ``model`` dict
+
+    model = dict(type=VideoLLaVASAMModel_zero3, special_tokens=..., frozen_sam2_decoder=False,
+                 mllm=dict(type=InternVL_Slowfast, model_path=path, freeze_llm=True, freeze_visual_encoder=True,
+                           llm_lora=dict(type=LoraConfig, r=128, lora_alpha=256, lora_dropout=0.05, ...),
+                           special_tokens=...),
+                 tokenizer=dict(type=AutoTokenizer.from_pretrained, pretrained_model_name_or_path=path, ...),
+                 grounding_encoder=dict(type=SAM2TrainRunner[, cfg_path=..., ckpt_path=...]),
+                 pretrained_pth=pretrained_pth, ...)
+
+Only plain values are read; the lazy ``type=`` objects are never imported, so the upstream classes need not be
+importable (a config that imports them parses anywhere). An RL config embeds this dict as
+``Sa2VATrainModel(upstream_sft=dict(sft_model=<the SFT model dict>, template=..., pretrained_pth=..., lora_mode=...))``.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from mmengine.config import ConfigDict
+
+from ..model.upstream_base import SAM2_CFG_PATHS, LoraSpec, UpstreamSFTSource, read_base_config
+from ..model.xtuner_checkpoint import LORA_MODES, load_upstream_sft
+
+# upstream projects/llava_sam2/models/sam2_train.py: BASE_DIR and the ckpt_path / cfg_path defaults
+SAM2_BASE_DIR = "pretrained/"
+SAM2_DEFAULT_CKPT = "sam2_hiera_large.pt"
+SAM2_DEFAULT_CFG = "sam2_hiera_l.yaml"
+# peft LoraConfig defaults for keys an llm_lora dict leaves out
+PEFT_LORA_DEFAULTS = dict(r=8, lora_alpha=8, lora_dropout=0.0, target_modules=None, bias="none", use_rslora=False)
+UPSTREAM_SFT_KEYS = ("sft_model", "template", "pretrained_pth", "lora_mode", "sam2_checkpoint")
+
+
+@dataclass(frozen=True)
+class SFTTrainFlags:
+    """What the SFT config trained, mapped onto RL's trainable set (``model.lora.configure_trainable``)."""
+
+    train_mask_decoder: bool  # not frozen_sam2_decoder
+    has_llm_lora: bool
+
+
+def plain(value: Any) -> Any:
+    """A config value as plain dicts / lists, with lazy objects left unbuilt (ConfigDict would import them)."""
+    if isinstance(value, ConfigDict):
+        value = value._to_lazy_dict()
+    if isinstance(value, Mapping):
+        return {key: plain(item) for key, item in dict.items(value)}
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain(item) for item in value)
+    return value
+
+
+def _field(cfg: Mapping, key: str, default: Any = None) -> Any:
+    return cfg.get(key, default) if isinstance(cfg, Mapping) else getattr(cfg, key, default)
+
+
+def _lora_spec(llm_lora: Any) -> LoraSpec | None:
+    """``llm_lora`` as a dict (``type=LoraConfig`` unbuilt) or a built peft LoraConfig."""
+    if llm_lora is None:
+        return None
+    values = {key: _field(llm_lora, key, default) for key, default in PEFT_LORA_DEFAULTS.items()}
+    if values["bias"] != "none":
+        raise ValueError(f"SFT config llm_lora bias={values['bias']!r}: only bias='none' (upstream's) is supported")
+    targets = values["target_modules"]
+    targets = (targets,) if isinstance(targets, str) else (tuple(targets) if targets is not None else None)
+    return LoraSpec(r=int(values["r"]), lora_alpha=float(values["lora_alpha"]),
+                    lora_dropout=float(values["lora_dropout"]), target_modules=targets,
+                    use_rslora=bool(values["use_rslora"]))
+
+
+def sft_source(sft_model: Mapping, template: str, *, pretrained_pth: str | None = None,
+               sam2_checkpoint: str | None = None) -> tuple[UpstreamSFTSource, SFTTrainFlags]:
+    """The model description of an upstream SFT ``model`` dict (module docstring); ``pretrained_pth`` overrides the
+    dict's own (an SFT config usually has None: the SFT *result* is what RL starts from)."""
+    cfg = plain(sft_model)
+    mllm = cfg.get("mllm") or {}
+    if "model_path" not in mllm:
+        raise ValueError("SFT config: model.mllm.model_path (the InternVL base directory, `path`) is missing; pass "
+                         "the SFT config's `model` dict as upstream_sft.sft_model")
+    if mllm.get("pretrained_pth") is not None:
+        raise ValueError("SFT config: model.mllm.pretrained_pth is set; only the whole model's pretrained_pth "
+                         "(XTuner checkpoint of VideoLLaVASAMModel) is supported")
+    if cfg.get("arch_type", "intern_vl") != "intern_vl":
+        raise ValueError(f"SFT config: arch_type={cfg['arch_type']!r}; only 'intern_vl' (InternVL + SAM2) is supported")
+    if not mllm.get("freeze_visual_encoder", False) or mllm.get("visual_encoder_lora") is not None:
+        raise ValueError("SFT config: the vision encoder was trained (freeze_visual_encoder=False or "
+                         "visual_encoder_lora); RL keeps it frozen and upstream's checkpoints cannot hold it")
+    lora = _lora_spec(mllm.get("llm_lora"))
+    if lora is None and not mllm.get("freeze_llm", False):
+        raise ValueError("SFT config: full LLM fine-tuning (freeze_llm=False without llm_lora) is not supported; "
+                         "upstream's state_dict raises NotImplementedError for it too")
+    model_tokens, mllm_tokens = cfg.get("special_tokens"), mllm.get("special_tokens")
+    if model_tokens and mllm_tokens and list(model_tokens) != list(mllm_tokens):
+        raise ValueError(f"SFT config: model.special_tokens {list(model_tokens)} differ from model.mllm."
+                         f"special_tokens {list(mllm_tokens)}; upstream resizes the LLM for the latter and writes the "
+                         "vocabulary of the former, so the run is inconsistent")
+    special = mllm_tokens or model_tokens or ["[SEG]"]  # upstream's default when neither is set
+    tokenizer = cfg.get("tokenizer") or {}
+    grounding = cfg.get("grounding_encoder") or {}
+    source = UpstreamSFTSource(
+        base_path=os.fspath(mllm["model_path"]), template=template,
+        pretrained_pth=pretrained_pth if pretrained_pth is not None else cfg.get("pretrained_pth"),
+        sam2_checkpoint=sam2_checkpoint or os.path.join(SAM2_BASE_DIR, grounding.get("ckpt_path", SAM2_DEFAULT_CKPT)),
+        special_tokens=tuple(special), lora=lora,
+        tokenizer_path=tokenizer.get("pretrained_model_name_or_path"),
+        padding_side=tokenizer.get("padding_side", "right"))
+    cfg_path = grounding.get("cfg_path", SAM2_DEFAULT_CFG)
+    if cfg_path not in SAM2_CFG_PATHS and "grounding_config" not in read_base_config(source.base_path):
+        raise ValueError(f"SFT config: grounding_encoder cfg_path={cfg_path!r}; only {list(SAM2_CFG_PATHS)} (SAM 2.0 "
+                         "Hiera-L, Sa2VA's) is known")
+    flags = SFTTrainFlags(train_mask_decoder=not cfg.get("frozen_sam2_decoder", True), has_llm_lora=lora is not None)
+    return source, flags
+
+
+def build_upstream_sft_model(upstream_sft: Mapping, torch_dtype=None):
+    """``Sa2VATrainModel(upstream_sft=...)``: (Sa2VAModel, tokenizer, SFTTrainFlags, LoadReport,
+    UpstreamSFTSource)."""
+    spec = plain(upstream_sft)
+    unknown = sorted(set(spec) - set(UPSTREAM_SFT_KEYS))
+    if unknown or "sft_model" not in spec or "template" not in spec:
+        raise ValueError(f"upstream_sft: keys {sorted(spec)}; expected sft_model (the SFT config's model dict) and "
+                         f"template, optionally pretrained_pth, lora_mode {LORA_MODES}, sam2_checkpoint "
+                         f"(unknown: {unknown})")
+    source, flags = sft_source(spec["sft_model"], spec["template"], pretrained_pth=spec.get("pretrained_pth"),
+                               sam2_checkpoint=spec.get("sam2_checkpoint"))
+    if source.pretrained_pth is None:
+        raise ValueError("upstream_sft: pretrained_pth is None; set it to the SFT checkpoint RL starts from "
+                         "(work_dirs/<sft config>/iter_N.pth, a file or a DeepSpeed directory)")
+    model, tokenizer, report = load_upstream_sft(source, lora_mode=spec.get("lora_mode", "keep"),
+                                                 torch_dtype=torch_dtype)
+    return model, tokenizer, flags, report, source
+
+
+def load_sft_config(path: str | os.PathLike, cfg_options: Mapping | None = None):
+    """(UpstreamSFTSource, SFTTrainFlags) of an SFT config file (``model``, ``template``, ``pretrained_pth``)."""
+    from mmengine.config import Config
+
+    cfg = Config.fromfile(os.fspath(path))
+    if cfg_options:
+        cfg.merge_from_dict(dict(cfg_options))
+    raw = cfg._cfg_dict if hasattr(cfg, "_cfg_dict") else cfg
+    if "model" not in raw or "template" not in raw:
+        raise ValueError(f"{path}: an upstream Sa2VA SFT config defines `model` and `template`; this one has "
+                         f"{sorted(raw)[:20]}")
+    return sft_source(dict.__getitem__(raw, "model"), dict.__getitem__(raw, "template"))
