@@ -1,0 +1,137 @@
+"""``sa2va-rl convert``: move checkpoints between an upstream Sa2VA (XTuner) run and this project, without
+upstream code (docs/upstream.md).
+
+    convert to-hf SFT_CONFIG PTH --save-path DIR
+        an upstream SFT checkpoint (XTuner iter_*.pth file or DeepSpeed directory) -> HF Sa2VA layout, as upstream's
+        projects/llava_sam2/hf/convert_to_hf.py writes it (same arguments)
+    convert to-xtuner --config RL_CONFIG --checkpoint CKPT --save-path OUT.pth
+    convert to-xtuner --hf HF_DIR --sft-config SFT_CONFIG --save-path OUT.pth
+        an RL result (or any HF Sa2VA directory) -> an XTuner .pth that upstream's SFT model loads
+        (pretrained_pth=, convert_to_hf.py, evaluation after conversion)
+    convert make-tiny-sft --root DIR
+        write a tiny upstream-style SFT run (base dir, SAM2 weights, .pth, optional DeepSpeed dir) to try the above
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+DEFAULT_REMOTE_CODE_DIR = "projects/llava_sam2/hf/models"  # upstream converter copies these files (checkout-relative)
+
+
+def _parser() -> argparse.ArgumentParser:
+    from mmengine.config import DictAction
+
+    parser = argparse.ArgumentParser(prog="sa2va-rl convert", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    hf = sub.add_parser("to-hf", help="upstream SFT checkpoint -> HF Sa2VA layout (as upstream convert_to_hf.py)")
+    hf.add_argument("config", help="the upstream SFT config of the run (e.g. projects/llava_sam2/configs/sa2va_4b.py)")
+    hf.add_argument("pth_model", help="its checkpoint: an XTuner iter_*.pth file or a DeepSpeed checkpoint directory")
+    hf.add_argument("--save-path", default="./work_dirs/hf_model", help="output folder (upstream's default)")
+    hf.add_argument("--dtype", default="auto", help="'auto' as upstream (InternVL part in the base dtype, SAM2 and "
+                    "text_hidden_fcs in float32) or one dtype for all: bfloat16, float16, float32")
+    hf.add_argument("--remote-code-dir", default=None, help="folder of upstream's HF remote code to copy next to the "
+                    f"weights (default: {DEFAULT_REMOTE_CODE_DIR} when it exists under the working directory)")
+    hf.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard, e.g. 5GB")
+    hf.add_argument("--cfg-options", nargs="+", action=DictAction, help="key=value overrides of the SFT config")
+    xt = sub.add_parser("to-xtuner", help="RL result or HF Sa2VA dir -> XTuner .pth for upstream's SFT model")
+    xt.add_argument("--config", help="the RL config that trained the model (with --checkpoint)")
+    xt.add_argument("--checkpoint", help="its checkpoint: iter_*.pth file or DeepSpeed directory")
+    xt.add_argument("--hf", help="or: an HF Sa2VA directory (e.g. the output of export); written in the full layout")
+    xt.add_argument("--sft-config", help="the upstream SFT config the .pth is for (its llm_lora decides the names); "
+                    "default: the RL config's upstream_sft, else an llm_lora with xtuner's default targets")
+    xt.add_argument("--save-path", required=True, help="output .pth file")
+    xt.add_argument("--layout", default="auto", choices=("auto", "compact", "full"),
+                    help="compact: what an XTuner SFT .pth holds (LoRA unmerged + trained tensors), possible when RL "
+                    "continued the SFT adapter (lora_mode='keep'); full: every tensor, LoRA merged; auto: compact "
+                    "when possible")
+    xt.add_argument("--cfg-options", nargs="+", action=DictAction, help="key=value overrides of the RL config")
+    tiny = sub.add_parser("make-tiny-sft", help="write a tiny upstream-style SFT run under --root")
+    tiny.add_argument("--root", default=".", help="folder that plays the Sa2VA checkout root")
+    tiny.add_argument("--seed", type=int, default=0, help="seed of the tiny weights")
+    tiny.add_argument("--deepspeed-world-size", type=int, default=0, help="also write a DeepSpeed ZeRO-2 directory")
+    return parser
+
+
+def _to_hf(args) -> int:
+    from ..engine.upstream_sft import load_sft_config
+    from ..model.upstream_convert import sft_to_hf
+
+    source, _ = load_sft_config(args.config, args.cfg_options)
+    source = type(source)(**{**source.__dict__, "pretrained_pth": args.pth_model})
+    remote = args.remote_code_dir
+    if remote is None and Path(DEFAULT_REMOTE_CODE_DIR).is_dir():
+        remote = DEFAULT_REMOTE_CODE_DIR
+    report = sft_to_hf(source, args.save_path, dtype=args.dtype, max_shard_size=args.max_shard_size,
+                       remote_code_dir=remote)
+    print(f"loaded {args.pth_model}: {report.summary()}")
+    print(f"wrote the HF Sa2VA model and tokenizer to {args.save_path}"
+          + ("" if remote else f" (no remote code copied: {DEFAULT_REMOTE_CODE_DIR} not found; use "
+             "--remote-code-dir for trust_remote_code loading)"))
+    return 0
+
+
+def _rl_model(config: str, checkpoint: str, cfg_options):
+    """(Sa2VATrainModel built from ``config`` with ``checkpoint``'s trained tensors, the config)."""
+    from mmengine.config import Config
+    from mmengine.registry import MODELS
+    from mmengine.runner import set_random_seed
+
+    from ..engine.registry import build_component
+    from ..model.upstream_base import read_xtuner_checkpoint
+
+    cfg = Config.fromfile(config)
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
+    seed = cfg.get("randomness", {}).get("seed")
+    if seed is not None:  # a preset model's frozen weights are random: rebuild them as the run did
+        set_random_seed(seed)
+    model = build_component(MODELS, cfg.model)
+    state = {k.removeprefix("module."): v for k, v in read_xtuner_checkpoint(checkpoint).items()}
+    model.load_state_dict(state, strict=True)
+    return model, cfg
+
+
+def _to_xtuner(args) -> int:
+    from ..engine.upstream_sft import load_sft_config, sft_source
+    from ..model.sa2va import Sa2VAModel
+    from ..model.xtuner_checkpoint import save_xtuner_checkpoint, xtuner_state_dict
+
+    if bool(args.hf) == bool(args.config or args.checkpoint) or (args.config is None) != (args.checkpoint is None):
+        raise SystemExit("convert to-xtuner: give either --hf DIR, or --config RL_CONFIG with --checkpoint CKPT")
+    lora = None
+    if args.sft_config:
+        lora = load_sft_config(args.sft_config)[0].lora
+    if args.hf:
+        model, layout, origin = Sa2VAModel.from_pretrained(args.hf), "full", args.hf
+        if args.layout == "compact":
+            raise SystemExit("convert to-xtuner: an HF directory holds merged weights; use --layout full or auto")
+    else:
+        train_model, cfg = _rl_model(args.config, args.checkpoint, args.cfg_options)
+        model, origin = train_model.sa2va, args.checkpoint
+        spec = cfg.model.get("upstream_sft")
+        if lora is None and spec is not None:
+            lora = sft_source(spec["sft_model"], spec["template"])[0].lora
+        layout = args.layout if args.layout != "auto" else ("compact" if train_model.is_lora_from_sft else "full")
+    has_lora = lora is not None or not args.sft_config
+    targets = lora.target_modules if lora is not None else None
+    state = xtuner_state_dict(model, layout=layout, is_llm_wrapped=has_lora, upstream_targets=targets)
+    save_xtuner_checkpoint(state, args.save_path, meta={"converted_from": os.fspath(origin), "layout": layout})
+    print(f"wrote {len(state)} tensors ({layout} layout, upstream training names) to {args.save_path}; load it with "
+          "pretrained_pth= in the SFT config, or: python projects/llava_sam2/hf/convert_to_hf.py <SFT config> "
+          f"{args.save_path} --save-path <dir>")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "to-hf":
+        return _to_hf(args)
+    if args.command == "to-xtuner":
+        return _to_xtuner(args)
+    from ..model.tiny_upstream_run import main as tiny_main
+
+    return tiny_main(["--root", args.root, "--seed", str(args.seed),
+                      "--deepspeed-world-size", str(args.deepspeed_world_size)])

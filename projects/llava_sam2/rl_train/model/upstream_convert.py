@@ -1,0 +1,72 @@
+"""Conversions between an upstream XTuner SFT run and the HF Sa2VA layout, without upstream code.
+
+* ``sft_to_hf``: what upstream ``projects/llava_sam2/hf/convert_to_hf.py CONFIG PTH --save-path DIR`` writes —
+  LoRA merged, ``mllm.model.`` dropped, ``.gamma`` → ``.g_weight``, ``config.json`` = the base InternVL config with
+  ``llm_config.vocab_size = len(tokenizer)``, the SFT ``template`` and Sa2VA's ``auto_map``; the tokenizer with
+  the special tokens; and (as upstream's ``cp projects/llava_sam2/hf/models/*``) the remote-code ``*.py`` files
+  when a folder holding them is given.
+* ``xtuner_checkpoint.xtuner_state_dict`` / ``save_xtuner_checkpoint``: the reverse direction.
+
+dtype (``dtype='auto'``, upstream's): the converter builds the InternVL part in bf16 and SAM2 / text_hidden_fcs in
+fp32, then copies values in, so ``vision_model`` / ``language_model`` / ``mlp1`` are written in the base config's
+``torch_dtype`` and ``grounding_encoder`` / ``text_hidden_fcs`` in float32. A dtype name writes every tensor in it.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from .sa2va import Sa2VAModel
+from .upstream_base import UpstreamSFTSource, read_base_config
+from .xtuner_checkpoint import load_upstream_sft
+
+_INTERNVL_PARTS = ("vision_model", "language_model", "mlp1")
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    value = getattr(torch, str(name), None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"dtype={name!r} is not a torch dtype name (bfloat16, float16, float32) or 'auto'")
+    return value
+
+
+def apply_hf_dtype(model: Sa2VAModel, dtype: str, base_dtype: str | None) -> None:
+    """Cast parameters for writing: ``'auto'`` as upstream's converter (module docstring), else all to ``dtype``."""
+    if dtype != "auto":
+        model.to(_torch_dtype(dtype))
+        return
+    internvl = _torch_dtype(base_dtype or "bfloat16")
+    for name in _INTERNVL_PARTS:
+        getattr(model, name).to(internvl)
+    model.grounding_encoder.to(torch.float32)
+    model.text_hidden_fcs.to(torch.float32)
+
+
+def copy_remote_code(remote_code_dir: str | os.PathLike, save_path: str | os.PathLike) -> list[str]:
+    """Copy the ``*.py`` files of upstream's ``projects/llava_sam2/hf/models`` next to the weights, as upstream's
+    converter does, so ``AutoModel.from_pretrained(..., trust_remote_code=True)`` works."""
+    source = Path(remote_code_dir)
+    files = sorted(source.glob("*.py"))
+    if not files:
+        raise FileNotFoundError(f"{source}: no *.py files; pass the Sa2VA checkout's projects/llava_sam2/hf/models")
+    for file in files:
+        shutil.copy2(file, Path(save_path) / file.name)
+    return [file.name for file in files]
+
+
+def sft_to_hf(source: UpstreamSFTSource, save_path: str | os.PathLike, *, dtype: str = "auto",
+              max_shard_size: int | str = "5GB", remote_code_dir: str | os.PathLike | None = None):
+    """Write the HF Sa2VA layout of an upstream SFT run (LoRA merged); returns the LoadReport."""
+    model, tokenizer, report = load_upstream_sft(source, lora_mode="merge")
+    apply_hf_dtype(model, dtype, read_base_config(source.base_path).get("torch_dtype"))
+    # transformers' save_pretrained records the dtype of the first floating parameter (the vision model)
+    model.config.extra["torch_dtype"] = str(model.vision_model.embeddings.patch_embedding.weight.dtype).removeprefix(
+        "torch.")
+    model.save_pretrained(save_path, max_shard_size=max_shard_size)
+    tokenizer.save_pretrained(os.fspath(save_path))
+    if remote_code_dir is not None:
+        copy_remote_code(remote_code_dir, save_path)
+    return report
