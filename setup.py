@@ -1,10 +1,25 @@
 """Install the Sa2VA-RL plugin as the namespace package ``projects.llava_sam2.rl_train``.
 
 The heavy stack is pinned in ``requirements/stack.txt`` and installed by ``make setup`` in a fixed
-order (torch first, then xtuner, then ``sam2`` without build isolation); ``install_requires`` only
-names what the package imports, with the pins that matter.
+order (torch first, then xtuner, then ``sam2`` without build isolation); ``install_requires`` names
+every distribution the package imports (tests/test_install_checkout.py checks it against the
+sources), with the pins that matter. Optional lines are extras: ``prompt_rl`` (prompt-selection
+policy: gymnasium, stable-baselines3), ``meteor_jar`` (official METEOR 1.5 for paper numbers:
+pycocoevalcap's jar, needs Java), ``deepspeed`` (ZeRO training; reading DeepSpeed checkpoints does
+not need it). ``pip install -e ".[all]"`` takes all of them.
+
+Inside a Sa2VA checkout: ``projects/`` and ``projects/llava_sam2/`` have no ``__init__.py`` here or
+upstream (PEP 420 namespace packages), so ``projects.llava_sam2.rl_train`` installs beside upstream's
+``projects.llava_sam2.models`` / ``datasets`` and both import.
 """
 from setuptools import find_namespace_packages, setup
+
+EXTRAS = {
+    "prompt_rl": ["gymnasium", "stable-baselines3"],
+    "meteor_jar": ["pycocoevalcap==1.2"],
+    "deepspeed": ["deepspeed==0.16.2"],
+}
+EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
 
 setup(
     name="sa2va-rl",
@@ -29,6 +44,14 @@ setup(
         "inflect==7.5.0",
         "safetensors",
         "datasets",
+        "tokenizers",
+        "numpy",
+        "Pillow",
+        "pyarrow",
+        "matplotlib",
+        "scipy",
+        "tqdm",
     ],
+    extras_require=EXTRAS,
     entry_points={"console_scripts": []},
 )

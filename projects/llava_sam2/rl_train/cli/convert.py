@@ -115,6 +115,9 @@ def _to_xtuner(args) -> int:
         if lora is None and spec is not None:
             lora = sft_source(spec["sft_model"], spec["template"])[0].lora
         layout = args.layout if args.layout != "auto" else ("compact" if train_model.is_lora_from_sft else "full")
+        if spec is not None:  # the checkpoint holds trained tensors only: the config must rebuild the run's base
+            print(f"rebuilt the model as the run did: upstream SFT {spec.get('pretrained_pth')}, lora_mode="
+                  f"{spec.get('lora_mode', 'keep')} (pass the run's --cfg-options too)")
     has_lora = lora is not None or not args.sft_config
     targets = lora.target_modules if lora is not None else None
     state = xtuner_state_dict(model, layout=layout, is_llm_wrapped=has_lora, upstream_targets=targets)
