@@ -139,6 +139,9 @@ def _merge_zero2(param_shapes: list[dict], partitions: list[list[torch.Tensor]],
         offset = 0
         for name, shape in shapes.items():
             numel = math.prod(shape)
+            if offset + numel > flat.numel():
+                raise ValueError(f"ZeRO checkpoint group {g}: {name} needs values {offset}..{offset + numel} but the "
+                                 f"fp32 partitions hold {flat.numel()}; the model-states and optimizer files do not match.")
             out[name] = flat.narrow(0, offset, numel).view(tuple(shape)).clone()
             offset += numel
         align = 2 * world  # ZeRO-2 pads each group to a multiple of 2·world_size
@@ -152,14 +155,17 @@ def _merge_zero3(param_shapes: list[dict], flat_groups: list[list[torch.Tensor]]
     """Stage 3: parameter p occupies ceil(numel/world) values on every rank, at the same offset."""
     shapes = {name: shape for group in param_shapes for name, shape in group.items()}
     per_rank = [torch.cat([t.reshape(-1) for t in groups]) for groups in flat_groups]  # [N_rank] each
-    out, offset = {}, 0
+    out, offset, held = {}, 0, per_rank[0].numel()
     for name, shape in shapes.items():
         numel = math.prod(shape)
         chunk = math.ceil(numel / world)
+        if offset + chunk > held:
+            raise ValueError(f"ZeRO-3 checkpoint: {name} needs values {offset}..{offset + chunk} of each rank but a "
+                             f"rank holds {held}; the model-states and optimizer files do not match.")
         parts = [flat[offset:offset + chunk] for flat in per_rank]
         out[name] = torch.cat(parts)[:numel].view(tuple(shape)).clone()
         offset += chunk
-    if offset != per_rank[0].numel():
+    if offset != held:
         raise ValueError(f"ZeRO-3 checkpoint: the parameter shapes cover {offset} values per rank but each rank "
-                         f"holds {per_rank[0].numel()}; the model-states and optimizer files do not match.")
+                         f"holds {held}; the model-states and optimizer files do not match.")
     return out
