@@ -138,3 +138,9 @@ def main(argv: list[str] | None = None) -> int:
 
     return tiny_main(["--root", args.root, "--seed", str(args.seed),
                       "--deepspeed-world-size", str(args.deepspeed_world_size)])
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
