@@ -24,7 +24,8 @@ LLM = "mllm.model.language_model.base_model.model."
 
 def test_upstream_names_map_to_hf_names_and_back():
     pairs = {  # upstream training name -> HF checkpoint name (convert_to_hf.py: drop 'mllm.model.', gamma->g_weight)
-        LLM + "model.layers.0.self_attn.q_proj.base_layer.weight": "language_model.model.layers.0.self_attn.q_proj.weight",
+        LLM + "model.layers.0.self_attn.q_proj.base_layer.weight":
+            "language_model.model.layers.0.self_attn.q_proj.weight",
         LLM + "model.layers.0.self_attn.q_proj.base_layer.bias": "language_model.model.layers.0.self_attn.q_proj.bias",
         LLM + "model.norm.weight": "language_model.model.norm.weight",
         LLM + "lm_head.weight": "language_model.lm_head.weight",
@@ -61,7 +62,8 @@ def test_upstream_state_dict_filter_keeps_the_trained_subset():
     kept = [LLM + "model.layers.0.self_attn.q_proj.lora_A.default.weight", "mllm.model.mlp1.1.weight",
             "grounding_encoder.sam2_model.sam_mask_decoder.iou_token.weight", "text_hidden_fcs.0.weight",
             LLM + "lm_head.weight", LLM + "model.embed_tokens.weight", LLM + "output.base_layer.weight"]
-    dropped = [LLM + "model.layers.0.self_attn.q_proj.base_layer.weight", "mllm.model.vision_model.encoder.layers.0.ls1",
+    dropped = [LLM + "model.layers.0.self_attn.q_proj.base_layer.weight",
+               "mllm.model.vision_model.encoder.layers.0.ls1",
                "grounding_encoder.sam2_model.image_encoder.trunk.pos_embed",
                "grounding_encoder.sam2_model.obj_ptr_proj.layers.0.weight"]
     assert all(is_upstream_checkpoint_key(k) for k in kept)
@@ -105,9 +107,9 @@ def test_zero2_and_zero3_partitions_reassemble():
 
 def _write_zero2(directory, world: int, parts: list[torch.Tensor]) -> None:
     directory.mkdir(parents=True)
+    frozen = {"frozen_param_shapes": {"f": torch.Size([2])}, "frozen_param_fragments": {"f": torch.tensor([7.0, 8.0])}}
     torch.save({"module": {"buf": torch.ones(2)}, "buffer_names": ["buf"], "param_shapes": [{"w": torch.Size([2, 3])}],
-                "frozen_param_shapes": {"f": torch.Size([2])}, "frozen_param_fragments": {"f": torch.tensor([7.0, 8.0])},
-                "shared_params": {"w_alias": "w"}}, directory / "mp_rank_00_model_states.pt")
+                **frozen, "shared_params": {"w_alias": "w"}}, directory / "mp_rank_00_model_states.pt")
     for rank, part in enumerate(parts):
         optim = {"zero_stage": 2, "partition_count": [world], "single_partition_of_fp32_groups": [part]}
         torch.save({"optimizer_state_dict": optim}, directory / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")

@@ -19,6 +19,9 @@ _EXPORTS = {
     "checkpoint_state_dict": ".checkpoint",
     "load_pretrained": ".checkpoint",
     "save_pretrained": ".checkpoint",
+    "UpstreamSFTSource": ".upstream_base",
+    "load_upstream_sft": ".xtuner_checkpoint",
+    "xtuner_state_dict": ".xtuner_checkpoint",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -141,7 +141,8 @@ def _merge_zero2(param_shapes: list[dict], partitions: list[list[torch.Tensor]],
             numel = math.prod(shape)
             if offset + numel > flat.numel():
                 raise ValueError(f"ZeRO checkpoint group {g}: {name} needs values {offset}..{offset + numel} but the "
-                                 f"fp32 partitions hold {flat.numel()}; the model-states and optimizer files do not match.")
+                                 f"fp32 partitions hold {flat.numel()}; the model-states and optimizer files do not "
+                                 "match.")
             out[name] = flat.narrow(0, offset, numel).view(tuple(shape)).clone()
             offset += numel
         align = 2 * world  # ZeRO-2 pads each group to a multiple of 2·world_size

@@ -93,8 +93,9 @@ def read_xtuner_checkpoint(path: str | os.PathLike) -> dict[str, torch.Tensor]:
             raise ValueError(f"{path}: cannot read this checkpoint ({type(err).__name__}: {err})") from err
         state = loaded.get("state_dict", loaded) if isinstance(loaded, dict) else None
         if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
-            raise ValueError(f"{path}: not a state dict of tensors (top-level keys: {sorted(loaded)[:8] if isinstance(loaded, dict) else type(loaded).__name__}); "
-                             "pass the iter_*.pth an XTuner run wrote")
+            found = sorted(loaded)[:8] if isinstance(loaded, dict) else type(loaded).__name__
+            raise ValueError(f"{path}: not a state dict of tensors (top level: {found}); pass the iter_*.pth an XTuner "
+                             "run wrote")
         return dict(state)
     if path.is_dir():
         return read_zero_checkpoint(path)

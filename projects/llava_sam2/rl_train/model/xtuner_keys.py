@@ -119,7 +119,8 @@ def parse_upstream_state(state: dict[str, torch.Tensor], where: str = "checkpoin
         raise ValueError(f"{where}: LoRA layers with only one of lora_A / lora_B: {missing_pairs[:10]}; the "
                          "checkpoint is incomplete.")
     if unmapped:
-        shown = "\n    ".join(unmapped[:30]) + (f"\n    ... and {len(unmapped) - 30} more" if len(unmapped) > 30 else "")
+        more = f"\n    ... and {len(unmapped) - 30} more" if len(unmapped) > 30 else ""
+        shown = "\n    ".join(unmapped[:30]) + more
         raise ValueError(
             f"{where}: {len(unmapped)} keys do not map onto Sa2VA (expected prefixes {MLLM}{{vision_model,mlp1,"
             f"language_model}}., {SAM}, {FCS}; LoRA only on the LLM with peft adapter {ADAPTER!r}):\n    {shown}\n"
