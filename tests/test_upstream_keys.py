@@ -169,3 +169,17 @@ def test_compact_layout_needs_an_unmerged_adapter_and_auto_dtype_is_upstreams():
     assert model.language_model.lm_head.weight.dtype == torch.bfloat16 and model.mlp1[1].weight.dtype == torch.bfloat16
     assert model.text_hidden_fcs[0].weight.dtype == torch.float32
     assert all(p.dtype == torch.float32 for p in model.grounding_encoder.parameters())
+
+
+def test_frozen_sam2_decoder_is_honoured_and_sources_are_exclusive():
+    from projects.llava_sam2.rl_train.engine.builders import check_model_source
+    from projects.llava_sam2.rl_train.model.lora import apply_lora, configure_trainable
+
+    torch.manual_seed(0)
+    model = Sa2VAModel(build_preset("tiny", vocab_size=96))
+    model.language_model = apply_lora(model.language_model, r=2, lora_alpha=4)
+    trainable = configure_trainable(model, train_mask_decoder=False)  # upstream frozen_sam2_decoder=True
+    assert not any("sam_mask_decoder" in name for name in trainable)
+    assert any("lora_" in name for name in trainable) and any(name.startswith("text_hidden_fcs") for name in trainable)
+    with pytest.raises(ValueError, match="exactly one of pretrained_path .* and upstream_sft"):
+        check_model_source(None, "tiny", {"sft_model": {}})
