@@ -9,8 +9,9 @@ Four tasks (``TASKS``), each producing one :class:`~.records.EvalRecord` per sam
 * ``cycle_iou`` (Loop 1): gt_mask → caption (model A) → mask' (model B) → IoU(gt_mask, mask').
 * ``cycle_caption`` (Loop 2): gt caption → mask (model A) → caption' (model B) → METEOR(caption', gt).
 
-Conventions shared with the training loops (grpo/passes.py): B is given A's caption as plain text
-(stop words and tags removed); an empty caption or an answer without ``[SEG]`` gives an empty mask
+Every answer is ``model.pipeline.greedy_answers``, the code the training loops' partner runs
+(grpo/passes.py), with the same conventions: B is given A's caption as plain text (``Answer.plain``:
+stop words and tags removed); an empty caption or an answer without ``[SEG]`` gives an empty mask
 (IoU 0); an empty mask gives the caption "" (METEOR 0); a non-empty mask that hits no region-grid
 point is shown as the one cell it covers most (``empty_region='dilate_to_one_cell'``).
 
@@ -23,17 +24,20 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
 from tqdm.auto import tqdm
 
 from ..data.bad_samples import SkippedSample
+from ..model.pipeline import Answer, EncodedImages, PromptRow, encode_images, greedy_answers
 from ..model.processor import EMPTY_REGION_POLICIES
 from .bootstrap import Estimate
 from .captions import CAPTION_CLEANERS, get_cleaner, meteor15_scores, meteor_per_caption
-from .decoding import MULTI_SEG_RULES, Answer, ImageFeatures, PromptRow, encode_images, greedy_answers
 from .metrics import TASKS, summarize
 from .records import EvalRecord, MaskStats
 
 TEXT_SOURCES = ("expression", "caption")
+# multi_seg -> the [SEG] masks an answer keeps (model.pipeline.SEG_MASK_RULES); its mask is their union
+MULTI_SEG_RULES = {"first": "first", "union": "all"}
 logger = logging.getLogger(__name__)
 
 
@@ -75,7 +79,7 @@ class EvalConfig:
     """tqdm progress bar."""
 
     def __post_init__(self) -> None:
-        choices = {"multi_seg": MULTI_SEG_RULES, "text_source": TEXT_SOURCES,
+        choices = {"multi_seg": tuple(MULTI_SEG_RULES), "text_source": TEXT_SOURCES,
                    "empty_region": EMPTY_REGION_POLICIES, "caption_cleaning": tuple(CAPTION_CLEANERS)}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -106,6 +110,16 @@ def _first_text(sample, order: Sequence[str]) -> str:
                      "sample or evaluate only the caption/cycle_iou tasks)")
 
 
+def answer_mask(answer: Answer) -> np.ndarray | None:
+    """bool ``[H, W]`` mask of an answer: the union of its kept ``[SEG]`` masks (``multi_seg``), None without one."""
+    if not answer.seg_masks:
+        return None
+    pred_mask = answer.seg_masks[0]
+    for extra in answer.seg_masks[1:]:
+        pred_mask = pred_mask | extra
+    return pred_mask.numpy()
+
+
 def references(sample) -> list[str]:
     """Caption references: the sample's captions, else its expressions (as the training rewards)."""
     return [t for t in (list(sample.captions) or list(sample.expressions)) if isinstance(t, str) and t.strip()]
@@ -128,28 +142,28 @@ class _Batch:
         model, processor, features = ((self.model_a, self.processor_a, self.features_a) if which == "a"
                                       else (self.model_b, self.processor_b, self.features_b))
         return greedy_answers(model, processor, features, rows, max_new_tokens=self.config.max_new_tokens,
-                              want_masks=want_masks, multi_seg=self.config.multi_seg)
+                              seg_masks=MULTI_SEG_RULES[self.config.multi_seg] if want_masks else None)
 
     def segment_rows(self, which: str, texts: Sequence[str | None]) -> tuple[list[int], list[PromptRow]]:
         """RES prompt rows for the non-empty texts; returns (sample positions, rows)."""
         processor = self.processor_a if which == "a" else self.processor_b
         features = self.features_a if which == "a" else self.features_b
         kept = [i for i, text in enumerate(texts) if text]
-        return kept, [PromptRow(i, processor.segment_text(features.n_tiles[i], texts[i],
+        return kept, [PromptRow(i, processor.segment_text(features.n_tiles(i), texts[i],
                                                           self.config.segment_question)) for i in kept]
 
     def caption_rows(self, which: str, masks: Sequence, empty_region: str) -> tuple[list[int], list[PromptRow]]:
         """Region-caption rows for the non-empty masks; returns (sample positions, rows)."""
         processor = self.processor_a if which == "a" else self.processor_b
-        features: ImageFeatures = self.features_a if which == "a" else self.features_b
+        features: EncodedImages = self.features_a if which == "a" else self.features_b
         kept, rows = [], []
         for i, pred_mask in enumerate(masks):
             if pred_mask is None or not pred_mask.any():
                 continue
             cells = processor.region_cells(pred_mask, sample_id=self.samples[i].sample_id,
-                                           size=features.sizes[i], empty_region=empty_region)  # [g, g]
+                                           size=features.image_sizes[i], empty_region=empty_region)  # [g, g]
             kept.append(i)
-            rows.append(PromptRow(i, processor.caption_text(features.n_tiles[i], cells, self.config.caption_question),
+            rows.append(PromptRow(i, processor.caption_text(features.n_tiles(i), cells, self.config.caption_question),
                                   cells))
         return kept, rows
 
@@ -172,7 +186,7 @@ def _res(batch: _Batch) -> list[EvalRecord]:
     _, rows = batch.segment_rows("a", texts)
     records = []
     for sample, text, answer in zip(batch.samples, texts, batch.answer("a", rows, want_masks=True)):
-        stats = MaskStats.from_masks(answer.pred_mask, sample.gt_mask, answer.num_seg, keep_rle=cfg.keep_masks,
+        stats = MaskStats.from_masks(answer_mask(answer), sample.gt_mask, answer.num_seg, keep_rle=cfg.keep_masks,
                                      sample_id=sample.sample_id)
         records.append(EvalRecord("res", sample.sample_id, stats.iou, text_in=text, answer_a=answer.text,
                                   mask=stats, num_tokens=answer.num_tokens, is_truncated=answer.is_truncated))
@@ -200,7 +214,7 @@ def _cycle_iou(batch: _Batch) -> list[EvalRecord]:
         answers_b[i] = answer
     records = []
     for sample, caption, answer, k in zip(batch.samples, captions, answers_b, region_tokens):
-        stats = MaskStats.from_masks(None if answer is None else answer.pred_mask, sample.gt_mask,
+        stats = MaskStats.from_masks(None if answer is None else answer_mask(answer), sample.gt_mask,
                                      0 if answer is None else answer.num_seg, keep_rle=cfg.keep_masks,
                                      sample_id=sample.sample_id)
         records.append(EvalRecord(
@@ -217,7 +231,7 @@ def _cycle_caption(batch: _Batch) -> list[EvalRecord]:
     texts = [_first_text(s, ("captions", "expressions")) for s in batch.samples]
     _, rows = batch.segment_rows("a", texts)
     answers_a = batch.answer("a", rows, want_masks=True)
-    kept, caption_rows = batch.caption_rows("b", [a.pred_mask for a in answers_a], "dilate_to_one_cell")
+    kept, caption_rows = batch.caption_rows("b", [answer_mask(a) for a in answers_a], "dilate_to_one_cell")
     answers_b: list[Answer | None] = [None] * len(batch.samples)
     cells = [None] * len(batch.samples)
     for i, row, answer in zip(kept, caption_rows, batch.answer("b", caption_rows, want_masks=False)):
@@ -225,7 +239,7 @@ def _cycle_caption(batch: _Batch) -> list[EvalRecord]:
     records = []
     for sample, text, a, b, k in zip(batch.samples, texts, answers_a, answers_b, cells):
         caption, refs = ("" if b is None else clean(b.text)), references(sample)
-        stats = MaskStats.from_masks(a.pred_mask, sample.gt_mask, a.num_seg, keep_rle=cfg.keep_masks,
+        stats = MaskStats.from_masks(answer_mask(a), sample.gt_mask, a.num_seg, keep_rle=cfg.keep_masks,
                                      sample_id=sample.sample_id)
         records.append(EvalRecord(
             "cycle_caption", sample.sample_id, meteor_per_caption(caption, refs, sample.sample_id), text_in=text,

@@ -28,14 +28,13 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
-from ..model.generation import completion_hidden, completion_logprobs, grouped_completion_logprobs
-from ..model.inference import eval_mode
+from ..model.decoding import TextDecoding, completion_texts, eval_mode, group_chunks, sample_text
+from ..model.generation import completion_logprobs, grouped_completion_logprobs
+from ..model.pipeline import forced_seg_prompts, prompt_embeds
 from ..rewards.base import RewardInputs
 from .features import StepFeatures
 from .mask_policy import MaskHead
-from .passes import (
-    TextDecoding, cat_chunks, completion_texts, group_chunks, partner_describe, partner_segment, prompt_embeds,
-    sample_text, slice_rows)
+from .passes import cat_chunks, partner_describe, partner_segment, slice_rows
 from .rollout import CaptionReplay, MaskReplay, Rollout
 
 
@@ -208,11 +207,8 @@ def seg_mask_head(model, features: StepFeatures, tile_embeds: Tensor, replay: Ma
     G = group_size
     embeds = prompt_embeds(model, features, tile_embeds, replay.prompt_ids[::G],
                            [features.image_of(s) for s in samples])  # [b, L, D]
-    answer_ids = replay.answer_ids[::G]  # [b, A]
-    hidden = completion_hidden(model.language_model, embeds, replay.prompt_attention[::G], answer_ids,
-                               torch.ones_like(answer_ids, dtype=torch.bool))  # [b, A, D]
-    seg_index = replay.seg_index[::G]  # [b]
-    group_prompt = model.seg_hidden_to_prompt(hidden[torch.arange(len(seg_index)), seg_index])  # [b, C]
+    group_prompt = forced_seg_prompts(model, embeds, replay.prompt_attention[::G], replay.answer_ids[::G],
+                                      replay.seg_index[::G])  # [b, C]
     image_index = replay.image_index  # [n]
 
     def decode(prompt: Tensor):

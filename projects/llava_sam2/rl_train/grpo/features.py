@@ -1,9 +1,10 @@
 """StepFeatures: what the frozen encoders produce for one GRPO step, computed once per image (DESIGN §3.1).
 
 ``encode_step`` runs InternViT (+ pixel shuffle) and the SAM2 image encoder exactly once per distinct image of
-the batch, without grad, and keeps the results for every pass of the step: both loops, the sampling policy, the
-EMA partner and the reference. ``mlp1`` is trainable and differs between those weight sets, so it is *not*
-cached: each pass re-projects ``vit_tokens`` with the weights in effect (``model.project_vision``).
+the batch, without grad (``model.pipeline.encode_images``), and keeps the results for every pass of the step:
+both loops, the sampling policy, the EMA partner and the reference. ``mlp1`` is trainable and differs between
+those weight sets, so it is *not* cached: each pass re-projects ``vit_tokens`` with the weights in effect
+(``model.project_vision``).
 
 An image shared by several samples (several regions of one picture) is encoded once when the samples hold the
 same PIL object; equal pixels in distinct objects are encoded separately (no hashing of pixels).
@@ -11,27 +12,23 @@ same PIL object; equal pixels in distinct objects are encoded separately (no has
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from ..model.inference import eval_mode
+from ..model.pipeline import EncodedImages, encode_images
 
 
 @dataclass
-class StepFeatures:
-    """Frozen-encoder outputs and per-sample targets of the B samples of one step (I distinct images).
+class StepFeatures(EncodedImages):
+    """The step's I distinct images, encoded (``EncodedImages``: ``vit_tokens``, ``grounding``, ``image_sizes``,
+    ``tile_start``), plus the per-sample targets of its B samples.
 
     Attributes:
         samples: the B ``RegionSample`` of the step.
         image_index: ``[B]`` long (model device), row of each sample's image in the per-image tensors.
-        vit_tokens: ``[n_tiles_total, t, 4C]`` ViT tokens after pixel shuffle of all images' tiles, image by
-            image (thumbnail last within an image); no grad.
-        tile_start: I + 1 offsets: image i owns ``vit_tokens[tile_start[i]:tile_start[i + 1]]``.
-        grounding: SAM2 ``GroundingFeatures`` of the I images (no grad).
-        image_sizes: I pairs (H, W).
         gt_masks: B bool ``[H, W]`` CPU tensors, the region of each sample.
         region_cells: ``[B, g, g]`` bool region-token cells of each gt_mask (CPU), or None when loop 1 is off.
         prompt_texts: B texts loop 2 grounds (first caption, else first expression), or None when loop 2 is off.
@@ -40,10 +37,6 @@ class StepFeatures:
 
     samples: list
     image_index: Tensor
-    vit_tokens: Tensor
-    tile_start: list[int]
-    grounding: object
-    image_sizes: list[tuple[int, int]]
     gt_masks: list[Tensor]
     region_cells: Tensor | None
     prompt_texts: list[str] | None
@@ -55,41 +48,11 @@ class StepFeatures:
         return len(self.samples)
 
     @property
-    def num_images(self) -> int:
-        """I, distinct images encoded."""
-        return len(self.image_sizes)
-
-    @property
     def sample_ids(self) -> list[str]:
         return [s.sample_id for s in self.samples]
 
-    def n_tiles(self, image: int) -> int:
-        """LLM tiles of image ``image``."""
-        return self.tile_start[image + 1] - self.tile_start[image]
-
     def image_of(self, sample: int) -> int:
         return int(self.image_index[sample])
-
-    def tiles(self, tile_embeds: Tensor, image: int) -> Tensor:
-        """Rows of ``tile_embeds [n_tiles_total, t, D]`` that belong to ``image``: ``[n_i, t, D]``."""
-        return tile_embeds[self.tile_start[image]:self.tile_start[image + 1]]
-
-
-def image_fills(model, features: StepFeatures, tile_embeds: Tensor, images: Sequence[int],
-                region_cells: Sequence[Tensor | None] | None = None) -> list[Tensor]:
-    """``<IMG_CONTEXT>`` fill of each prompt row: its image's tiles (+ the region tokens of ``region_cells[row]``).
-
-    Args:
-        tile_embeds: ``[n_tiles_total, t, D]`` = ``model.project_vision(features.vit_tokens)`` under the weights of
-            the pass (carries grad in the loss pass).
-        images: image row of every prompt row.
-        region_cells: per prompt row a bool ``[g, g]`` grid, or None for prompts without a region.
-    Returns:
-        one ``[k_row, D]`` tensor per prompt row (``model.build_image_embeds``).
-    """
-    cells = region_cells if region_cells is not None else [None] * len(images)
-    return [model.build_image_embeds(features.tiles(tile_embeds, i), None if c is None else c[None])
-            for i, c in zip(images, cells)]
 
 
 def _reference_texts(sample) -> list[str]:
@@ -120,17 +83,15 @@ def encode_step(model, processor, batch: Sequence, *, use_region_cells: bool, us
         raise ValueError("CycleGRPO.encode: got an empty batch; the dataloader must yield a non-empty list of "
                          "RegionSample (data.collate.region_collate).")
     rows: dict[int, int] = {}  # id(PIL image) -> image row
-    inputs, image_index = [], []
+    images, names, image_index = [], [], []
     for sample in batch:
         if id(sample.image) not in rows:
-            rows[id(sample.image)] = len(inputs)
-            inputs.append(processor.preprocess_image(sample.image, where=sample.sample_id))
+            rows[id(sample.image)] = len(images)
+            images.append(sample.image)
+            names.append(sample.sample_id)
         image_index.append(rows[id(sample.image)])
-    device = model.device
-    sizes = [tuple(x.size) for x in inputs]
-    with eval_mode(model):
-        vit_tokens = model.encode_vision(torch.cat([x.pixel_values for x in inputs]).to(device))  # [n, t, 4C]
-        grounding = model.encode_grounding(torch.stack([x.g_pixel_values for x in inputs]).to(device))
+    encoded = encode_images(model, processor, images, names)
+    sizes = encoded.image_sizes
     gt_masks = [_gt_mask(s, sizes[i]) for s, i in zip(batch, image_index)]
     region_cells = None
     if use_region_cells:
@@ -145,8 +106,7 @@ def encode_step(model, processor, batch: Sequence, *, use_region_cells: bool, us
                              "to ground; drop text-less samples from the RL data or set caption_to_mask_weight=0.")
         prompt_texts = [refs[0] for refs in references]
     return StepFeatures(
-        samples=list(batch), image_index=torch.tensor(image_index, dtype=torch.long, device=device),
-        vit_tokens=vit_tokens, tile_start=np.cumsum([0] + [x.n_tiles for x in inputs]).tolist(),
-        grounding=grounding, image_sizes=sizes, gt_masks=gt_masks, region_cells=region_cells,
-        prompt_texts=prompt_texts, references=references,
+        **{f.name: getattr(encoded, f.name) for f in fields(EncodedImages)}, samples=list(batch),
+        image_index=torch.tensor(image_index, dtype=torch.long, device=model.device), gt_masks=gt_masks,
+        region_cells=region_cells, prompt_texts=prompt_texts, references=references,
     )

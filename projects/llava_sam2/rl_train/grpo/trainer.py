@@ -36,6 +36,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..model.decoding import TextDecoding, group_chunks
+from ..model.pipeline import SEG_ANSWER, seg_answer_ids
 from ..rewards import RewardComposer
 from .advantages import group_advantages
 from .config import GRPOConfig
@@ -43,7 +45,7 @@ from .cycle import CaptionToMaskLoop, CycleContext, MaskToCaptionLoop
 from .features import StepFeatures, encode_step
 from .losses import PolicyLoss
 from .mask_policy import build_mask_policy
-from .passes import TextDecoding, group_chunks, slice_rows
+from .passes import slice_rows
 from .rollout import Rollout
 
 # Loop classes in step order; a loop runs when its config weight (``<config_key>_weight``) is > 0.
@@ -148,7 +150,7 @@ class CycleGRPO:
 
     def __init__(self, model, processor, weights, rewards: Mapping[str, Any] | None = None,
                  config: GRPOConfig | Mapping[str, Any] | None = None, *, minibatch_size: int | None = None,
-                 seg_answer: str = "Sure, [SEG].", seg_answer_max_tokens: int = 16,
+                 seg_answer: str = SEG_ANSWER, seg_answer_max_tokens: int = 16,
                  use_partner_captions: bool = True, seed: int | None = None, disable_dropout: bool = True):
         config = config if isinstance(config, GRPOConfig) else GRPOConfig(**dict(config or {}))
         G = config.num_generations
@@ -169,7 +171,8 @@ class CycleGRPO:
         self.model, self.processor, self.weights, self.config = model, processor, weights, config
         self.minibatch_size = minibatch_size
         self.loss_fn = PolicyLoss.from_config(config)
-        answer_ids, seg_position = self._seg_answer(seg_answer)
+        answer_ids, seg_position = seg_answer_ids(processor.tokenizer, seg_answer, model.seg_token_id,
+                                                  where="CycleGRPO: seg_answer")
         generator = None
         if seed is not None:
             generator = torch.Generator(device=model.device)
@@ -192,14 +195,6 @@ class CycleGRPO:
                              f"{sorted(names)}); fix the names or drop them.")
         self._features: StepFeatures | None = None
         self._pending: dict[int, tuple[Any, Any, dict]] = {}  # id(rollout) -> (loop, reward inputs, stats)
-
-    def _seg_answer(self, text: str) -> tuple[Tensor, int]:
-        ids = self.processor.tokenizer.encode(text, add_special_tokens=False)
-        positions = [t for t, token in enumerate(ids) if token == self.model.seg_token_id]
-        if len(positions) != 1:
-            raise ValueError(f"CycleGRPO: seg_answer={text!r} holds {len(positions)} [SEG] tokens; it must hold "
-                             "exactly one, e.g. 'Sure, [SEG].' (an upstream SFT answer).")
-        return torch.tensor(ids, dtype=torch.long), positions[0]
 
     # ---- the step ------------------------------------------------------------------------------------------
 

@@ -24,9 +24,10 @@ import torch
 import torch.nn.functional as F
 
 from ..data.rle import encode_mask
+from ..model.pipeline import SEG_ANSWER
 from ..rewards.mask_metrics import mask_metrics
 from .prompts import PromptSpec, candidate_expressions, check_prompt_specs
-from .segment import SEG_ANSWER, SegmentRows, segment_rows
+from .segment import SegmentRows, segment_rows
 
 ARRAY_FIELDS = {  # name -> (dims after [I] or [I, K], dtype kind)
     "images": "I", "image_sizes": "I", "image_features": "I", "is_heldout": "I",

@@ -2,8 +2,10 @@
 
 For every row (image, question template, expression) the user turn is ``Sa2VAProcessor.segment_prompt`` and the
 assistant answer is teacher-forced to ``SEG_ANSWER`` ("Sure, [SEG].", one of Sa2VA's five RES answers, the same
-fixed answer as the GRPO caption->mask loop, grpo/cycle.py). The final-norm hidden state at the answer's ``[SEG]``
-goes through ``text_hidden_fcs`` and the SAM2 decoder (multimask, best by predicted IoU, as upstream). A forced
+fixed answer as the GRPO caption->mask loop, grpo/cycle.py), through the shared model pipeline
+(``model.pipeline``: ``encode_images``, ``prompt_embeds``, ``forced_seg_prompts``): the final-norm hidden state at
+the answer's ``[SEG]`` goes through ``text_hidden_fcs`` and the SAM2 decoder (multimask, best by predicted IoU, as
+upstream). A forced
 answer means every row gets exactly one mask, so the quality data never has "missing" masks from a model that
 failed to emit ``[SEG]``; the mask is the one greedy decoding would give whenever the model answers with this
 text. Binary masks follow the released chain (bilinear h -> S_sam -> (H, W), logit > 0).
@@ -19,10 +21,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..model.constants import SEG_TOKEN
-from ..model.generation import completion_logprobs
-from ..model.inference import eval_mode
-
-SEG_ANSWER = "Sure, [SEG]."
+from ..model.decoding import eval_mode
+from ..model.pipeline import SEG_ANSWER, encode_images, forced_seg_prompts, prompt_embeds, seg_answer_ids
 
 
 @dataclass
@@ -52,13 +52,13 @@ class SegmentOutput:
 
 
 def answer_token_ids(tokenizer, answer: str = SEG_ANSWER) -> tuple[Tensor, int]:
-    """``(ids [A], seg_index)``: the teacher-forced answer and the position of its single ``[SEG]``."""
-    ids = tokenizer.encode(answer, add_special_tokens=False)
-    seg_id = tokenizer.convert_tokens_to_ids(SEG_TOKEN)
-    if ids.count(seg_id) != 1 or ids[-1] == seg_id:
+    """``(ids [A], seg_index)``: the teacher-forced answer and the position of its single ``[SEG]``, which must be
+    followed by a token (greedy decoding gives no mask for a final ``[SEG]``)."""
+    ids, seg_index = seg_answer_ids(tokenizer, answer, tokenizer.convert_tokens_to_ids(SEG_TOKEN), where="answer")
+    if seg_index == len(ids) - 1:
         raise ValueError(f"answer {answer!r} must hold exactly one {SEG_TOKEN} followed by at least one token "
                          "(e.g. 'Sure, [SEG].')")
-    return torch.tensor(ids, dtype=torch.long), ids.index(seg_id)
+    return ids, seg_index
 
 
 def upsample_logits(low_res_logits: Tensor, size: tuple[int, int], sam_image_size: int) -> Tensor:
@@ -88,36 +88,33 @@ def segment_rows(model, processor, images: Sequence, rows: SegmentRows, *, answe
     bad = [i for i in rows.image_index if not 0 <= i < len(images)]
     if bad:
         raise ValueError(f"segment_rows: image_index {bad[0]} out of range for {len(images)} images")
-    inputs = [processor.preprocess_image(im, where=f"image {i}") for i, im in enumerate(images)]
+    encoded = encode_images(model, processor, images, [f"image {i}" for i in range(len(images))])
+    n_tiles = [encoded.n_tiles(i) for i in range(encoded.num_images)]
     answer_ids, seg_index = answer_token_ids(processor.tokenizer, answer)
     device = model.device
     logits, ious = [], []
     with eval_mode(model):
-        tiles = model.project_vision(model.encode_vision(torch.cat([x.pixel_values for x in inputs]).to(device)))
-        starts = np.cumsum([0] + [x.n_tiles for x in inputs])
-        fills = [model.build_image_embeds(tiles[a:b]) for a, b in zip(starts[:-1], starts[1:])]  # I x [k, D]
-        feats = mean_tile_tokens(tiles, [x.n_tiles for x in inputs])  # [I, D]
-        grounding = model.encode_grounding(torch.stack([x.g_pixel_values for x in inputs]).to(device))
+        tiles = model.project_vision(encoded.vit_tokens)  # [sum n_i, t, D]
+        feats = mean_tile_tokens(tiles, n_tiles)  # [I, D]
         for r0 in range(0, len(rows.image_index), chunk_size):
             idx = rows.image_index[r0:r0 + chunk_size]
-            prompts = [processor.segment_prompt(inputs[i].n_tiles, e, q) for i, e, q in
+            prompts = [processor.segment_prompt(n_tiles[i], e, q) for i, e, q in
                        zip(idx, rows.expressions[r0:r0 + chunk_size], rows.questions[r0:r0 + chunk_size])]
             ids, attention = processor.tokenize_prompts(prompts)  # [n, L] left padded
-            embeds = model.embed_inputs(ids.to(device), [fills[i] for i in idx])  # [n, L, D]
+            embeds = prompt_embeds(model, encoded, tiles, ids.to(device), idx)  # [n, L, D]
             forced = answer_ids.to(device)[None].expand(len(idx), -1)  # [n, A]
-            _, hidden = completion_logprobs(model.language_model, embeds, attention.to(device), forced,
-                                            torch.ones_like(forced, dtype=torch.bool), return_hidden=True)
-            out = model.decode_masks(model.seg_hidden_to_prompt(hidden[:, seg_index]), grounding,
-                                     torch.tensor(idx, device=device))
+            seg_prompt = forced_seg_prompts(model, embeds, attention.to(device), forced,
+                                            torch.full((len(idx),), seg_index, device=device))  # [n, C_sam]
+            out = model.decode_masks(seg_prompt, encoded.grounding, torch.tensor(idx, device=device))
             logits.append(out.best_logits.float().cpu())  # [n, h, w]
             ious.append(out.iou_scores.gather(1, out.best_index[:, None])[:, 0].float().cpu())  # [n]
     low_res = torch.cat(logits)  # [N, h, w]
     masks: list[np.ndarray | None] = [None] * len(rows.image_index)
     index = torch.tensor(rows.image_index)
-    for i, x in enumerate(inputs):  # one upsampling call per image (its rows share the output size)
+    for i, size in enumerate(encoded.image_sizes):  # one upsampling call per image (its rows share the output size)
         picked = torch.nonzero(index == i).flatten()
         if len(picked):
-            up = upsample_logits(low_res[picked], x.size, model.config.sam_image_size) > 0  # [n_i, H, W]
+            up = upsample_logits(low_res[picked], size, model.config.sam_image_size) > 0  # [n_i, H, W]
             for n, mask in zip(picked.tolist(), up.numpy()):
                 masks[n] = mask
     return SegmentOutput(low_res_logits=low_res, pred_iou=torch.cat(ious), pred_masks=masks,

@@ -1,0 +1,237 @@
+"""The model pipeline every caller runs: the GRPO loops (grpo/), the held-out evaluation (evaluation/tasks.py),
+``predict`` (model/inference.py) and the prompt-selection line (prompt_rl/segment.py).
+
+::
+
+    PIL images ─ encode_images ─> EncodedImages   InternViT tokens (pixel shuffled) + SAM2 features, once each
+    prompt ids ─ prompt_embeds ─> inputs_embeds   <IMG_CONTEXT> ← mlp1(ViT tokens) of the row's image (+ regions)
+      ├─ sample_text (model/decoding.py)          sampled or greedy token ids, cut at the stop words
+      │    └─ completion_texts / answer_texts     prompt-ready text / upstream's ``prediction``
+      ├─ greedy_answers                           greedy answer + one mask per fed-back [SEG] (PromptRow → Answer)
+      ├─ generation.completion_logprobs           teacher-forced log-probs of given answers (the GRPO loss)
+      └─ forced_seg_prompts                       teacher-forced fixed answer → its [SEG] state → SAM2 prompt
+
+A ``[SEG]`` mask is always: the final-norm state of the ``[SEG]`` input position → ``text_hidden_fcs`` → SAM2
+mask decoder on the image's cached features (best of multimask by predicted IoU) → ``logits_to_masks`` at the
+image size (bilinear h → S_sam → (H, W), sigmoid > 0.5), as upstream ``predict_forward``.
+
+``mlp1`` is trainable and differs between weight sets (policy / EMA partner / reference, model A / model B), so
+``EncodedImages`` stops before it: each pass projects ``tile_embeds = model.project_vision(encoded.vit_tokens)``
+under the weights in effect and passes it in. Prompt rows name their image (``images`` / ``PromptRow.image``),
+so rows that share an image share its cached features.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .decoding import (
+    TextDecoding, answer_texts, completion_texts, eval_mode, fed_back_seg_positions, sample_text)
+from .generation import Completions, completion_hidden
+from .grounding import GroundingFeatures
+
+SEG_ANSWER = "Sure, [SEG]."  # one of Sa2VA's five RES answers: the default teacher-forced answer
+
+# which fed-back [SEG] tokens of an answer get a mask: positions [t_1, t_2, ...] -> the kept ones
+SEG_MASK_RULES = {"first": lambda positions: positions[:1], "all": lambda positions: positions}
+
+
+@dataclass
+class EncodedImages:
+    """Frozen-encoder outputs of I images (no grad).
+
+    Attributes:
+        image_sizes: I pairs (H, W) of the original images.
+        tile_start: I + 1 offsets: image i owns ``vit_tokens[tile_start[i]:tile_start[i + 1]]``.
+        vit_tokens: ``[n_tiles_total, t, 4C]`` ViT tokens after pixel shuffle, image by image (thumbnail last
+            within an image).
+        grounding: SAM2 ``GroundingFeatures`` of the I images.
+    """
+
+    image_sizes: list[tuple[int, int]]
+    tile_start: list[int]
+    vit_tokens: Tensor
+    grounding: GroundingFeatures
+
+    @property
+    def num_images(self) -> int:
+        """I."""
+        return len(self.image_sizes)
+
+    def n_tiles(self, image: int) -> int:
+        """LLM tiles of image ``image``."""
+        return self.tile_start[image + 1] - self.tile_start[image]
+
+    def tiles(self, tile_embeds: Tensor, image: int) -> Tensor:
+        """Rows of ``tile_embeds [n_tiles_total, t, D]`` that belong to ``image``: ``[n_i, t, D]``."""
+        return tile_embeds[self.tile_start[image]:self.tile_start[image + 1]]
+
+
+@torch.no_grad()
+def encode_images(model, processor, images: Sequence, where: Sequence[str]) -> EncodedImages:
+    """Preprocess I PIL images (``where``: one name per image for error messages) and run both frozen encoders
+    once, one batched call each."""
+    if len(images) == 0 or len(images) != len(where):
+        raise ValueError(f"encode_images: got {len(images)} images and {len(where)} names; pass one name "
+                         "(the sample id) per image, at least one image")
+    inputs = [processor.preprocess_image(image, where=name) for image, name in zip(images, where)]
+    device = model.device
+    with eval_mode(model):
+        vit_tokens = model.encode_vision(torch.cat([x.pixel_values for x in inputs]).to(device))  # [n, t, 4C]
+        grounding = model.encode_grounding(torch.stack([x.g_pixel_values for x in inputs]).to(device))
+    return EncodedImages(image_sizes=[tuple(x.size) for x in inputs],
+                         tile_start=np.cumsum([0] + [x.n_tiles for x in inputs]).tolist(),
+                         vit_tokens=vit_tokens, grounding=grounding)
+
+
+def image_fills(model, encoded: EncodedImages, tile_embeds: Tensor, images: Sequence[int],
+                region_cells: Sequence[Tensor | None] | None = None) -> list[Tensor]:
+    """``<IMG_CONTEXT>`` fill of each prompt row: its image's tiles (+ the region tokens of ``region_cells[row]``).
+
+    Args:
+        tile_embeds: ``[n_tiles_total, t, D]`` = ``model.project_vision(encoded.vit_tokens)`` under the weights of
+            the pass (carries grad in the loss pass).
+        images: image row of every prompt row.
+        region_cells: per prompt row a bool ``[g, g]`` grid (or ``[N, g, g]`` for N regions), or None.
+    Returns:
+        one ``[k_row, D]`` tensor per prompt row (``model.build_image_embeds``).
+    """
+    cells = region_cells if region_cells is not None else [None] * len(images)
+    stacks = [None if c is None else c if c.dim() == 3 else c[None] for c in cells]  # [N, g, g] per row
+    return [model.build_image_embeds(encoded.tiles(tile_embeds, i), c) for i, c in zip(images, stacks)]
+
+
+def prompt_embeds(model, encoded: EncodedImages, tile_embeds: Tensor, prompt_ids: Tensor, images: Sequence[int],
+                  region_cells: Sequence[Tensor | None] | None = None) -> Tensor:
+    """``inputs_embeds [n, L, D]`` of left-padded prompts ``[n, L]`` with their image (and region) tokens."""
+    return model.embed_inputs(prompt_ids, image_fills(model, encoded, tile_embeds, images, region_cells))
+
+
+@dataclass
+class PromptRow:
+    """One question about one encoded image.
+
+    Attributes:
+        image: row of the image in :class:`EncodedImages`.
+        text: user text with the image block (and region string) expanded (``processor.segment_text`` /
+            ``caption_text`` / ``expand_image``); the template's turn is added by :func:`greedy_answers`.
+        region_cells: the bool ``[g, g]`` (or ``[N, g, g]``) cells given to the text (their tokens fill the
+            region slots), or None.
+    """
+
+    image: int
+    text: str
+    region_cells: Tensor | None = None
+
+
+@dataclass
+class Answer:
+    """A greedy answer.
+
+    Attributes:
+        text: ``decode(ids, skip_special_tokens=False).strip()`` (stop token included: upstream ``prediction``).
+        plain: the answer as prompt text (``decoding.completion_texts``: what a partner model is given).
+        num_tokens: generated tokens (after the textual stop cut).
+        is_truncated: no stop within ``max_new_tokens``.
+        num_seg: fed-back ``[SEG]`` tokens (each can give one mask).
+        seg_masks: bool ``[H, W]`` CPU masks of the kept ``[SEG]`` tokens (``SEG_MASK_RULES``), in answer order;
+            empty when masks were not asked for or no ``[SEG]`` was fed back.
+    """
+
+    text: str
+    plain: str
+    num_tokens: int
+    is_truncated: bool
+    num_seg: int
+    seg_masks: list[Tensor] = field(default_factory=list)
+
+
+def _answer_masks(model, encoded: EncodedImages, images: Sequence[int], embeds: Tensor, attention: Tensor,
+                  out: Completions, positions: list[list[int]], rule: str) -> list[list[Tensor]]:
+    """Per row, one bool ``[H, W]`` mask per kept fed-back ``[SEG]``; the SAM2 decoder runs once for all of them."""
+    kept = [(row, t) for row, row_positions in enumerate(positions) for t in SEG_MASK_RULES[rule](row_positions)]
+    masks: list[list[Tensor]] = [[] for _ in positions]
+    if not kept:
+        return masks
+    hidden = out.hidden  # [n, T, D]: the decode's own states of the fed-back tokens (upstream reads them from generate)
+    if hidden is None:  # a decoder without states: one teacher-forced pass over prompt + answer
+        hidden = completion_hidden(model.language_model, embeds, attention, out.ids, out.completion_mask)
+    owner, t = (list(x) for x in zip(*kept))
+    seg_prompt = model.seg_hidden_to_prompt(hidden[owner, t])  # [M, C_sam]
+    image_index = torch.tensor([images[row] for row in owner], device=embeds.device)  # [M]
+    best_logits = model.decode_masks(seg_prompt, encoded.grounding, image_index).best_logits  # [M, h, w]
+    sizes = [encoded.image_sizes[images[row]] for row in owner]
+    for row, pred_mask in zip(owner, model.logits_to_masks(best_logits, sizes)):
+        masks[row].append(pred_mask.cpu())
+    return masks
+
+
+@torch.no_grad()
+def greedy_answers(model, processor, encoded: EncodedImages, rows: Sequence[PromptRow], *, max_new_tokens: int,
+                   decoding: TextDecoding | None = None, seg_masks: str | None = None,
+                   tile_embeds: Tensor | None = None, chunk_size: int | None = None,
+                   use_decoder_states: bool = True) -> list[Answer]:
+    """Greedy answers of prompt rows about encoded images (upstream ``predict_forward`` per row), batched.
+
+    Per chunk of at most ``chunk_size`` rows: the template's user turn around each ``row.text`` → left-padded ids
+    → :func:`prompt_embeds` → greedy decode (``decoding.decode_backend``, default the fast path) → textual stop
+    cut → texts; with ``seg_masks`` (a key of ``SEG_MASK_RULES``) one mask per kept fed-back ``[SEG]``.
+
+    Args:
+        decoding: stop criteria and decoder (default: ``TextDecoding.from_processor(processor)``).
+        tile_embeds: ``model.project_vision(encoded.vit_tokens)`` under the weights in effect (default: computed).
+        use_decoder_states: read ``[SEG]`` states from the decode (as upstream reads them from ``generate``);
+            False recomputes them by one teacher-forced pass over prompt + answer (equal up to float reordering).
+    """
+    if seg_masks is not None and seg_masks not in SEG_MASK_RULES:
+        raise ValueError(f"greedy_answers: seg_masks={seg_masks!r}; expected None or one of {sorted(SEG_MASK_RULES)}")
+    decoding = decoding or TextDecoding.from_processor(processor)
+    step = max(1, len(rows) if chunk_size is None else chunk_size)
+    answers: list[Answer] = []
+    with eval_mode(model):
+        tiles = model.project_vision(encoded.vit_tokens) if tile_embeds is None else tile_embeds  # [n_tiles, t, D]
+        for r0 in range(0, len(rows), step):
+            chunk = rows[r0:r0 + step]
+            images = [row.image for row in chunk]
+            ids, attention = processor.tokenize_prompts([processor.template_user_turn(row.text) for row in chunk])
+            ids, attention = ids.to(model.device), attention.to(model.device)  # [n, L]
+            embeds = prompt_embeds(model, encoded, tiles, ids, images, [row.region_cells for row in chunk])
+            out = sample_text(model, embeds, attention, decoding, max_new_tokens=max_new_tokens, do_sample=False,
+                              return_hidden=seg_masks is not None and use_decoder_states)
+            positions = fed_back_seg_positions(out, model.seg_token_id)
+            masks = [[] for _ in chunk] if seg_masks is None else \
+                _answer_masks(model, encoded, images, embeds, attention, out, positions, seg_masks)
+            lengths = out.completion_mask.sum(-1).tolist()
+            answers += [Answer(text, plain, int(n), bool(truncated), len(p), m) for text, plain, n, truncated, p, m
+                        in zip(answer_texts(out, decoding), completion_texts(out, decoding), lengths,
+                               out.is_truncated.tolist(), positions, masks)]
+    return answers
+
+
+def seg_answer_ids(tokenizer, answer: str, seg_token_id: int, where: str = "seg_answer") -> tuple[Tensor, int]:
+    """``(ids [A] long, seg_index)``: a teacher-forced answer and the position of its single ``[SEG]``."""
+    ids = tokenizer.encode(answer, add_special_tokens=False)
+    positions = [t for t, token in enumerate(ids) if token == seg_token_id]
+    if len(positions) != 1:
+        raise ValueError(f"{where}={answer!r} holds {len(positions)} [SEG] tokens; it must hold exactly one, e.g. "
+                         f"{SEG_ANSWER!r} (an upstream SFT answer).")
+    return torch.tensor(ids, dtype=torch.long), positions[0]
+
+
+def forced_seg_prompts(model, embeds: Tensor, attention: Tensor, answer_ids: Tensor, seg_index: Tensor) -> Tensor:
+    """SAM2 prompts ``[n, C_sam]`` of teacher-forced answers: ``text_hidden_fcs(h[n, seg_index[n]])``.
+
+    One teacher-forced pass over ``[prompt | answer]`` (``completion_hidden``; carries grad outside ``no_grad``).
+
+    Args:
+        embeds: ``[n, L, D]`` prompt embeddings (:func:`prompt_embeds`); attention: ``[n, L]`` left padded.
+        answer_ids: ``[n, A]`` long; seg_index: ``[n]`` long, the ``[SEG]`` position of each answer.
+    """
+    hidden = completion_hidden(model.language_model, embeds, attention, answer_ids,
+                               torch.ones_like(answer_ids, dtype=torch.bool))  # [n, A, D]
+    rows = torch.arange(len(seg_index), device=hidden.device)  # [n]
+    return model.seg_hidden_to_prompt(hidden[rows, seg_index])  # [n, C_sam]
