@@ -1,4 +1,5 @@
-"""evaluation/decoding.py, tasks.py, loading.py and tools/evaluate.py on the tiny random Sa2VA and shapes samples."""
+"""evaluation/tasks.py, loading.py and tools/evaluate.py on the tiny random Sa2VA and shapes samples (the greedy
+answers they run, model/pipeline.py, are tested in test_model_pipeline.py)."""
 import json
 import os
 
@@ -8,12 +9,8 @@ import torch
 
 from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
 from projects.llava_sam2.rl_train.evaluation import captions, tasks
-from projects.llava_sam2.rl_train.evaluation.decoding import Answer, PromptRow, encode_images, greedy_answers
-from projects.llava_sam2.rl_train.evaluation.tasks import EvalConfig, evaluate
-from projects.llava_sam2.rl_train.model import fast_generation, inference
-from projects.llava_sam2.rl_train.model.generation import Completions
-from projects.llava_sam2.rl_train.model.inference import predict_batch
-from projects.llava_sam2.rl_train.model.prompts import REGION_CAPTION_EVAL_PROMPT, RES_EVAL_PROMPT
+from projects.llava_sam2.rl_train.evaluation.tasks import EvalConfig, answer_mask, evaluate
+from projects.llava_sam2.rl_train.model.pipeline import Answer
 
 CONFIG = dict(batch_size=3, max_new_tokens=4, n_resamples=100, show_progress=False)
 
@@ -41,58 +38,31 @@ def world():
     return ShapesWorld("val", 5, seed=1, image_size=64)
 
 
-def test_greedy_answers_equal_predict_batch(tiny, world, monkeypatch):
-    """Same prompts, same scripted tokens: the encode-once path gives predict_batch's text and masks."""
-    model, proc = tiny
-    tok = proc.tokenizer
-    seg, eos = model.seg_token_id, tok.eos_token_id
-    answers = [tok.encode("It is", add_special_tokens=False) + [seg, seg, eos],  # two fed-back [SEG]
-               tok.encode("Sure,", add_special_tokens=False) + [seg],           # [SEG] last: no mask
-               tok.encode("a red", add_special_tokens=False) + [seg, eos]]
-
-    def scripted(lm, embeds, attention, **kwargs):
-        T = max(map(len, answers))
-        ids = torch.zeros(len(answers), T, dtype=torch.long)
-        completion_mask = torch.zeros(len(answers), T, dtype=torch.bool)
-        for i, row in enumerate(answers):
-            ids[i, :len(row)], completion_mask[i, :len(row)] = torch.tensor(row), True
-        return Completions(ids, completion_mask, torch.tensor([False, True, False]), torch.zeros(len(answers), T))
-
-    monkeypatch.setattr(inference, "sample_completions", scripted)
-    monkeypatch.setitem(fast_generation.DECODE_BACKENDS, "fast", scripted)
-    samples = [world[i] for i in range(3)]
-    expected = predict_batch(model, proc, [s.image for s in samples],
-                             [RES_EVAL_PROMPT.format(sent="the star"), RES_EVAL_PROMPT.format(sent="x"),
-                              REGION_CAPTION_EVAL_PROMPT], [None, None, samples[2].gt_mask], max_new_tokens=4)
-    features = encode_images(model, proc, [s.image for s in samples], [s.sample_id for s in samples])
-    cells = proc.region_cells(samples[2].gt_mask, size=features.sizes[2])
-    rows = [PromptRow(0, proc.segment_text(1, "the star")), PromptRow(1, proc.segment_text(1, "x")),
-            PromptRow(2, proc.caption_text(1, cells), cells)]
-    got = greedy_answers(model, proc, features, rows, max_new_tokens=4, want_masks=True, multi_seg="union")
-    assert [a.text for a in got] == [e["prediction"] for e in expected]
-    assert [a.num_seg for a in got] == [2, 0, 1] and got[1].pred_mask is None
-    assert [a.is_truncated for a in got] == [False, True, False]
-    first_seg, second_seg = expected[0]["prediction_masks"]
-    np.testing.assert_array_equal(got[0].pred_mask, first_seg | second_seg)
-    np.testing.assert_array_equal(got[2].pred_mask, expected[2]["prediction_masks"][0])
-    assert got[0].plain == "It is" and "<|im_end|>" in got[0].text  # plain: stop token and [SEG] removed
-    first = greedy_answers(model, proc, features, rows[:1], max_new_tokens=4, want_masks=True, multi_seg="first")
-    assert first[0].pred_mask.shape == samples[0].gt_mask.shape
+def test_answer_mask_is_the_union_of_the_kept_seg_masks():
+    """multi_seg picks which [SEG] masks an answer keeps ('first' -> the first, 'union' -> all); the answer's mask is
+    their union, None without one."""
+    a, b = torch.zeros(4, 5, dtype=torch.bool), torch.zeros(4, 5, dtype=torch.bool)
+    a[0, :2], b[3, 1:] = True, True
+    assert np.array_equal(answer_mask(Answer("t", "t", 3, False, 2, [a, b])), (a | b).numpy())
+    assert np.array_equal(answer_mask(Answer("t", "t", 3, False, 2, [a])), a.numpy())
+    assert answer_mask(Answer("t", "t", 3, False, 0, [])) is None
+    assert tasks.MULTI_SEG_RULES == {"first": "first", "union": "all"}
 
 
 def _fake_answers(samples, seen):
     """greedy_answers stand-in: region prompts get 'a small red circle'; RES prompts of even samples get the GT
     mask, odd samples answer without [SEG]."""
-    def fake(model, processor, features, rows, *, max_new_tokens, want_masks, multi_seg):
+    def fake(model, processor, features, rows, *, max_new_tokens, seg_masks):
         out = []
         for row in rows:
             seen.append((id(model), row.image, row.region_cells is not None, row.text[-60:]))
             if row.region_cells is not None:
-                out.append(Answer("a small red circle<|im_end|>", "a small red circle", 5, False, 0, None))
+                out.append(Answer("a small red circle<|im_end|>", "a small red circle", 5, False, 0))
             elif row.image % 2 == 0:
-                out.append(Answer("It is [SEG].<|im_end|>", "It is .", 5, False, 1, samples[row.image].gt_mask.copy()))
+                gt_mask = torch.from_numpy(samples[row.image].gt_mask.copy())
+                out.append(Answer("It is [SEG].<|im_end|>", "It is .", 5, False, 1, [gt_mask] if seg_masks else []))
             else:
-                out.append(Answer("no idea<|im_end|>", "no idea", 3, False, 0, None))
+                out.append(Answer("no idea<|im_end|>", "no idea", 3, False, 0))
         return out
     return fake
 
@@ -204,18 +174,3 @@ def test_evaluate_tool_writes_a_loadable_run(tmp_path, capsys):
     assert run.meta["system"] == "run" and run.meta["dataset"]["kind"] == "shapes"
     assert run.meta["model"]["source"] == "preset tiny (init seed 0)"
     assert [r.sample_id for r in run.records("res")] == ["shapes_val/0#0", "shapes_val/1#1"]
-
-
-def test_greedy_answers_fast_backend_equals_reference(tiny, world):
-    model, proc = tiny
-    samples = [world[i] for i in range(3)]
-    features = encode_images(model, proc, [s.image for s in samples], [s.sample_id for s in samples])
-    cells = proc.region_cells(samples[2].gt_mask, size=features.sizes[2])
-    rows = [PromptRow(0, proc.segment_text(1, "the star")), PromptRow(1, proc.segment_text(1, "a long blue x")),
-            PromptRow(2, proc.caption_text(1, cells), cells)]
-    got = {backend: greedy_answers(model, proc, features, rows, max_new_tokens=5, want_masks=True,
-                                   decode_backend=backend) for backend in ("fast", "reference")}
-    assert [a.text for a in got["fast"]] == [a.text for a in got["reference"]]
-    assert [a.num_tokens for a in got["fast"]] == [a.num_tokens for a in got["reference"]] != [0, 0, 0]
-    with pytest.raises(ValueError, match="decode_backend='hf'"):
-        greedy_answers(model, proc, features, rows, max_new_tokens=2, want_masks=False, decode_backend="hf")

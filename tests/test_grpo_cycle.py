@@ -1,6 +1,6 @@
 """grpo/cycle.py + passes.py on the tiny Sa2VA: each loop's gradient reach (per mask policy, as the policy docstrings
-claim), GRPO steps that raise a deterministic reward of each loop, the partner's RES pass = upstream predict, the
-grouped mask head, and the text helpers (stop words, caption cleaning)."""
+claim), GRPO steps that raise a deterministic reward of each loop, the partner's conventions and statistics, and the
+grouped mask head. (The pipeline they run, model/pipeline.py, is tested in test_model_pipeline.py.)"""
 from __future__ import annotations
 
 import numpy as np
@@ -9,14 +9,13 @@ import torch
 
 from grpo_tiny import (
     CaptionParityReward, build_tiny, make_algo, one_thread, run_rollout, shapes_batch, step_loss, tokenizer)
-from projects.llava_sam2.rl_train.grpo import cycle, passes
+from projects.llava_sam2.rl_train.grpo import cycle
 from projects.llava_sam2.rl_train.grpo.cycle import seg_mask_head
 from projects.llava_sam2.rl_train.grpo.mask_policy import MaskHead
-from projects.llava_sam2.rl_train.grpo.passes import (
-    TextDecoding, clean_text, completion_texts, cut_at_stop_words, first_fed_back_seg, partner_segment)
-from projects.llava_sam2.rl_train.model import fast_generation, inference
+from projects.llava_sam2.rl_train.grpo.passes import partner_describe, partner_segment
+from projects.llava_sam2.rl_train.model import fast_generation
+from projects.llava_sam2.rl_train.model.decoding import TextDecoding
 from projects.llava_sam2.rl_train.model.generation import Completions
-from projects.llava_sam2.rl_train.model.prompts import RES_EVAL_PROMPT
 
 _one_thread = pytest.fixture(autouse=True)(one_thread)
 
@@ -190,7 +189,7 @@ def test_grpo_steps_raise_the_expected_reward(loop, monkeypatch):
 
 
 def scripted(rows: list[list[int]]):
-    """A sample_completions stand-in that returns the given token rows (right padded)."""
+    """A decoder stand-in that returns the given token rows (right padded), in order over the calls."""
     T = max(len(r) for r in rows)
     ids = torch.zeros(len(rows), T, dtype=torch.long)
     completion_mask = torch.zeros(len(rows), T, dtype=torch.bool)
@@ -210,66 +209,48 @@ def scripted(rows: list[list[int]]):
     return sample
 
 
-def test_partner_segment_matches_upstream_predict(monkeypatch):
+def test_partner_segment_conventions_and_stats(monkeypatch):
+    """Empty captions are not asked; an answer with a fed-back [SEG] gives its first mask; an answer without one, or
+    with [SEG] as its last token, gives an all-False mask; the counts say so."""
     model, processor = build_tiny()
     model.eval()
     tok, seg, eos = tokenizer(), model.seg_token_id, tokenizer().eos_token_id
-    rows = [tok.encode("Sure,", add_special_tokens=False) + [seg, 13, eos],  # fed-back [SEG]: one mask
+    rows = [tok.encode("Sure,", add_special_tokens=False) + [seg, 13, seg, eos],  # first of two fed-back [SEG]
             tok.encode("It is", add_special_tokens=False) + [eos],  # no [SEG]: all-False mask
             tok.encode("Sure,", add_special_tokens=False) + [seg]]  # [SEG] as last token: dropped (upstream)
     monkeypatch.setitem(fast_generation.DECODE_BACKENDS, "fast", scripted(rows))
-    monkeypatch.setattr(inference, "sample_completions", scripted(rows))
-    batch = shapes_batch(3, seed=5)
     algo, _ = make_algo(model, processor, {"caption_to_mask": [dict(type="iou")]})
-    features = algo.encode(batch)
-    captions = ["a red circle", "the blue square", "green thing"]
+    features = algo.encode(shapes_batch(3, seed=5))
+    captions = ["a red circle", "", "the blue square", "green thing"]
     with torch.no_grad():
-        tiles = model.project_vision(features.vit_tokens)
-        masks, stats = partner_segment(model, processor, features, tiles, captions, [0, 1, 2],
-                                       TextDecoding.from_processor(processor), max_new_tokens=4, chunk_size=2)
-    expected = inference.predict_batch(model, processor, [s.image for s in batch],
-                                       [RES_EVAL_PROMPT.format(sent=c) for c in captions], max_new_tokens=4)
-    assert len(expected[0]["prediction_masks"]) == 1 and expected[1]["prediction_masks"] == []
-    assert np.array_equal(masks[0].numpy(), expected[0]["prediction_masks"][0])
-    assert not masks[1].any() and not masks[2].any() and masks[1].shape == (64, 64)
-    assert stats["partner/no_seg"] == 2 and stats["partner/empty_caption"] == 0
+        masks, stats = partner_segment(model, processor, features, model.project_vision(features.vit_tokens),
+                                       captions, [0, 1, 1, 2], TextDecoding.from_processor(processor),
+                                       max_new_tokens=4, chunk_size=2)
+    assert [bool(m.any()) for m in masks] == [True, False, False, False] and masks[1].shape == (64, 64)
+    assert stats == {"partner/empty_caption": 1.0, "partner/no_seg": 2.0,
+                     "partner/answer_tokens": (len(rows[0]) + len(rows[1]) + len(rows[2])) / 3}
 
 
-def test_partner_segment_reads_the_decoders_seg_states(monkeypatch):
-    """The partner's [SEG] states come from the decode itself (no second pass over prompt + answer) and give the
-    masks the teacher-forced pass gives (a decoder without states falls back to it)."""
-    from dataclasses import replace
-
+def test_partner_describe_conventions_and_stats(monkeypatch):
+    """An all-False mask gets the caption "" without a model call; a mask that hits no region-grid point is shown as
+    the one cell it covers most; captions are the answers' plain text."""
     model, processor = build_tiny()
     model.eval()
-    seg = model.seg_token_id
-    head = model.language_model.get_output_embeddings()
-
-    def always_seg(module, args, logits):  # every answer is [SEG] [SEG] ...: the first one is fed back
-        logits[..., seg] += 1e4
-        return logits
-
-    head.register_forward_hook(always_seg)
-    batch = shapes_batch(3, seed=5)
+    tok = tokenizer()
+    rows = [tok.encode("a red", add_special_tokens=False) + [model.seg_token_id, tok.eos_token_id],
+            tok.encode("dot <image>", add_special_tokens=False) + [tok.eos_token_id]]
+    monkeypatch.setitem(fast_generation.DECODE_BACKENDS, "fast", scripted(rows))
     algo, _ = make_algo(model, processor, {"caption_to_mask": [dict(type="iou")]})
-    features = algo.encode(batch)
-    decoding = TextDecoding.from_processor(processor)
-    captions = ["a red circle", "the blue square", "green thing"]
-
-    def segment():
-        with torch.no_grad():
-            return partner_segment(model, processor, features, model.project_vision(features.vit_tokens), captions,
-                                   [0, 1, 2], decoding, max_new_tokens=3, chunk_size=2)
-
-    with monkeypatch.context() as patch:
-        patch.setattr(passes, "completion_hidden", lambda *a, **k: (_ for _ in ()).throw(AssertionError("re-ran")))
-        from_decode, stats = segment()
-    fast = fast_generation.DECODE_BACKENDS["fast"]
-    monkeypatch.setitem(fast_generation.DECODE_BACKENDS, "fast", lambda *a, **k: replace(fast(*a, **k), hidden=None))
-    teacher_forced, _ = segment()
-    assert stats["partner/no_seg"] == 0 and any(m.any() for m in from_decode)
-    for a, b in zip(from_decode, teacher_forced):
-        assert torch.equal(a, b)
+    features = algo.encode(shapes_batch(2, seed=5))
+    tiny_dot = torch.zeros(64, 64, dtype=torch.bool)
+    tiny_dot[1, 1] = True  # between the region grid's sample points
+    pred_masks = [torch.ones(64, 64, dtype=torch.bool), torch.zeros(64, 64, dtype=torch.bool), tiny_dot]
+    with torch.no_grad():
+        captions, stats = partner_describe(model, processor, features, model.project_vision(features.vit_tokens),
+                                           pred_masks, [0, 1, 1], ["a", "b", "c"],
+                                           TextDecoding.from_processor(processor), max_new_tokens=4, chunk_size=None)
+    assert captions == ["a red", "", "dot"]
+    assert stats == {"partner/empty_mask": 1.0, "partner/caption_tokens": (len(rows[0]) + len(rows[1])) / 2}
 
 
 def test_grouped_mask_head_equals_decoding_every_row():
@@ -288,30 +269,3 @@ def test_grouped_mask_head_equals_decoding_every_row():
         # the rollout's decoded masks come from the sampled action
         logp = algo.context.mask_policy.log_prob(head, replay.action)
     assert logp.shape == rollouts[0].action_mask.shape
-
-
-def test_text_helpers_cut_stop_words_and_clean_captions():
-    tok = tokenizer()
-    decoding = TextDecoding(tok, (tok.eos_token_id,), ("<|end|>",), tok.pad_token_id)
-    row0 = tok.encode("It is red.<|end|>\nmore words", add_special_tokens=False)
-    row1 = tok.encode("no stop here", add_special_tokens=False)
-    T = max(len(row0), len(row1))
-    ids = torch.full((2, T), tok.pad_token_id)
-    completion_mask = torch.zeros(2, T, dtype=torch.bool)
-    for i, row in enumerate([row0, row1]):
-        ids[i, :len(row)], completion_mask[i, :len(row)] = torch.tensor(row), True
-    out = cut_at_stop_words(Completions(ids, completion_mask, torch.tensor([True, True]), torch.zeros(2, T)),
-                            decoding)
-    kept = out.completion_mask.sum(-1).tolist()
-    assert tok.decode(ids[0, :kept[0]]).replace("\n", "").endswith("<|end|>") and kept[1] == len(row1)
-    assert not tok.decode(ids[0, :kept[0] - 1]).replace("\n", "").endswith("<|end|>")
-    assert out.is_truncated.tolist() == [False, True]  # the stop word ended row 0; row 1 ran out of tokens
-    assert out.completion_mask[0, kept[0]:].any().item() is False
-    texts = completion_texts(out, decoding)
-    assert texts[0].startswith("It is red.") and texts[1] == "no stop here"
-    assert clean_text("a [SEG] <image>\n b<IMG_CONTEXT>  c</img>") == "a b c"
-    seg = tok.convert_tokens_to_ids("[SEG]")
-    first, has = first_fed_back_seg(Completions(torch.tensor([[5, seg, seg, 7], [seg, 5, 5, 5]]),
-                                                torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]]).bool(),
-                                                torch.zeros(2, dtype=torch.bool), torch.zeros(2, 4)), seg)
-    assert first[0] == 1 and has.tolist() == [True, False]  # row 1's only [SEG] is its last token

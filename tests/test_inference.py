@@ -1,13 +1,13 @@
-"""model/inference.py: predict / predict_batch on the tiny Sa2VA model."""
+"""model/inference.py (predict / predict_batch) and the decoding helpers of model/decoding.py on the tiny Sa2VA."""
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-from projects.llava_sam2.rl_train.model import inference
+from projects.llava_sam2.rl_train.model import fast_generation
+from projects.llava_sam2.rl_train.model.decoding import eval_mode, stop_criteria, textual_stop_length
 from projects.llava_sam2.rl_train.model.generation import Completions, position_ids_from_attention
-from projects.llava_sam2.rl_train.model.inference import (
-    eval_mode, predict, predict_batch, stop_criteria, textual_stop_length)
+from projects.llava_sam2.rl_train.model.inference import predict, predict_batch
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,7 @@ def test_scripted_answer_gives_one_mask_per_fed_back_seg(tiny, monkeypatch):
         seen.update(embeds=embeds, attention=attention, kwargs=kwargs)
         return Completions(ids, completion_mask, torch.tensor([False, True]), torch.zeros(2, T))
 
-    monkeypatch.setattr(inference, "sample_completions", scripted)
+    monkeypatch.setitem(fast_generation.DECODE_BACKENDS, "reference", scripted)
     images = [_image(1), _image(2, (30, 30))]
     texts = ["<image>\nPlease segment the cat.", "<image>\nWhere?"]
     out = predict_batch(model, proc, images, texts, max_new_tokens=7)
