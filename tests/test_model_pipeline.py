@@ -42,9 +42,9 @@ def world():
 def rows_of(proc, encoded, world):
     """RES rows for images 0 and 1, a region-caption row for image 2."""
     cells = proc.region_cells(world[2].gt_mask, size=encoded.image_sizes[2])  # [g, g]
-    return [PromptRow(0, proc.segment_text(encoded.n_tiles(0), "the star")),
-            PromptRow(1, proc.segment_text(encoded.n_tiles(1), "a long blue x")),
-            PromptRow(2, proc.caption_text(encoded.n_tiles(2), cells), cells)]
+    return [PromptRow(0, proc.segment_prompt(encoded.n_tiles(0), "the star")),
+            PromptRow(1, proc.segment_prompt(encoded.n_tiles(1), "a long blue x")),
+            PromptRow(2, proc.caption_prompt(encoded.n_tiles(2), cells), cells)]
 
 
 def scripted(answers, is_truncated, seen=None):

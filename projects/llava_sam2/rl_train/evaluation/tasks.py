@@ -149,7 +149,7 @@ class _Batch:
         processor = self.processor_a if which == "a" else self.processor_b
         features = self.features_a if which == "a" else self.features_b
         kept = [i for i, text in enumerate(texts) if text]
-        return kept, [PromptRow(i, processor.segment_text(features.n_tiles(i), texts[i],
+        return kept, [PromptRow(i, processor.segment_prompt(features.n_tiles(i), texts[i],
                                                           self.config.segment_question)) for i in kept]
 
     def caption_rows(self, which: str, masks: Sequence, empty_region: str) -> tuple[list[int], list[PromptRow]]:
@@ -163,7 +163,7 @@ class _Batch:
             cells = processor.region_cells(pred_mask, sample_id=self.samples[i].sample_id,
                                            size=features.image_sizes[i], empty_region=empty_region)  # [g, g]
             kept.append(i)
-            rows.append(PromptRow(i, processor.caption_text(features.n_tiles(i), cells, self.config.caption_question),
+            rows.append(PromptRow(i, processor.caption_prompt(features.n_tiles(i), cells, self.config.caption_question),
                                   cells))
         return kept, rows
 

@@ -40,7 +40,7 @@ def partner_segment(model, processor, features: StepFeatures, tile_embeds: Tenso
                     chunk_size: int | None) -> tuple[list[Tensor], dict[str, float]]:
     """Loop 1's second half: ground each caption with the weights in effect (the EMA partner).
 
-    Per caption: RES prompt (``processor.segment_text``) → greedy answer of at most ``max_new_tokens`` → the mask
+    Per caption: RES prompt (``processor.segment_prompt``) → greedy answer of at most ``max_new_tokens`` → the mask
     of its first fed-back ``[SEG]`` (``greedy_answers(seg_masks='first')``). An empty caption or an answer without
     a fed-back ``[SEG]`` gives an all-False mask (IoU 0 against a non-empty gt_mask), counted in the stats.
 
@@ -48,7 +48,7 @@ def partner_segment(model, processor, features: StepFeatures, tile_embeds: Tenso
     ``partner/answer_tokens`` (mean answer length).
     """
     valid = [n for n, caption in enumerate(captions) if caption]
-    rows = [PromptRow(images[n], processor.segment_text(features.n_tiles(images[n]), captions[n])) for n in valid]
+    rows = [PromptRow(images[n], processor.segment_prompt(features.n_tiles(images[n]), captions[n])) for n in valid]
     answers = greedy_answers(model, processor, features, rows, max_new_tokens=max_new_tokens, decoding=decoding,
                              seg_masks="first", tile_embeds=tile_embeds, chunk_size=chunk_size)
     pred_masks = [torch.zeros(features.image_sizes[i], dtype=torch.bool) for i in images]
@@ -80,7 +80,7 @@ def partner_describe(model, processor, features: StepFeatures, tile_embeds: Tens
     for n in valid:
         cells = processor.region_cells(pred_masks[n], sample_id=sample_ids[n], size=features.image_sizes[images[n]],
                                        empty_region="dilate_to_one_cell")  # [g, g]
-        rows.append(PromptRow(images[n], processor.caption_text(features.n_tiles(images[n]), cells), cells))
+        rows.append(PromptRow(images[n], processor.caption_prompt(features.n_tiles(images[n]), cells), cells))
     answers = greedy_answers(model, processor, features, rows, max_new_tokens=max_new_tokens, decoding=decoding,
                              tile_embeds=tile_embeds, chunk_size=chunk_size)
     captions = [""] * len(pred_masks)

@@ -61,7 +61,8 @@ def predict_batch(
     for i, (text, region_mask) in enumerate(zip(texts, region_masks)):
         cells = None if region_mask is None else \
             _region_stack(processor, region_mask, encoded.image_sizes[i], f"sample {i}")  # [N, g, g]
-        rows.append(PromptRow(i, processor.expand_image(text, encoded.n_tiles(i), cells), cells))
+        prompt = processor.template_user_turn(processor.expand_image(text, encoded.n_tiles(i), cells))
+        rows.append(PromptRow(i, prompt, cells))
     answers = greedy_answers(model, processor, encoded, rows, max_new_tokens=max_new_tokens,
                              decoding=TextDecoding.from_processor(processor, decode_backend), seg_masks="all",
                              use_decoder_states=False)

@@ -117,8 +117,8 @@ class PromptRow:
 
     Attributes:
         image: row of the image in :class:`EncodedImages`.
-        text: user text with the image block (and region string) expanded (``processor.segment_text`` /
-            ``caption_text`` / ``expand_image``); the template's turn is added by :func:`greedy_answers`.
+        text: the templated user turn with the image block (and region string) expanded
+            (``processor.segment_prompt`` / ``caption_prompt`` / ``template_user_turn(expand_image(...))``).
         region_cells: the bool ``[g, g]`` (or ``[N, g, g]``) cells given to the text (their tokens fill the
             region slots), or None.
     """
@@ -177,8 +177,7 @@ def greedy_answers(model, processor, encoded: EncodedImages, rows: Sequence[Prom
                    use_decoder_states: bool = True) -> list[Answer]:
     """Greedy answers of prompt rows about encoded images (upstream ``predict_forward`` per row), batched.
 
-    Per chunk of at most ``chunk_size`` rows: the template's user turn around each ``row.text`` → left-padded ids
-    → :func:`prompt_embeds` → greedy decode (``decoding.decode_backend``, default the fast path) → textual stop
+    Per chunk of at most ``chunk_size`` rows: each ``row.text`` → left-padded ids → :func:`prompt_embeds` → greedy decode (``decoding.decode_backend``, default the fast path) → textual stop
     cut → texts; with ``seg_masks`` (a key of ``SEG_MASK_RULES``) one mask per kept fed-back ``[SEG]``.
 
     Args:
@@ -197,7 +196,7 @@ def greedy_answers(model, processor, encoded: EncodedImages, rows: Sequence[Prom
         for r0 in range(0, len(rows), step):
             chunk = rows[r0:r0 + step]
             images = [row.image for row in chunk]
-            ids, attention = processor.tokenize_prompts([processor.template_user_turn(row.text) for row in chunk])
+            ids, attention = processor.tokenize_prompts([row.text for row in chunk])
             ids, attention = ids.to(model.device), attention.to(model.device)  # [n, L]
             embeds = prompt_embeds(model, encoded, tiles, ids, images, [row.region_cells for row in chunk])
             out = sample_text(model, embeds, attention, decoding, max_new_tokens=max_new_tokens, do_sample=False,
