@@ -3,7 +3,6 @@ claim), GRPO steps that raise a deterministic reward of each loop, the partner's
 grouped mask head. (The pipeline they run, model/pipeline.py, is tested in test_model_pipeline.py.)"""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 

@@ -150,7 +150,7 @@ class _Batch:
         features = self.features_a if which == "a" else self.features_b
         kept = [i for i, text in enumerate(texts) if text]
         return kept, [PromptRow(i, processor.segment_prompt(features.n_tiles(i), texts[i],
-                                                          self.config.segment_question)) for i in kept]
+                                                            self.config.segment_question)) for i in kept]
 
     def caption_rows(self, which: str, masks: Sequence, empty_region: str) -> tuple[list[int], list[PromptRow]]:
         """Region-caption rows for the non-empty masks; returns (sample positions, rows)."""
@@ -163,8 +163,8 @@ class _Batch:
             cells = processor.region_cells(pred_mask, sample_id=self.samples[i].sample_id,
                                            size=features.image_sizes[i], empty_region=empty_region)  # [g, g]
             kept.append(i)
-            rows.append(PromptRow(i, processor.caption_prompt(features.n_tiles(i), cells, self.config.caption_question),
-                                  cells))
+            prompt = processor.caption_prompt(features.n_tiles(i), cells, self.config.caption_question)
+            rows.append(PromptRow(i, prompt, cells))
         return kept, rows
 
     def captions_a(self) -> tuple[list[Answer], list[int]]:

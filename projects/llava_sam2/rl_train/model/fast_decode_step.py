@@ -90,7 +90,7 @@ class DecoderParts:
                 f"fast_generation: the decoder body {type(body).__name__} has no {missing}; the fast path "
                 "needs a transformers Qwen2/Llama/Phi3-style body (layers, norm, rotary_emb). Use "
                 "generation.sample_completions for other LMs (decode_backend='reference' in GRPOConfig / "
-                "greedy_answers)."
+                "TextDecoding)."
             )
         return cls(body, lm.get_input_embeddings(), body.layers, body.norm, head, body.rotary_emb)
 
