@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from grpo_tiny import one_thread
+from grpo_tiny import build_tiny, one_thread
 from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
 from projects.llava_sam2.rl_train.model import fast_generation, pipeline
 from projects.llava_sam2.rl_train.model.decoding import (
@@ -22,16 +22,8 @@ _one_thread = pytest.fixture(autouse=True)(one_thread)
 
 @pytest.fixture(scope="module")
 def tiny():
-    from projects.llava_sam2.rl_train.model.presets import build_preset
-    from projects.llava_sam2.rl_train.model.processor import Sa2VAProcessor
-    from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
-    from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer
-
-    tok = load_tiny_tokenizer()
-    torch.manual_seed(0)
-    model = Sa2VAModel(build_preset("tiny", vocab_size=len(tok))).eval()
-    model.bind_tokenizer(tok)
-    return model, Sa2VAProcessor.from_config(tok, model.config, empty_region="dilate_to_one_cell")
+    model, processor = build_tiny()  # LoRA-wrapped LM, as in training
+    return model.eval(), processor
 
 
 @pytest.fixture(scope="module")

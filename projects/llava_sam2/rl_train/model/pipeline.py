@@ -19,6 +19,10 @@ image size (bilinear h → S_sam → (H, W), sigmoid > 0.5), as upstream ``predi
 ``EncodedImages`` stops before it: each pass projects ``tile_embeds = model.project_vision(encoded.vit_tokens)``
 under the weights in effect and passes it in. Prompt rows name their image (``images`` / ``PromptRow.image``),
 so rows that share an image share its cached features.
+
+Every decode goes through ``decoding.sample_text`` (one call site of ``fast_generation.decode_completions``), and
+every greedy answer through :func:`greedy_answers`, which sees each row's image: the places where a decoder on
+merged LoRA weights, or a prefill of one image block shared by several rows, would plug in.
 """
 from __future__ import annotations
 
@@ -177,8 +181,9 @@ def greedy_answers(model, processor, encoded: EncodedImages, rows: Sequence[Prom
                    use_decoder_states: bool = True) -> list[Answer]:
     """Greedy answers of prompt rows about encoded images (upstream ``predict_forward`` per row), batched.
 
-    Per chunk of at most ``chunk_size`` rows: each ``row.text`` → left-padded ids → :func:`prompt_embeds` → greedy decode (``decoding.decode_backend``, default the fast path) → textual stop
-    cut → texts; with ``seg_masks`` (a key of ``SEG_MASK_RULES``) one mask per kept fed-back ``[SEG]``.
+    Per chunk of at most ``chunk_size`` rows: each ``row.text`` → left-padded ids → :func:`prompt_embeds` → greedy
+    decode (``decoding.decode_backend``, default the fast path) → textual stop cut → texts; with ``seg_masks`` (a
+    key of ``SEG_MASK_RULES``) one mask per kept fed-back ``[SEG]``, all of a chunk in one SAM2 decoder call.
 
     Args:
         decoding: stop criteria and decoder (default: ``TextDecoding.from_processor(processor)``).
