@@ -234,27 +234,3 @@ def test_checkpoint_comparison_needs_the_same_split():
     other = QualityData({"dice": dice, "is_heldout": np.array([True, False, False, True])}, meta)
     with pytest.raises(ValueError, match="--same-as"):
         compare_checkpoints(base, other)
-
-
-def test_segmenter_iou_head_loss_targets_each_output():
-    import importlib.util
-    from pathlib import Path
-    from types import SimpleNamespace
-
-    path = Path(__file__).resolve().parents[1] / "tools" / "train_tiny_segmenter.py"
-    spec = importlib.util.spec_from_file_location("train_tiny_segmenter", path)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    gt = torch.zeros(1, 4, 4, dtype=torch.uint8)
-    gt[0, :2, :2] = 1  # 4 GT pixels
-    logits = -torch.ones(1, 3, 4, 4)
-    logits[0, 0, :2, :2] = 1  # output 0: exact -> IoU 1
-    logits[0, 1, :2, :] = 1  # output 1: 8 pixels -> IoU 4/8
-    scores = torch.tensor([[1.0, 0.5, 0.0]], requires_grad=True)  # output 2 empty -> IoU 0: all three exact
-    out = SimpleNamespace(low_res_logits=logits, iou_scores=scores)
-    assert tool.iou_head_loss(out, [gt]).item() == pytest.approx(0.0)
-    wrong = SimpleNamespace(low_res_logits=logits, iou_scores=torch.tensor([[0.0, 0.5, 0.0]], requires_grad=True))
-    loss = tool.iou_head_loss(wrong, [gt])
-    assert loss.item() == pytest.approx(1 / 3)  # (1 - 0)^2 / 3
-    loss.backward()
-    assert wrong.iou_scores.grad[0, 0] < 0

@@ -218,3 +218,65 @@ def test_sft_loss_rejects_seg_mask_count_mismatch(tiny):
     item["masks"] = item["masks"][:1]
     with pytest.raises(ValueError, match="2 \\[SEG\\] tokens but 1 GT"):
         sft_loss(model, sft_collate([item]), num_points=16)
+
+
+def test_iou_head_loss_targets_each_output():
+    from projects.llava_sam2.rl_train.model.sft_loss import iou_head_loss
+
+    gt = torch.zeros(1, 4, 4)
+    gt[0, :2, :2] = 1  # 4 GT pixels
+    logits = -torch.ones(1, 3, 4, 4)
+    logits[0, 0, :2, :2] = 1  # output 0: exact -> IoU 1
+    logits[0, 1, :2, :] = 1  # output 1: 8 pixels -> IoU 4/8; output 2 empty -> IoU 0
+    assert iou_head_loss(logits, torch.tensor([[1.0, 0.5, 0.0]]), gt).item() == pytest.approx(0.0)
+    scores = torch.tensor([[0.0, 0.5, 0.0]], requires_grad=True)
+    loss = iou_head_loss(logits, scores, gt)
+    assert loss.item() == pytest.approx(1 / 3)  # (1 - 0)^2 / 3
+    loss.backward()
+    assert scores.grad[0, 0] < 0
+    empty = iou_head_loss(-torch.ones(1, 1, 4, 4), torch.tensor([[1.0]]), torch.zeros(1, 4, 4))
+    assert empty.item() == 0.0  # both empty: IoU 1
+    with pytest.raises(ValueError, match="resize the GT"):
+        iou_head_loss(logits, scores, gt[:, :2])
+
+
+def test_llm_loss_token_weights_are_a_weighted_mean():
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 11)
+    hidden = torch.randn(1, 4, 8)
+    labels = torch.tensor([[-100, 3, 4, 5]])
+    ce = F.cross_entropy(head(hidden)[0, :-1], labels[0, 1:], reduction="none")  # [3]
+    weights = torch.tensor([[1.0, 0.0, 0.5]])  # position 1's prediction (label 4) dropped
+    expected = (ce[0] + 0.5 * ce[2]) / 1.5
+    torch.testing.assert_close(llm_loss(head, hidden, labels, weights), expected)
+
+
+def test_seg_lm_weight_drops_the_token_after_seg_and_iou_weight_adds_a_trained_head(tiny):
+    from projects.llava_sam2.rl_train.model.sft_loss import sft_forward, sft_loss
+
+    model, proc = tiny
+    batch = _batch(proc)
+    kw = dict(num_points=64, generator=torch.Generator().manual_seed(0))
+    base = sft_loss(model, batch, **kw)
+    kw["generator"] = torch.Generator().manual_seed(0)
+    dropped, seg = sft_forward(model, batch, seg_lm_weight=0.0, iou_loss_weight=2.0, **kw)
+    data = batch["data"]
+    labels = data["labels"].clone()  # the same loss by hand: ignore every label whose input is [SEG]
+    after_seg = torch.zeros_like(labels, dtype=torch.bool)
+    after_seg[:, 1:] = data["input_ids"][:, :-1] == model.seg_token_id
+    assert int(after_seg.sum()) == 3  # three [SEG] answers, each followed by '.'
+    labels[after_seg] = -100
+    masked = sft_loss(model, {**data, "labels": labels}, num_points=64, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(dropped["llm_loss"], masked["llm_loss"])
+    assert not torch.isclose(dropped["llm_loss"], base["llm_loss"])
+    torch.testing.assert_close(dropped["loss_mask"], base["loss_mask"])
+    assert set(dropped) == {"llm_loss", "loss_mask", "loss_dice", "loss_iou"} and dropped["loss_iou"] > 0
+    assert seg.seg_hidden.shape == (3, model.config.llm_hidden_size) and seg.seg_rows.tolist() == [0, 0, 2]
+    assert seg.prompt.shape[0] == seg.gt_mask.shape[0] == seg.decoder.low_res_logits.shape[0] == 3
+    model.zero_grad(set_to_none=True)
+    dropped["loss_iou"].backward()
+    head = model.grounding_encoder.sam2_model.sam_mask_decoder.iou_prediction_head
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in head.parameters())
+    model.zero_grad(set_to_none=True)
+    with pytest.raises(ValueError, match="must be >= 0"):
+        sft_loss(model, batch, seg_lm_weight=-1.0)

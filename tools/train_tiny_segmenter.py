@@ -23,8 +23,8 @@ IoU head: Sa2VA keeps SAM2's multimask decoding and picks the output with the hi
 loss never trains that head (the released model inherits it from SAM2's own training). From random init the head
 is untrained, its argmax flips between the three outputs, only the picked one is trained, and at test time another
 (untrained, often empty) output can be picked. So this tool adds SAM's IoU-prediction loss
-(``iou_loss_weight * MSE(iou_scores, IoU of each of the 3 outputs vs GT)``, Kirillov et al. 2023), read from the
-decoder output that ``sft_loss`` itself computed (an instance-level tap on ``decode_masks``, no second pass).
+(``sft_loss(..., iou_loss_weight=w)``: ``w * MSE(iou_scores, IoU of each of the 3 outputs vs GT)``, Kirillov et
+al. 2023).
 This stands in for SAM2's pretraining; the SFT loss itself is upstream's. OUT_DIR gets the HF-layout checkpoint (``save_pretrained``), the tokenizer and
 ``train_log.json`` (losses, held-out IoU/Dice on ``ShapesWorld('val')`` with the RES eval prompt, wall time).
 """
@@ -50,7 +50,7 @@ from projects.llava_sam2.rl_train.model.presets import build_preset  # noqa: E40
 from projects.llava_sam2.rl_train.model.processor import Sa2VAProcessor, sft_collate  # noqa: E402
 from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel  # noqa: E402
 from projects.llava_sam2.rl_train.model.sft_data import RegionSFTDataset  # noqa: E402
-from projects.llava_sam2.rl_train.model.sft_loss import resize_gt_masks, sft_loss  # noqa: E402
+from projects.llava_sam2.rl_train.model.sft_loss import sft_loss  # noqa: E402
 from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer  # noqa: E402
 from projects.llava_sam2.rl_train.prompt_rl.evaluate import (  # noqa: E402
     evaluate_default_prompt, text_sensitivity)
@@ -89,31 +89,6 @@ def set_trainable(model: Sa2VAModel, freeze_encoders: bool, train_llm: str) -> l
     return [p for p in model.parameters() if p.requires_grad]
 
 
-class DecoderTap:
-    """Records every ``decode_masks`` output of one model instance (the SFT loss keeps only the best mask)."""
-
-    def __init__(self, model: Sa2VAModel):
-        self.decode, self.outputs = model.decode_masks, []
-        model.decode_masks = self
-
-    def __call__(self, *args, **kwargs):
-        out = self.decode(*args, **kwargs)
-        self.outputs.append(out)
-        return out
-
-
-def iou_head_loss(out, gt_masks: list[torch.Tensor]) -> torch.Tensor:
-    """SAM's IoU-prediction loss: MSE between ``iou_scores [M, 3]`` and the IoU of each output (logit > 0) with the
-    GT nearest-resized to the low-res size (the targets carry no gradient)."""
-    logits = out.low_res_logits  # [M, 3, h, w]
-    gt = resize_gt_masks(gt_masks, tuple(logits.shape[-2:]))[:, None] > 0.5  # [M, 1, h, w]
-    pred = logits.detach() > 0
-    inter = (pred & gt).flatten(2).sum(-1).float()  # [M, 3]
-    union = (pred | gt).flatten(2).sum(-1).float()
-    target = torch.where(union > 0, inter / union.clamp_min(1), torch.ones_like(inter))
-    return torch.nn.functional.mse_loss(out.iou_scores.float(), target)
-
-
 def lr_factor(step: int, steps: int, warmup: int) -> float:
     """Linear warm-up to 1 over ``warmup`` steps, then cosine decay to 0.1 at ``steps``."""
     if step < warmup:
@@ -133,7 +108,6 @@ def train(args: argparse.Namespace) -> dict:
     loader = DataLoader(data, batch_size=args.batch_size, shuffle=True, collate_fn=sft_collate, drop_last=True,
                         generator=torch.Generator().manual_seed(args.seed))
     params = set_trainable(model, args.freeze_encoders, args.train_llm)
-    tap = DecoderTap(model)
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, args.steps, args.warmup))
     points = torch.Generator().manual_seed(args.seed)
@@ -141,11 +115,10 @@ def train(args: argparse.Namespace) -> dict:
     model.train()
     while step < args.steps:
         for batch in loader:
-            tap.outputs.clear()
-            losses = sft_loss(model, batch, num_points=args.num_points, generator=points)
-            losses["loss_iou"] = iou_head_loss(tap.outputs[-1], list(batch["data"]["masks"]))
+            losses = sft_loss(model, batch, num_points=args.num_points, generator=points,
+                              iou_loss_weight=args.iou_loss_weight)
             total = losses["llm_loss"] + args.mask_loss_weight * (losses["loss_mask"] + losses["loss_dice"]) \
-                + args.iou_loss_weight * losses["loss_iou"]
+                + losses.get("loss_iou", 0.0)
             optimizer.zero_grad(set_to_none=True)
             total.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -160,7 +133,6 @@ def train(args: argparse.Namespace) -> dict:
             if step == args.steps:
                 break
     train_s = time.perf_counter() - start
-    del model.decode_masks  # drop the tap: evaluation uses the class method again
     val_world = ShapesWorld("val", args.eval_samples, seed=args.seed)
     held_out = evaluate_default_prompt(model, processor, val_world)
     held_out["text_sensitivity"] = text_sensitivity(model, processor, val_world)

@@ -19,7 +19,7 @@ from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
 from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer
 from projects.llava_sam2.rl_train.model.generation import completion_logprobs
 from projects.llava_sam2.rl_train.model.sft_loss import resize_gt_masks
-from tools.train_tiny_segmenter import iou_head_loss
+from projects.llava_sam2.rl_train.model.sft_loss import iou_head_loss
 MODE = os.environ.get('MODE', 'seg'); N = int(os.environ.get('N', 600)); STEPS = int(os.environ.get('STEPS', 800))
 torch.manual_seed(0)
 tok = load_tiny_tokenizer(); model = Sa2VAModel(build_preset('tiny', vocab_size=len(tok))); model.bind_tokenizer(tok); model.eval()
@@ -81,7 +81,7 @@ for step in range(1, STEPS + 1):
         loss = a_ + b_
     else:
         loss = float(os.environ.get('WB', 1)) * F.binary_cross_entropy_with_logits(lo, gt) + float(os.environ.get('WD', 1)) * (1 - (2 * (pr * gt).sum((1, 2)) + 1) / (pr.sum((1, 2)) + gt.sum((1, 2)) + 1)).mean()
-    loss = loss + iou_head_loss(out, [tr[2][int(k)] for k in j])
+    loss = loss + iou_head_loss(out.low_res_logits, out.iou_scores, gt)
     opt.zero_grad(); loss.backward(); opt.step()
     if step % 100 == 0:
         with torch.no_grad():

@@ -32,7 +32,7 @@ from projects.llava_sam2.rl_train.model.sft_loss import resize_gt_masks, sft_los
 from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer
 from projects.llava_sam2.rl_train.model.lora import apply_lora, configure_trainable
 from projects.llava_sam2.rl_train.model.generation import completion_logprobs
-from tools.train_tiny_segmenter import DecoderTap, iou_head_loss
+from projects.llava_sam2.rl_train.model.sft_loss import iou_head_loss
 
 E = os.environ
 def env(k, d, t=str): return t(E.get(k, d))
@@ -107,8 +107,7 @@ if SAMPRE:
         bce = F.binary_cross_entropy_with_logits(logits, gt.expand_as(logits), reduction='none').flatten(2).mean(-1)
         per = 20 * bce + dice  # SAM's 20:1 focal:dice ratio, BCE instead of focal
         loss = per.min(-1).values.mean()
-        loss = loss + iou_head_loss(types.SimpleNamespace(low_res_logits=logits, iou_scores=iou),
-                                   [torch.from_numpy(s.gt_mask)[None] for s in smp])
+        loss = loss + iou_head_loss(logits, iou, gt[:, 0])
         opt.zero_grad(); loss.backward(); torch.nn.utils.clip_grad_norm_(params, 1.0); opt.step()
         if (step + 1) % 100 == 0:
             print(json.dumps({'name': NAME, 'samplestep': step + 1, 'loss': round(loss.item(), 3),
@@ -143,7 +142,6 @@ groups = [dict(params=[p for n, p in named if 'text_hidden_fcs' in n], lr=LR * F
 params = [p for _, p in named]
 opt = torch.optim.AdamW(groups, weight_decay=0.0)
 sched = torch.optim.lr_scheduler.LambdaLR(opt, (lambda s: 1.0) if env('CONST', 0, int) else (lambda s: min(1.0, (s + 1) / 30) * (0.1 + 0.45 * (1 + math.cos(math.pi * min(s, STEPS) / STEPS)))))
-tap = DecoderTap(model)
 pts_gen = torch.Generator().manual_seed(SEED)
 
 # val: multi-object scenes, every object named by its canonical caption
@@ -170,7 +168,7 @@ def evaluate(step):
         A = ANS[None].expand(n, -1)
         _, h = completion_logprobs(model.language_model, emb, att, A, torch.ones_like(A, dtype=torch.bool), return_hidden=True)
         f = model.encode_grounding(x.g_pixel_values[None])
-        out = tap.decode(model.seg_hidden_to_prompt(h[:, SP]), f, torch.zeros(n, dtype=torch.long))
+        out = model.decode_masks(model.seg_hidden_to_prompt(h[:, SP]), f, torch.zeros(n, dtype=torch.long))
         mk = [m.numpy() for m in model.logits_to_masks(out.best_logits, [x.size] * n)]
         for k, (_, gt) in enumerate(objs):
             own.append(iou(mk[k], gt))
@@ -186,11 +184,8 @@ def evaluate(step):
 model.train(); step = 0; hist = []
 while step < STEPS:
     for batch in dl:
-        tap.outputs.clear()
-        L = sft_loss(model, batch, num_points=NPTS, importance_sample_ratio=IMP, generator=pts_gen)
-        total = L['llm_loss'] + MASKW * (L['loss_mask'] + L['loss_dice'])
-        if IOU and batch['data'].get('masks') is not None and tap.outputs:
-            total = total + IOU * iou_head_loss(tap.outputs[-1], list(batch['data']['masks']))
+        L = sft_loss(model, batch, num_points=NPTS, importance_sample_ratio=IMP, generator=pts_gen, iou_loss_weight=IOU)
+        total = L['llm_loss'] + MASKW * (L['loss_mask'] + L['loss_dice']) + L.get('loss_iou', 0.0)
         opt.zero_grad(); total.backward(); env('NOCLIP', 0, int) or torch.nn.utils.clip_grad_norm_(params, 1.0); opt.step(); sched.step(); step += 1
         if step % 50 == 0:
             print(json.dumps({'name': NAME, 'it': step, **{k: round(float(v), 3) for k, v in L.items()}}), flush=True)

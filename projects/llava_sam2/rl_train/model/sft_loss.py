@@ -1,10 +1,17 @@
-"""The upstream Sa2VA SFT loss as plain functions (reference/sa2va.md §7.1).
+"""The upstream Sa2VA SFT loss as plain functions (reference/sa2va.md §7.1), plus two opt-in terms.
 
-``total = llm_loss + loss_mask + loss_dice``:
+``total = llm_loss + loss_mask + loss_dice`` (+ ``loss_iou`` when asked):
 
-* ``llm_loss``: token cross-entropy, mean over supervised tokens (``labels != -100``).
+* ``llm_loss``: token cross-entropy, mean over supervised tokens (``labels != -100``); with ``seg_lm_weight``
+  ≠ 1 a weighted mean Σ w·CE / Σ w, where w = ``seg_lm_weight`` on the token predicted from a ``[SEG]``
+  input (its next token, always '.' in Sa2VA's answers) and 1 elsewhere. Default 1: upstream's loss.
 * ``loss_mask``: 2.0 · Σ BCE-with-logits over sampled points / (M · P + 1e-4).
 * ``loss_dice``: 0.5 · Σ_m [1 − (2 Σ p·t + 1) / (Σ p + Σ t + 1)] / (M + 1e-4), p = sigmoid.
+* ``loss_iou`` (``iou_loss_weight`` > 0; not in upstream's SFT loss): SAM's IoU-prediction loss (Kirillov et
+  al. 2023, §3), w · mean_{m,k} (iou_scores[m, k] − IoU(logits[m, k] > 0, gt_m))², over the 3 multimask
+  outputs. Sa2VA picks the output with the highest *predicted* IoU, and its SFT never trains that head (the
+  released model inherits it from SAM2); a model trained from random init needs it, or its argmax flips to
+  untrained outputs.
 
 Points are PointRend importance samples (Kirillov et al. 2020, §3.1) on the low-res mask logits:
 draw ``oversample_ratio · P`` uniform points, keep the ``importance_sample_ratio · P`` most
@@ -13,6 +20,8 @@ logits and the nearest-resized GT there (``grid_sample``, ``align_corners=False`
 the denominators is upstream's ``avg_factor``. M = masks, P = points per mask, h×w = low-res size.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -107,18 +116,42 @@ def mask_losses(
     return mask_bce_loss(point_logits, point_targets), mask_dice_loss(point_logits, point_targets)
 
 
-def llm_loss(logits_fn, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def llm_loss(logits_fn, hidden: torch.Tensor, labels: torch.Tensor,
+             token_weights: torch.Tensor | None = None) -> torch.Tensor:
     """Mean token cross-entropy over supervised positions; hidden ``[B, L, D]``, labels ``[B, L]``.
 
     Position i predicts label i+1; ``logits_fn`` (the LM head) runs only where that label is
-    supervised, so no ``[B, L, V]`` logits tensor is built.
+    supervised, so no ``[B, L, V]`` logits tensor is built. ``token_weights`` ``[B, L-1]`` (weight of
+    the prediction made at position i) turns the mean into Σ w·CE / Σ w over supervised positions.
     """
     target = labels[:, 1:]  # [B, L-1]
     is_supervised = target != IGNORE_INDEX  # [B, L-1]
     if not bool(is_supervised.any()):
         raise ValueError("sft_loss: the batch has no supervised token (every label is -100).")
     logits = logits_fn(hidden[:, :-1][is_supervised]).float()  # [S, V]
-    return F.cross_entropy(logits, target[is_supervised])
+    if token_weights is None:
+        return F.cross_entropy(logits, target[is_supervised])
+    weights = token_weights[is_supervised].float()  # [S]
+    ce = F.cross_entropy(logits, target[is_supervised], reduction="none")  # [S]
+    return (weights * ce).sum() / weights.sum().clamp_min(1e-8)
+
+
+def iou_head_loss(low_res_logits: torch.Tensor, iou_scores: torch.Tensor, gt_mask: torch.Tensor) -> torch.Tensor:
+    """SAM's IoU-prediction loss: mean_{m,k} (iou_scores[m, k] − IoU_{m,k})², targets without gradient.
+
+    low_res_logits ``[M, K, h, w]`` (K multimask outputs), iou_scores ``[M, K]``, gt_mask ``[M, h, w]`` (0/1 at
+    the logits size, ``resize_gt_masks``). IoU_{m,k} = |(logit > 0) ∧ gt| / |(logit > 0) ∨ gt|, and 1 when both
+    are empty.
+    """
+    if low_res_logits.shape[0] != gt_mask.shape[0] or low_res_logits.shape[-2:] != gt_mask.shape[-2:]:
+        raise ValueError(f"iou_head_loss: logits {tuple(low_res_logits.shape)} and GT {tuple(gt_mask.shape)} "
+                         "must share M and (h, w); resize the GT with resize_gt_masks first.")
+    pred = low_res_logits.detach() > 0  # [M, K, h, w]
+    gt = gt_mask[:, None] > 0.5  # [M, 1, h, w]
+    inter = (pred & gt).flatten(2).sum(-1).float()  # [M, K]
+    union = (pred | gt).flatten(2).sum(-1).float()  # [M, K]
+    target = torch.where(union > 0, inter / union.clamp_min(1), torch.ones_like(inter))  # [M, K]
+    return F.mse_loss(iou_scores.float(), target)
 
 
 def _image_embeds(model, data: dict) -> list[torch.Tensor | None]:
@@ -167,7 +200,29 @@ def _seg_targets(model, data: dict, seg_rows: list[int]) -> tuple[torch.Tensor, 
     return torch.tensor(image_index, device=data["input_ids"].device), list(masks)
 
 
-def sft_loss(
+@dataclass
+class SegForward:
+    """The mask branch of one SFT batch, for auxiliary losses (M = ``[SEG]`` tokens, batch-row order).
+
+    seg_hidden: ``[M, D]`` final-norm LLM states at the ``[SEG]`` inputs; prompt: ``[M, C_sam]`` after
+    ``text_hidden_fcs``; decoder: the SAM2 ``MaskDecoderOutput`` (all multimask outputs); gt_mask: ``[M, h, w]``
+    GT at the logits size; seg_rows: the batch row of each ``[SEG]``.
+    """
+
+    seg_hidden: torch.Tensor
+    prompt: torch.Tensor
+    decoder: object
+    gt_mask: torch.Tensor
+    seg_rows: torch.Tensor
+
+
+def sft_loss(model, data: dict, **options) -> dict[str, torch.Tensor]:
+    """Upstream SFT losses of one ``sft_collate`` batch: ``{'llm_loss', 'loss_mask', 'loss_dice'}`` (plus
+    ``'loss_iou'`` when ``iou_loss_weight`` > 0). ``options``: those of :func:`sft_forward`."""
+    return sft_forward(model, data, **options)[0]
+
+
+def sft_forward(
     model,
     data: dict,
     *,
@@ -175,8 +230,10 @@ def sft_loss(
     oversample_ratio: float = 3.0,
     importance_sample_ratio: float = 0.75,
     generator: torch.Generator | None = None,
-) -> dict[str, torch.Tensor]:
-    """Upstream SFT losses of one ``sft_collate`` batch: ``{'llm_loss', 'loss_mask', 'loss_dice'}``.
+    seg_lm_weight: float = 1.0,
+    iou_loss_weight: float = 0.0,
+) -> tuple[dict[str, torch.Tensor], SegForward | None]:
+    """SFT losses of one ``sft_collate`` batch and what its mask branch computed (None without ``masks``).
 
     One teacher-forced LLM forward gives both the LM loss and the ``[SEG]`` hidden states (final
     norm, at the positions whose input is ``[SEG]``), which go through ``text_hidden_fcs`` and the
@@ -189,7 +246,12 @@ def sft_loss(
     Args:
         model: a Sa2VAModel with a bound tokenizer.
         data: ``sft_collate(...)['data']`` (the full collate output is accepted too).
+        seg_lm_weight: weight of the LM loss on the token predicted from a ``[SEG]`` input (module doc).
+        iou_loss_weight: weight of SAM's IoU-prediction loss; 0 leaves it out (upstream).
     """
+    if seg_lm_weight < 0 or iou_loss_weight < 0:
+        raise ValueError(f"sft_loss: seg_lm_weight={seg_lm_weight} and iou_loss_weight={iou_loss_weight} must "
+                         "be >= 0 (1 and 0 are upstream's loss).")
     data = data["data"] if "data" in data and "input_ids" not in data else data
     device = model.device
     data = {k: v.to(device) if torch.is_tensor(v) else v for k, v in data.items()}  # list entries move later
@@ -198,20 +260,28 @@ def sft_loss(
     body, head = decoder_and_head(model.language_model)
     hidden = body(inputs_embeds=inputs_embeds, attention_mask=data["attention_mask"].long(),
                   position_ids=data.get("position_ids"), use_cache=False).last_hidden_state  # [B, L, D]
-    losses = {"llm_loss": llm_loss(head, hidden, data["labels"])}
+    is_seg = input_ids == model.seg_token_id  # [B, L]
+    weights = None if seg_lm_weight == 1.0 else torch.where(is_seg[:, :-1], seg_lm_weight, 1.0)  # [B, L-1]
+    losses = {"llm_loss": llm_loss(head, hidden, data["labels"], weights)}
 
     mask_path = [*model.text_hidden_fcs.parameters(),
                  *model.grounding_encoder.sam2_model.sam_mask_decoder.parameters()]
     zero = sum(p.sum() for p in mask_path) * 0.0
-    is_seg = input_ids == model.seg_token_id  # [B, L]
+    mask_keys = ("loss_mask", "loss_dice") + (("loss_iou",) if iou_loss_weight > 0 else ())
     if data.get("masks") is None:
-        return {**losses, "loss_mask": zero, "loss_dice": zero}
+        return {**losses, **{key: zero for key in mask_keys}}, None
     seg_rows = [int(r) for r in torch.nonzero(is_seg.any(-1)).flatten()]
     image_index, gt_masks = _seg_targets(model, data, seg_rows)
     features = model.encode_grounding(torch.stack(list(data["g_pixel_values"])).to(model.device))
-    prompt = model.seg_hidden_to_prompt(hidden[is_seg])  # [M, C_sam], row-major like image_index
-    pred_logits = model.decode_masks(prompt, features, image_index).best_logits  # [M, h, w]
+    seg_hidden = hidden[is_seg]  # [M, D], row-major like image_index
+    prompt = model.seg_hidden_to_prompt(seg_hidden)  # [M, C_sam]
+    decoded = model.decode_masks(prompt, features, image_index)
+    pred_logits = decoded.best_logits  # [M, h, w]
     gt = resize_gt_masks([m.to(pred_logits.device) for m in gt_masks], tuple(pred_logits.shape[-2:]))  # [M, h, w]
     loss_mask, loss_dice = mask_losses(pred_logits, gt, num_points=num_points, oversample_ratio=oversample_ratio,
                                        importance_sample_ratio=importance_sample_ratio, generator=generator)
-    return {**losses, "loss_mask": loss_mask + zero, "loss_dice": loss_dice + zero}
+    losses.update(loss_mask=loss_mask + zero, loss_dice=loss_dice + zero)
+    if iou_loss_weight > 0:
+        losses["loss_iou"] = iou_loss_weight * iou_head_loss(decoded.low_res_logits, decoded.iou_scores, gt) + zero
+    rows = torch.nonzero(is_seg)[:, 0]  # [M]
+    return losses, SegForward(seg_hidden, prompt, decoded, gt, rows)
