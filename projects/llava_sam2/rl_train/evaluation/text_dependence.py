@@ -20,7 +20,8 @@ Scenes: ``ShapesWorld('val', seed=seed)`` (the held-out stream the demo evaluate
 index 0, keeping the first ``num_scenes`` with two objects or more. Text per object: its first referring
 expression (the shortest phrase that identifies it, the ``res`` task's choice) or its canonical caption.
 
-    python -m projects.llava_sam2.rl_train.evaluation.text_dependence --checkpoint DIR --scenes 200 [--json F]
+    python -m projects.llava_sam2.rl_train.evaluation.text_dependence --checkpoint DIR --scenes 200 \
+        [--image-size 128] [--device cuda] [--json F]
 """
 from __future__ import annotations
 
@@ -183,9 +184,11 @@ def model_segmenter(model, processor, *, max_new_tokens: int = 64) -> SegmentFn:
 
 
 def text_dependence(model, processor, *, num_scenes: int = 200, seed: int = 0, text_source: str = "expression",
-                    batch_size: int = 16, max_new_tokens: int = 64, n_resamples: int = 1000) -> TextDependence:
-    """The measure of the module docstring for a Sa2VA model on ``num_scenes`` held-out scenes."""
-    image_size = getattr(processor.tiling, "image_size", 224)
+                    image_size: int | None = None, batch_size: int = 16, max_new_tokens: int = 64,
+                    n_resamples: int = 1000) -> TextDependence:
+    """The measure of the module docstring for a Sa2VA model on ``num_scenes`` held-out scenes rendered at
+    ``image_size`` pixels (None: the model's tile size, 224 for the tiny preset; the demo renders 128)."""
+    image_size = image_size or processor.tiling.image_size
     scenes = held_out_scenes(num_scenes, seed=seed, text_source=text_source, image_size=image_size)
     return measure(model_segmenter(model, processor, max_new_tokens=max_new_tokens), scenes,
                    batch_size=batch_size, n_resamples=n_resamples)
@@ -198,6 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="ShapesWorld('val') seed (the demo's held-out split: 0)")
     parser.add_argument("--text-source", choices=TEXT_SOURCES, default="expression",
                         help="object text: first referring expression (as the res task) or canonical caption")
+    parser.add_argument("--image-size", type=int, default=None,
+                        help="side of the rendered scenes (default: the model's tile size; the demo uses 128)")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     parser.add_argument("--batch-size", type=int, default=16, help="scenes per model call")
     parser.add_argument("--json", default=None, help="write the result here as JSON")
@@ -210,12 +215,13 @@ def main(argv: list[str] | None = None) -> int:
 
     model, processor, _ = load_system(checkpoint=args.checkpoint, device=args.device)
     result = text_dependence(model, processor, num_scenes=args.scenes, seed=args.seed, text_source=args.text_source,
-                             batch_size=args.batch_size)
+                             image_size=args.image_size, batch_size=args.batch_size)
     print(result.format())
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump({"checkpoint": args.checkpoint, "scenes": args.scenes, "seed": args.seed,
-                       "text_source": args.text_source, **result.to_dict()}, handle, indent=1)
+                       "text_source": args.text_source, "image_size": args.image_size or processor.tiling.image_size,
+                       **result.to_dict()}, handle, indent=1)
     return 0
 
 

@@ -1,0 +1,1 @@
+"""Demo pipeline internals and the tiny pretraining recipe (``demo/pretrain_tiny.py``)."""

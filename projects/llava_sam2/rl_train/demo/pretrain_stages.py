@@ -1,0 +1,220 @@
+"""The three stages of the tiny pretraining recipe as one-step functions, plus the stage loop (``pretrain_tiny.py``).
+
+* ``sam`` — promptable segmentation of the tiny SAM2 (image encoder, prompt encoder, mask decoder), as SAM2 was
+  pretrained (Kirillov et al. 2023, §3; Ravi et al. 2024): clicks and boxes, multimask output, per output
+  ``20 · focal + dice``, the best output trained (min over K), plus the IoU-prediction MSE on all K. Optional
+  attribute prompts: ``AttributePrompt`` (a learned sum of colour/shape/size/cell embeddings) sits in the ``[SEG]``
+  slot of ``GroundingEncoder.decode``, so the decoder learns to pick an object by what a text states.
+* ``lm`` — next-token language pretraining of the tiny LLM on shapes-world phrases.
+* ``joint`` — Sa2VA SFT of every weight (``model.sft_loss.sft_forward``: token CE + mask BCE + Dice, SAM's
+  IoU-head loss, ``seg_lm_weight``) with the encoders trained too, plus an optional *teacher* term: the ``[SEG]``
+  prompt is pulled towards the frozen ``AttributePrompt`` of the row's text, ``w_t · MSE(prompt, A(text))`` with
+  ``w_t`` decaying linearly to 0 over the stage, so the LLM first learns to say in the ``[SEG]`` state what the
+  decoder already reads, and the end of the stage is the plain SFT loss.
+
+Pretrained encoders are frozen in Sa2VA (``encode_vision`` / ``GroundingEncoder.encode`` run under ``no_grad``);
+random tiny ones are too weak (docs/demo.md), so :func:`trainable_encoders` swaps in the undecorated functions on
+this model instance for the duration of the stage. The saved checkpoint is ordinary: inference and RL keep the
+encoders frozen.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+import types
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..model.generation import decoder_and_head
+from ..model.sft_loss import iou_head_loss, llm_loss, resize_gt_masks, sft_forward
+from .pretrain_data import ATTRIBUTES, JointBatch, PromptBatch, TextBatch
+
+FOCAL_WEIGHT = 20.0  # SAM: focal : dice = 20 : 1
+
+
+class AttributePrompt(nn.Module):
+    """``A(a) = b + Σ_attr E_attr[a_attr]`` → ``[M, C]`` for attribute ids ``a`` ``[M, 4]`` (last id = unstated)."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.tables = nn.ModuleList(nn.Embedding(len(values) + 1, dim) for values in ATTRIBUTES.values())
+        self.bias = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.bias + sum(table(ids[:, a]) for a, table in enumerate(self.tables))  # [M, C]
+
+
+@contextlib.contextmanager
+def trainable_encoders(model):
+    """Within the block, ``model.encode_vision`` and its grounding ``encode`` keep gradients (instance-level
+    override of the ``no_grad`` methods; the classes and other instances are untouched)."""
+    grounding = model.grounding_encoder
+    model.encode_vision = types.MethodType(type(model).encode_vision.__wrapped__, model)
+    grounding.encode = types.MethodType(type(grounding).encode.__wrapped__, grounding)
+    try:
+        yield
+    finally:
+        del model.encode_vision, grounding.encode
+
+
+def lr_factor(step: int, steps: int, warmup: int) -> float:
+    """Linear warm-up to 1 over ``warmup`` steps, then cosine decay to 0.1 at ``steps``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, steps - warmup))
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def sam_loss(low_res_logits: torch.Tensor, iou_scores: torch.Tensor, gt_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """SAM's loss on K outputs: per output ``20 · focal(γ=2, α=0.25) + dice`` (means over the h×w pixels), the
+    lowest of the K trained (``min_k``, mean over M), and the IoU-head MSE on all K.
+
+    low_res_logits ``[M, K, h, w]``, iou_scores ``[M, K]``, gt_mask ``[M, h, w]`` (0/1 at the logits size).
+    """
+    gt = gt_mask[:, None].expand_as(low_res_logits).float()  # [M, K, h, w]
+    p = low_res_logits.sigmoid()
+    ce = F.binary_cross_entropy_with_logits(low_res_logits, gt, reduction="none")
+    p_t = p * gt + (1 - p) * (1 - gt)
+    focal = ((0.25 * gt + 0.75 * (1 - gt)) * ce * (1 - p_t) ** 2).flatten(2).mean(-1)  # [M, K]
+    dice = 1 - (2 * (p * gt).flatten(2).sum(-1) + 1) / (p.flatten(2).sum(-1) + gt.flatten(2).sum(-1) + 1)  # [M, K]
+    per_output = FOCAL_WEIGHT * focal + dice  # [M, K]
+    return {"loss_mask": per_output.min(dim=1).values.mean(),
+            "loss_iou": iou_head_loss(low_res_logits, iou_scores, gt_mask)}
+
+
+def decode_clicks(model, features, image_index: torch.Tensor, coords: torch.Tensor, labels: torch.Tensor):
+    """SAM2 decoder on click/box prompts (coords ``[M, 2, 2]``, labels ``[M, 2]``) → (logits ``[M, 3, h, w]``,
+    iou ``[M, 3]``), the same features and skips as ``GroundingEncoder.decode``."""
+    sam = model.grounding_encoder.sam2_model
+    sparse, dense = sam.sam_prompt_encoder(points=(coords, labels), boxes=None, masks=None)  # [M, 3, C], [M, C, e, e]
+    decoder = sam.sam_mask_decoder
+    s0 = decoder.conv_s0(features.high_res_feats[0])[image_index]  # [M, C/8, 4e, 4e]
+    s1 = decoder.conv_s1(features.high_res_feats[1])[image_index]  # [M, C/4, 2e, 2e]
+    logits, iou, _, _ = decoder(image_embeddings=features.image_embed[image_index],
+                                image_pe=sam.sam_prompt_encoder.get_dense_pe(), sparse_prompt_embeddings=sparse,
+                                dense_prompt_embeddings=dense, multimask_output=True, repeat_image=False,
+                                high_res_features=[s0, s1])
+    return logits.float(), iou
+
+
+def sam_step(model, attribute_prompt: AttributePrompt, batch: PromptBatch) -> dict[str, torch.Tensor]:
+    """Losses of one promptable-segmentation batch (clicks/boxes and attribute prompts decoded apart)."""
+    device = model.device
+    features = model.encode_grounding(batch.g_pixel_values.to(device).float())
+    image_index, is_attr = batch.image_index.to(device), batch.is_attribute.to(device)
+    parts = []
+    if bool((~is_attr).any()):
+        clicks = ~is_attr
+        parts.append((clicks, *decode_clicks(model, features, image_index[clicks], batch.point_coords.to(device)[clicks],
+                                             batch.point_labels.to(device)[clicks])))
+    if bool(is_attr.any()):
+        out = model.decode_masks(attribute_prompt(batch.attributes.to(device)[is_attr]), features, image_index[is_attr])
+        parts.append((is_attr, out.low_res_logits, out.iou_scores))
+    losses = {}
+    for which, logits, iou in parts:
+        picked = [m.to(device) for m, keep in zip(batch.gt_mask, which.tolist()) if keep]
+        gt = resize_gt_masks(picked, tuple(logits.shape[-2:]))  # [m, h, w]
+        for name, value in sam_loss(logits, iou, gt).items():
+            losses[name] = losses.get(name, 0.0) + value * which.float().mean()  # prompt-count weighted mean
+    losses["loss"] = losses["loss_mask"] + losses["loss_iou"]
+    return losses
+
+
+def lm_step(model, batch: TextBatch) -> dict[str, torch.Tensor]:
+    """Next-token cross-entropy of the LLM alone on phrase rows."""
+    device = model.device
+    body, head = decoder_and_head(model.language_model)
+    hidden = body(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device).long(),
+                  use_cache=False).last_hidden_state  # [B, L, D]
+    loss = llm_loss(head, hidden, batch.labels.to(device))
+    return {"llm_loss": loss, "loss": loss}
+
+
+@dataclass
+class JointWeights:
+    """Loss weights of the joint stage (see ``PretrainSettings``)."""
+
+    mask: float = 1.0
+    iou: float = 1.0
+    seg_lm: float = 1.0
+    teacher: float = 0.0
+    num_points: int = 1024
+
+
+def joint_step(model, attribute_prompt: AttributePrompt | None, batch: JointBatch, weights: JointWeights,
+               teacher_scale: float, generator: torch.Generator | None) -> dict[str, torch.Tensor]:
+    """``llm + w_mask (mask + dice) + iou (+ w_teacher · scale · MSE(prompt, A(text)))`` of one SFT batch."""
+    data = batch.sft_data(model.device)
+    losses, seg = sft_forward(model, data, num_points=weights.num_points, generator=generator,
+                              seg_lm_weight=weights.seg_lm, iou_loss_weight=weights.iou)
+    total = losses["llm_loss"] + weights.mask * (losses["loss_mask"] + losses["loss_dice"]) + losses.get("loss_iou", 0.0)
+    if weights.teacher > 0 and attribute_prompt is not None and seg is not None:
+        with torch.no_grad():
+            target = attribute_prompt(batch.seg_attributes.to(model.device))  # [M, C]
+        losses["loss_teacher"] = F.mse_loss(seg.prompt.float(), target)
+        total = total + weights.teacher * teacher_scale * losses["loss_teacher"]
+    losses["loss"] = total
+    return losses
+
+
+@dataclass
+class StageLog:
+    """What a stage did: steps done of those asked, wall seconds, data-wait seconds, logged rows."""
+
+    name: str
+    steps: int
+    steps_done: int = 0
+    seconds: float = 0.0
+    data_wait_s: float = 0.0
+    stopped_early: bool = False
+    rows: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ("name", "steps", "steps_done", "seconds", "data_wait_s",
+                                              "stopped_early", "rows")}
+
+
+def run_stage(name: str, batches: Iterable, step_fn: Callable[[object, int], dict], params: list[nn.Parameter], *,
+              steps: int, lr: float, warmup: int, time_budget_s: float, log_every: int,
+              on_log: Callable[[int], dict] | None = None, eval_every: int = 0) -> StageLog:
+    """AdamW (no weight decay, ``lr_factor`` schedule, clip 1.0) over ``steps`` batches; ``step_fn(batch, step)``
+    returns the losses with the total under ``'loss'``. Stops early past ``time_budget_s`` (0 = never)."""
+    log = StageLog(name, steps)
+    if steps <= 0:
+        return log
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, steps, warmup))
+    start = time.perf_counter()
+    fetched = time.perf_counter()
+    for step, batch in enumerate(batches, start=1):
+        log.data_wait_s += time.perf_counter() - fetched
+        losses = step_fn(batch, step)
+        optimizer.zero_grad(set_to_none=True)
+        losses["loss"].backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        schedule.step()
+        log.steps_done = step
+        elapsed = time.perf_counter() - start
+        is_last = step == steps or (time_budget_s > 0 and elapsed > time_budget_s)
+        if step % log_every == 0 or is_last or (eval_every and step % eval_every == 0):
+            row = {"stage": name, "step": step, **{k: round(float(v.detach() if torch.is_tensor(v) else v), 4) for k, v in losses.items()},
+                   "grad_norm": round(float(grad_norm), 3), "lr": optimizer.param_groups[0]["lr"],
+                   "elapsed_s": round(elapsed, 1), "data_wait_s": round(log.data_wait_s, 1)}
+            if on_log is not None and eval_every and (step % eval_every == 0 or is_last):
+                row.update(on_log(step))
+            log.rows.append(row)
+            print(json.dumps(row), flush=True)
+        if is_last:
+            log.stopped_early = step < steps
+            break
+        fetched = time.perf_counter()
+    log.seconds = round(time.perf_counter() - start, 1)
+    log.data_wait_s = round(log.data_wait_s, 1)
+    return log

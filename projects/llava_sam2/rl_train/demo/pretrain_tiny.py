@@ -1,0 +1,275 @@
+"""Pretrain the tiny Sa2VA on the shapes world so that it reads its text (issue #12, deliverable 1).
+
+    python -m projects.llava_sam2.rl_train.demo.pretrain_tiny --out DIR --seed 0 --device cuda [--help]
+
+The demo trains the ``tiny`` preset, and from random init it is text-blind (docs/demo.md, "What limits it"). A
+released Sa2VA starts from a pretrained InternVL and SAM2; this tool gives the tiny one the same kind of start,
+on ``ShapesWorld('train')`` only (the ``'val'`` stream is the held-out split), in three stages
+(``demo/pretrain_stages.py``, each measured in docs/demo.md, "The pretrained tiny model"):
+
+1. ``sam``: promptable segmentation of the tiny SAM2 (clicks, boxes and, optionally, attribute prompts in the
+   ``[SEG]`` slot), encoders trained;
+2. ``lm``: next-token pretraining of the tiny LLM on the shapes-world phrases (optional);
+3. ``joint``: Sa2VA SFT of every weight on referring segmentation (every object of a scene in one batch, each
+   with its own text) and region captioning, with SAM's IoU-head loss and, optionally, the attribute teacher.
+
+DIR gets the checkpoint in the HF layout (``save_pretrained`` + the tokenizer; loads with
+``Sa2VAModel.from_pretrained``), ``pretrain_log.json`` (settings, command, per-stage losses, held-out curves, final
+held-out text dependence / RES / captioning, the weights' sha256) and nothing else.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..model.presets import build_preset
+from ..model.processor import Sa2VAProcessor
+from ..model.sa2va import Sa2VAModel
+from ..model.tokenizer import load_tiny_tokenizer
+from .pretrain_data import StageBatches, loader
+from .pretrain_stages import (AttributePrompt, JointWeights, joint_step, lm_step, run_stage, sam_step,
+                              trainable_encoders)
+
+EVAL_TASKS = ("res", "caption", "cycle_iou", "cycle_caption")
+
+
+def _help(text: str, **kwargs):
+    return field(metadata={"help": text}, **kwargs)
+
+
+@dataclass
+class PretrainSettings:
+    """Every knob of the recipe; each field's help is its ``--help`` line."""
+
+    # run
+    out: str = _help("output directory (created): HF checkpoint, tokenizer, pretrain_log.json", default="")
+    seed: int = _help("seed of the weights, the training scenes and every random choice", default=0)
+    device: str = _help("torch device: cpu, cuda, cuda:1 ...", default="cpu")
+    threads: int = _help("torch CPU threads", default=1)
+    num_workers: int = _help("DataLoader processes that build batches ahead (0: in this process)", default=0)
+    time_limit_s: float = _help("stop each stage early once the run would pass this many seconds (split over the "
+                                "stages in proportion to their steps; logged as stopped_early); 0: no limit",
+                                default=0.0)
+    log_every: int = _help("print a JSON loss row every N steps", default=50)
+    # data
+    scenes_per_batch: int = _help("training scenes per batch (stage joint: every object of each is a row)",
+                                  default=24)
+    image_sizes: tuple = _help("sides of the rendered training scenes, alternating (the demo renders 128 px, the "
+                               "model reads 224)", default=(128, 224))
+    group_by_scene: bool = _help("joint stage: every object of a scene in the batch, each with its own text "
+                                 "(off: one object per scene, about as many rows)", default=True)
+    captions_per_scene: int = _help("joint stage: region-caption rows per scene", default=1)
+    # stage 1: promptable segmentation of the tiny SAM2
+    sam_steps: int = _help("stage sam: steps (0 skips it)", default=1500)
+    sam_lr: float = _help("stage sam: AdamW peak learning rate", default=1e-3)
+    attribute_share: float = _help("stage sam: share of prompts that are attribute prompts in the [SEG] slot "
+                                   "(0: clicks and boxes only)", default=0.34)
+    # stage 2: language
+    lm_steps: int = _help("stage lm: steps of next-token pretraining on shapes-world phrases (0 skips it)",
+                          default=0)
+    lm_lr: float = _help("stage lm: AdamW peak learning rate", default=1e-3)
+    # stage 3: joint Sa2VA SFT
+    joint_steps: int = _help("stage joint: steps (0 skips it)", default=3000)
+    joint_lr: float = _help("stage joint: AdamW peak learning rate", default=1e-3)
+    warmup_steps: int = _help("linear learning-rate warm-up of every stage, then cosine to 0.1x", default=100)
+    mask_loss_weight: float = _help("joint: weight of loss_mask + loss_dice (1 = upstream's sum)", default=1.0)
+    iou_loss_weight: float = _help("joint: weight of SAM's IoU-head loss (0 = upstream SFT loss)", default=1.0)
+    seg_lm_weight: float = _help("joint: LM-loss weight of the token predicted from [SEG] (1 = upstream)",
+                                 default=1.0)
+    teacher_weight: float = _help("joint: initial weight of MSE([SEG] prompt, attribute prompt of its text), "
+                                  "decaying linearly to 0; needs stage sam with attribute prompts", default=1.0)
+    num_points: int = _help("joint: PointRend points per mask of the SFT mask loss (64x64 logits)", default=1024)
+    # evaluation (held-out ShapesWorld('val'), never trained on)
+    eval_every: int = _help("joint: held-out text dependence every N steps (0: none during training)", default=0)
+    curve_scenes: int = _help("held-out multi-object scenes of each curve point", default=48)
+    eval_scenes: int = _help("held-out scenes of the final evaluation (0 skips it)", default=200)
+    eval_image_size: int = _help("side of the held-out scenes (the demo renders 128 px)", default=128)
+    eval_tasks: tuple = _help(f"final evaluation tasks, of {EVAL_TASKS} (caption scores need WordNet)",
+                              default=("res", "caption"))
+
+    def __post_init__(self) -> None:
+        self.image_sizes = tuple(int(s) for s in self.image_sizes)
+        self.eval_tasks = tuple(self.eval_tasks)
+        if not self.out:
+            raise ValueError("PretrainSettings.out: give the output directory (--out DIR)")
+        counts = {k: getattr(self, k) for k in ("sam_steps", "lm_steps", "joint_steps", "warmup_steps", "eval_every",
+                                                "eval_scenes", "num_workers", "captions_per_scene")}
+        if any(v < 0 for v in counts.values()) or self.sam_steps + self.lm_steps + self.joint_steps == 0:
+            raise ValueError(f"PretrainSettings: step/scene counts must be >= 0 and at least one stage must run, got "
+                             f"{counts}")
+        for name in ("sam_lr", "lm_lr", "joint_lr", "scenes_per_batch", "curve_scenes", "num_points", "threads",
+                     "log_every"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"PretrainSettings.{name}={getattr(self, name)}: must be > 0")
+        for name in ("mask_loss_weight", "iou_loss_weight", "seg_lm_weight", "teacher_weight", "time_limit_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"PretrainSettings.{name}={getattr(self, name)}: must be >= 0")
+        if not 0 <= self.attribute_share <= 1:
+            raise ValueError(f"PretrainSettings.attribute_share={self.attribute_share}: a share in [0, 1]")
+        if self.teacher_weight > 0 and self.joint_steps and not (self.sam_steps and self.attribute_share > 0):
+            raise ValueError("PretrainSettings.teacher_weight > 0 needs the attribute prompts of stage sam "
+                             "(sam_steps > 0 and attribute_share > 0); set --teacher-weight 0 otherwise")
+        if not self.image_sizes or min(self.image_sizes) < 32 or self.eval_image_size < 32:
+            raise ValueError(f"PretrainSettings: image_sizes={self.image_sizes} / eval_image_size="
+                             f"{self.eval_image_size}: sides of at least 32 px")
+        unknown = [t for t in self.eval_tasks if t not in EVAL_TASKS]
+        if unknown:
+            raise ValueError(f"PretrainSettings.eval_tasks: {unknown} not in {EVAL_TASKS}")
+        torch.device(self.device)  # raises on a malformed device string
+
+
+def build_tiny(seed: int, device: str):
+    """The tiny preset at random init (seeded), its tokenizer bound, and the processor the loops use."""
+    tokenizer = load_tiny_tokenizer()
+    torch.manual_seed(seed)
+    model = Sa2VAModel(build_preset("tiny", vocab_size=len(tokenizer))).to(device)
+    model.bind_tokenizer(tokenizer)
+    processor = Sa2VAProcessor.from_config(tokenizer, model.config, empty_region="dilate_to_one_cell")
+    return model, tokenizer, processor
+
+
+def _batches(stage: str, processor, s: PretrainSettings, steps: int):
+    return loader(StageBatches(stage, processor, seed=s.seed, steps=steps, scenes_per_batch=s.scenes_per_batch,
+                               image_sizes=s.image_sizes, attribute_share=s.attribute_share,
+                               group_by_scene=s.group_by_scene, captions_per_scene=s.captions_per_scene),
+                  s.num_workers)
+
+
+def train(model, processor, s: PretrainSettings) -> list[dict]:
+    """Run the three stages in place; returns their logs."""
+    from ..evaluation.text_dependence import held_out_scenes, measure, model_segmenter
+
+    steps = {"sam": s.sam_steps, "lm": s.lm_steps, "joint": s.joint_steps}
+    budget = {k: s.time_limit_s * v / sum(steps.values()) for k, v in steps.items()}
+    common = dict(warmup=s.warmup_steps, log_every=s.log_every)
+    sam = model.grounding_encoder.sam2_model
+    attribute_prompt = AttributePrompt(model.config.sam_hidden_dim).to(model.device)
+    curve = held_out_scenes(s.curve_scenes, image_size=s.eval_image_size) if s.eval_every else []
+
+    def curve_point(step: int) -> dict:
+        result = measure(model_segmenter(model, processor), curve, n_resamples=100)
+        return {f"heldout_{k}": round(getattr(result, k).value, 4)
+                for k in ("own_iou", "other_iou", "gap", "identical_share")}
+
+    weights = JointWeights(s.mask_loss_weight, s.iou_loss_weight, s.seg_lm_weight, s.teacher_weight, s.num_points)
+    points = torch.Generator(device=model.device).manual_seed(s.seed)
+    sam_params = [*sam.image_encoder.parameters(), *sam.sam_prompt_encoder.parameters(),
+                  *sam.sam_mask_decoder.parameters(), *attribute_prompt.parameters()]
+    logs = []
+    model.train()
+    with trainable_encoders(model):
+        logs.append(run_stage("sam", _batches("sam", processor, s, s.sam_steps),
+                              lambda batch, _: sam_step(model, attribute_prompt, batch), sam_params,
+                              steps=s.sam_steps, lr=s.sam_lr, time_budget_s=budget["sam"], **common))
+        attribute_prompt.requires_grad_(False)
+        logs.append(run_stage("lm", _batches("lm", processor, s, s.lm_steps), lambda batch, _: lm_step(model, batch),
+                              list(model.language_model.parameters()), steps=s.lm_steps, lr=s.lm_lr,
+                              time_budget_s=budget["lm"], **common))
+        teacher = attribute_prompt if s.teacher_weight > 0 else None
+        logs.append(run_stage(
+            "joint", _batches("joint", processor, s, s.joint_steps),
+            lambda batch, step: joint_step(model, teacher, batch, weights, 1 - (step - 1) / s.joint_steps, points),
+            list(model.parameters()), steps=s.joint_steps, lr=s.joint_lr, time_budget_s=budget["joint"],
+            on_log=curve_point, eval_every=s.eval_every, **common))
+    model.eval()
+    return [log.to_dict() for log in logs]
+
+
+def save(model, tokenizer, out: Path) -> dict[str, str]:
+    """``save_pretrained`` (CPU, float32) + the tokenizer; returns the sha256 of each weights file."""
+    device = model.device
+    model.to("cpu").save_pretrained(out)
+    tokenizer.save_pretrained(str(out))
+    model.to(device)
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.glob("*.safetensors"))}
+
+
+def evaluate_held_out(model, processor, s: PretrainSettings) -> dict:
+    """Text dependence on ``eval_scenes`` multi-object scenes and ``eval_tasks`` on ``eval_scenes`` samples of
+    ``ShapesWorld('val', seed=0)`` (the demo's held-out stream), at ``eval_image_size``."""
+    from ..data.shapes import ShapesWorld
+    from ..evaluation.tasks import EvalConfig, evaluate
+    from ..evaluation.text_dependence import text_dependence
+
+    if not s.eval_scenes:
+        return {}
+    result = {"text_dependence": text_dependence(model, processor, num_scenes=s.eval_scenes,
+                                                 image_size=s.eval_image_size).to_dict()}
+    if s.eval_tasks:
+        world = ShapesWorld("val", s.eval_scenes, 0, image_size=s.eval_image_size)
+        tasks = evaluate(model, processor, world, s.eval_tasks, EvalConfig(batch_size=32, show_progress=False))
+        result["tasks"] = {name: {k: v.to_dict() for k, v in task.metrics.items()} for name, task in tasks.items()}
+    return result
+
+
+def pretrain(s: PretrainSettings, argv: list[str] | None = None) -> dict:
+    """Build, train, save and evaluate; returns (and writes) the log."""
+    start = time.perf_counter()
+    torch.set_num_threads(s.threads)
+    if torch.device(s.device).type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    out = Path(s.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model, tokenizer, processor = build_tiny(s.seed, s.device)
+    stages = train(model, processor, s)
+    train_s = time.perf_counter() - start
+    fingerprint = save(model, tokenizer, out)
+    log = {"command": "python -m projects.llava_sam2.rl_train.demo.pretrain_tiny " + " ".join(argv or []),
+           "settings": dataclasses.asdict(s), "device": _device_name(s.device), "torch": torch.__version__,
+           "python": platform.python_version(), "train_seconds": round(train_s, 1), "sha256": fingerprint,
+           "stages": stages}
+    (out / "pretrain_log.json").write_text(json.dumps(log, indent=1))
+    log["held_out"] = evaluate_held_out(model, processor, s)
+    log["wall_seconds"] = round(time.perf_counter() - start, 1)
+    (out / "pretrain_log.json").write_text(json.dumps(log, indent=1))
+    return log
+
+
+def _device_name(device: str) -> str:
+    if torch.device(device).type == "cuda":
+        return torch.cuda.get_device_name(torch.device(device))
+    return f"cpu ({platform.processor() or platform.machine()})"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """``--help`` from the settings' field help; tuple fields take several values, booleans ``--no-...``."""
+    parser = argparse.ArgumentParser(prog="python -m projects.llava_sam2.rl_train.demo.pretrain_tiny",
+                                     description=__doc__.splitlines()[0])
+    for f in dataclasses.fields(PretrainSettings):
+        flag, default, text = "--" + f.name.replace("_", "-"), f.default, f.metadata["help"]
+        if isinstance(default, bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=text)
+        elif isinstance(default, tuple):
+            kind = int if default and isinstance(default[0], int) else str
+            parser.add_argument(flag, nargs="*", type=kind, default=default, help=f"{text} (default: {default})")
+        else:
+            parser.add_argument(flag, type=type(default), default=default, required=f.name == "out",
+                                help=f"{text} (default: {default})")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    try:
+        settings = PretrainSettings(**vars(args))
+    except ValueError as err:
+        print(f"pretrain_tiny: {err}", file=sys.stderr)
+        return 2
+    log = pretrain(settings, argv)
+    print(json.dumps({"out": settings.out, "train_seconds": log["train_seconds"], "sha256": log["sha256"],
+                      "held_out": log.get("held_out", {}).get("text_dependence")}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
