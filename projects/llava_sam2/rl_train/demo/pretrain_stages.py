@@ -165,10 +165,12 @@ def joint_step(model, attribute_prompt: AttributePrompt | None, batch: JointBatc
 
 @dataclass
 class StageLog:
-    """What a stage did: steps done of those asked, wall seconds, data-wait seconds, logged rows."""
+    """What a stage did: steps asked, steps planned after fitting to the time budget, steps done, seconds
+    (wall, data wait), stopped early (hard stop at the budget), logged rows."""
 
     name: str
     steps: int
+    planned_steps: int = 0
     steps_done: int = 0
     seconds: float = 0.0
     data_wait_s: float = 0.0
@@ -176,25 +178,38 @@ class StageLog:
     rows: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in ("name", "steps", "steps_done", "seconds", "data_wait_s",
-                                              "stopped_early", "rows")}
+        return {k: getattr(self, k) for k in ("name", "steps", "planned_steps", "steps_done", "seconds",
+                                              "data_wait_s", "stopped_early", "rows")}
+
+
+FIT_WINDOW = (10, 30)  # steps between which a time-budgeted stage measures its speed
+
+
+def _row(name: str, step: int, losses: dict, grad_norm, lr: float, elapsed: float, wait: float) -> dict:
+    values = {k: round(float(v.detach() if torch.is_tensor(v) else v), 4) for k, v in losses.items()}
+    return {"stage": name, "step": step, **values, "grad_norm": round(float(grad_norm), 3), "lr": lr,
+            "elapsed_s": round(elapsed, 1), "data_wait_s": round(wait, 1)}
 
 
 def run_stage(name: str, batches: Iterable, step_fn: Callable[[object, int], dict], params: list[nn.Parameter], *,
               steps: int, lr: float, warmup: int, time_budget_s: float, log_every: int,
               on_log: Callable[[int], dict] | None = None, eval_every: int = 0) -> StageLog:
-    """AdamW (no weight decay, ``lr_factor`` schedule, clip 1.0) over ``steps`` batches; ``step_fn(batch, step)``
-    returns the losses with the total under ``'loss'``. Stops early past ``time_budget_s`` (0 = never)."""
-    log = StageLog(name, steps)
+    """AdamW (no weight decay, ``lr_factor`` schedule, clip 1.0) over ``steps`` batches; ``step_fn(batch,
+    progress)`` (progress = (step − 1) / planned steps, in [0, 1)) returns the losses, the total under ``'loss'``.
+
+    With ``time_budget_s`` > 0 the stage times steps 10-30 and, if ``steps`` would not fit in 90 % of the
+    budget, plans fewer (the schedule then decays over the planned steps); past the budget it stops at once.
+    """
+    log = StageLog(name, steps, planned_steps=steps)
     if steps <= 0:
         return log
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, steps, warmup))
-    start = time.perf_counter()
-    fetched = time.perf_counter()
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, log.planned_steps, warmup))
+    start = fetched = time.perf_counter()
+    window_start = start
     for step, batch in enumerate(batches, start=1):
         log.data_wait_s += time.perf_counter() - fetched
-        losses = step_fn(batch, step)
+        losses = step_fn(batch, (step - 1) / log.planned_steps)
         optimizer.zero_grad(set_to_none=True)
         losses["loss"].backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -202,17 +217,20 @@ def run_stage(name: str, batches: Iterable, step_fn: Callable[[object, int], dic
         schedule.step()
         log.steps_done = step
         elapsed = time.perf_counter() - start
-        is_last = step == steps or (time_budget_s > 0 and elapsed > time_budget_s)
+        if time_budget_s > 0 and step == FIT_WINDOW[0]:
+            window_start = time.perf_counter()
+        if time_budget_s > 0 and step == FIT_WINDOW[1] < log.planned_steps:
+            per_step = (time.perf_counter() - window_start) / (FIT_WINDOW[1] - FIT_WINDOW[0])
+            log.planned_steps = max(step + 1, min(log.planned_steps, int(0.9 * time_budget_s / per_step)))
+        is_last = step >= log.planned_steps or (time_budget_s > 0 and elapsed > time_budget_s)
         if step % log_every == 0 or is_last or (eval_every and step % eval_every == 0):
-            row = {"stage": name, "step": step, **{k: round(float(v.detach() if torch.is_tensor(v) else v), 4) for k, v in losses.items()},
-                   "grad_norm": round(float(grad_norm), 3), "lr": optimizer.param_groups[0]["lr"],
-                   "elapsed_s": round(elapsed, 1), "data_wait_s": round(log.data_wait_s, 1)}
+            row = _row(name, step, losses, grad_norm, optimizer.param_groups[0]["lr"], elapsed, log.data_wait_s)
             if on_log is not None and eval_every and (step % eval_every == 0 or is_last):
                 row.update(on_log(step))
             log.rows.append(row)
             print(json.dumps(row), flush=True)
         if is_last:
-            log.stopped_early = step < steps
+            log.stopped_early = step < log.planned_steps
             break
         fetched = time.perf_counter()
     log.seconds = round(time.perf_counter() - start, 1)

@@ -56,9 +56,9 @@ class PretrainSettings:
     device: str = _help("torch device: cpu, cuda, cuda:1 ...", default="cpu")
     threads: int = _help("torch CPU threads", default=1)
     num_workers: int = _help("DataLoader processes that build batches ahead (0: in this process)", default=0)
-    time_limit_s: float = _help("stop each stage early once the run would pass this many seconds (split over the "
-                                "stages in proportion to their steps; logged as stopped_early); 0: no limit",
-                                default=0.0)
+    time_limit_s: float = _help("training time budget, shared out over the stages still to run in proportion to "
+                                "their steps: a stage that would not fit plans fewer steps (timed over its steps "
+                                "10-30; logged as planned_steps) and stops at its share; 0: no limit", default=0.0)
     log_every: int = _help("print a JSON loss row every N steps", default=50)
     # data
     scenes_per_batch: int = _help("training scenes per batch (stage joint: every object of each is a row)",
@@ -70,7 +70,7 @@ class PretrainSettings:
     captions_per_scene: int = _help("joint stage: region-caption rows per scene", default=1)
     # stage 1: promptable segmentation of the tiny SAM2
     sam_steps: int = _help("stage sam: steps (0 skips it)", default=1500)
-    sam_lr: float = _help("stage sam: AdamW peak learning rate", default=1e-3)
+    sam_lr: float = _help("stage sam: AdamW peak learning rate", default=2e-3)
     attribute_share: float = _help("stage sam: share of prompts that are attribute prompts in the [SEG] slot "
                                    "(0: clicks and boxes only)", default=0.34)
     # stage 2: language
@@ -149,7 +149,15 @@ def train(model, processor, s: PretrainSettings) -> list[dict]:
     from ..evaluation.text_dependence import held_out_scenes, measure, model_segmenter
 
     steps = {"sam": s.sam_steps, "lm": s.lm_steps, "joint": s.joint_steps}
-    budget = {k: s.time_limit_s * v / sum(steps.values()) for k, v in steps.items()}
+    start = time.perf_counter()
+
+    def budget(stage: str) -> float:
+        """The stage's share of the time left: left · steps / Σ steps of this and the later stages."""
+        if not s.time_limit_s:
+            return 0.0
+        later = list(steps)[list(steps).index(stage):]
+        left = max(1.0, s.time_limit_s - (time.perf_counter() - start))
+        return left * steps[stage] / max(1, sum(steps[k] for k in later))
     common = dict(warmup=s.warmup_steps, log_every=s.log_every)
     sam = model.grounding_encoder.sam2_model
     attribute_prompt = AttributePrompt(model.config.sam_hidden_dim).to(model.device)
@@ -169,16 +177,16 @@ def train(model, processor, s: PretrainSettings) -> list[dict]:
     with trainable_encoders(model):
         logs.append(run_stage("sam", _batches("sam", processor, s, s.sam_steps),
                               lambda batch, _: sam_step(model, attribute_prompt, batch), sam_params,
-                              steps=s.sam_steps, lr=s.sam_lr, time_budget_s=budget["sam"], **common))
+                              steps=s.sam_steps, lr=s.sam_lr, time_budget_s=budget("sam"), **common))
         attribute_prompt.requires_grad_(False)
         logs.append(run_stage("lm", _batches("lm", processor, s, s.lm_steps), lambda batch, _: lm_step(model, batch),
                               list(model.language_model.parameters()), steps=s.lm_steps, lr=s.lm_lr,
-                              time_budget_s=budget["lm"], **common))
+                              time_budget_s=budget("lm"), **common))
         teacher = attribute_prompt if s.teacher_weight > 0 else None
         logs.append(run_stage(
             "joint", _batches("joint", processor, s, s.joint_steps),
-            lambda batch, step: joint_step(model, teacher, batch, weights, 1 - (step - 1) / s.joint_steps, points),
-            list(model.parameters()), steps=s.joint_steps, lr=s.joint_lr, time_budget_s=budget["joint"],
+            lambda batch, progress: joint_step(model, teacher, batch, weights, 1 - progress, points),
+            list(model.parameters()), steps=s.joint_steps, lr=s.joint_lr, time_budget_s=budget("joint"),
             on_log=curve_point, eval_every=s.eval_every, **common))
     model.eval()
     return [log.to_dict() for log in logs]
