@@ -15,6 +15,9 @@ is the same whatever the DataLoader workers. The held-out ``'val'`` stream is ne
   the object's referring expressions and its caption, asked with the 16 RefCOCO questions or the RES eval
   prompt; captions are asked with the RefCOCOg eval question or an Osprey one. Images are sent once per scene
   and expanded to rows on the device (:meth:`JointBatch.sft_data`).
+
+GT masks travel at the SAM2 low-res logits size (h = S_sam / 4, nearest, the resize ``sft_loss`` itself applies),
+stacked, so a batch moves to the device in a few copies instead of one per mask.
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ from ..data.shapes_scene import (CELL_PHRASES, COLOURS, SHAPES, SIZES, canonical
 from ..model.processor import Sa2VAProcessor, sft_collate
 from ..model.prompts import ANSWER_LIST, RES_EVAL_PROMPT, SEG_QUESTIONS, normalize_expression
 from ..model.sft_data import DEFAULT_CAPTION_QUESTIONS
+from ..model.sft_loss import resize_gt_masks
 
 ATTRIBUTES = {"colour": tuple(COLOURS), "shape": tuple(SHAPES), "size": tuple(SIZES),
               "cell": tuple(name for name, _ in CELL_PHRASES.values())}
@@ -70,7 +74,7 @@ class SceneSource:
 class PromptBatch:
     """M prompts on S images (stage ``sam``).
 
-    g_pixel_values: uint8 ``[S, 3, S_sam, S_sam]``; gt_mask: M bool ``[1, H_i, W_i]`` (sizes may differ);
+    g_pixel_values: uint8 ``[S, 3, S_sam, S_sam]``; gt_mask: float ``[M, h, h]`` at the logits size;
     image_index: long ``[M]``;
     point_coords: float ``[M, 2, 2]`` (x, y in SAM input pixels) and point_labels: int ``[M, 2]`` (1 click,
     -1 pad, 2/3 box corners); is_attribute: bool ``[M]`` (prompt = ``attributes`` instead of the points);
@@ -78,7 +82,7 @@ class PromptBatch:
     """
 
     g_pixel_values: torch.Tensor
-    gt_mask: list[torch.Tensor]
+    gt_mask: torch.Tensor
     image_index: torch.Tensor
     point_coords: torch.Tensor
     point_labels: torch.Tensor
@@ -101,8 +105,8 @@ class JointBatch:
 
     pixel_values: float ``[S, n, 3, s, s]`` and g_pixel_values: uint8 ``[S, 3, S_sam, S_sam]`` per image;
     text: ``sft_collate`` of the rows without images (input_ids, labels, attention_mask, position_ids ``[B, L]``);
-    row_image: long ``[B]``; is_caption: bool ``[B]``; prompt_masks: bool ``[1, g, g]`` per caption row;
-    masks: uint8 ``[1, H, W]`` per segmentation row; seg_attributes: long ``[M, 4]`` (segmentation rows' texts).
+    row_image: long ``[B]``; is_caption: bool ``[B]``; prompt_masks: bool ``[C, g, g]`` (caption rows' regions);
+    masks: float ``[M, h, h]`` GT of the segmentation rows at the logits size; seg_attributes: long ``[M, 4]``.
     """
 
     pixel_values: torch.Tensor
@@ -110,8 +114,8 @@ class JointBatch:
     text: dict
     row_image: torch.Tensor
     is_caption: torch.Tensor
-    prompt_masks: list[torch.Tensor]
-    masks: list[torch.Tensor]
+    prompt_masks: torch.Tensor
+    masks: torch.Tensor
     seg_attributes: torch.Tensor
 
     def sft_data(self, device: torch.device | str) -> dict:
@@ -123,9 +127,9 @@ class JointBatch:
         seg_images = self.row_image[~self.is_caption].to(device)  # [M]
         g = self.g_pixel_values.to(device)[seg_images].float()  # [M, 3, S_sam, S_sam]
         data = {k: v.to(device) for k, v in self.text.items()}
-        data.update(pixel_values=pixel_values, vp_overall_mask=vp.flatten().to(device),
-                    prompt_masks=[m.to(device) for m in self.prompt_masks], frames_per_batch=[1] * len(seg_images),
-                    g_pixel_values=list(g), masks=[m.to(device) for m in self.masks])
+        data.update(pixel_values=pixel_values, vp_overall_mask=vp.flatten(),
+                    prompt_masks=list(self.prompt_masks.to(device)[:, None]), frames_per_batch=[1] * len(seg_images),
+                    g_pixel_values=list(g), masks=list(self.masks.to(device)[:, None]))
         return data
 
 
@@ -158,6 +162,7 @@ class StageBatches(Dataset):
         self.attribute_share, self.group_by_scene = float(attribute_share), bool(group_by_scene)
         self.captions_per_scene, self.text_rows = int(captions_per_scene), int(text_rows)
         self.source = SceneSource(processor, seed, image_sizes)
+        self.low_res = (processor.sam_image_size // 4,) * 2  # SAM2 logits: 4 x (S_sam / 16)
         self.texts = _TextCache(processor)
 
     def __len__(self) -> int:
@@ -183,13 +188,13 @@ class StageBatches(Dataset):
                 kind = PROMPT_KINDS[int(rng.choice(3, p=shares))]
                 c, lab = _point_prompt(rng, visible, scale) if kind == "point" else _box_prompt(rng, visible, scale)
                 texts = referring_expressions(scene, k)
-                gts.append(torch.from_numpy(visible)[None])
+                gts.append(resize_gt_masks([torch.from_numpy(visible)[None]], self.low_res))
                 image_index.append(i)
                 coords.append(c)
                 labels.append(lab)
                 is_attr.append(kind == "attributes")
                 attrs.append(attribute_ids(texts[int(rng.integers(len(texts)))]))
-        return PromptBatch(torch.stack(g_pixels), gts, torch.tensor(image_index),
+        return PromptBatch(torch.stack(g_pixels), torch.cat(gts), torch.tensor(image_index),
                            torch.tensor(np.stack(coords), dtype=torch.float32), torch.tensor(np.stack(labels)),
                            torch.tensor(is_attr), torch.tensor(attrs))
 
@@ -225,7 +230,7 @@ class StageBatches(Dataset):
             objects = range(n) if self.group_by_scene else [int(rng.integers(n))]
             for k in objects:
                 items.append(self._segment_row(rng, scene, k, inputs.n_tiles, seg_attributes))
-                masks.append(torch.from_numpy(scene.visible[k].astype(np.uint8))[None])
+                masks.append(resize_gt_masks([torch.from_numpy(scene.visible[k])[None]], self.low_res))
                 row_image.append(i)
                 is_caption.append(False)
             if i < self.scenes_per_batch:
@@ -233,12 +238,12 @@ class StageBatches(Dataset):
                     cells = self.processor.region_cells(scene.visible[k], sample_id=f"train scene {first + i}",
                                                         size=inputs.size)  # [g, g]
                     items.append(self._caption_row(rng, scene, int(k), inputs.n_tiles, cells))
-                    prompt_masks.append(cells[None])
+                    prompt_masks.append(cells)
                     row_image.append(i)
                     is_caption.append(True)
         return JointBatch(torch.stack(pixel_values), torch.stack(g_pixels), sft_collate(items)["data"],
-                          torch.tensor(row_image), torch.tensor(is_caption), prompt_masks, masks,
-                          torch.tensor(seg_attributes))
+                          torch.tensor(row_image), torch.tensor(is_caption), torch.stack(prompt_masks),
+                          torch.cat(masks), torch.tensor(seg_attributes))
 
     def _segment_row(self, rng, scene, k: int, n_tiles: int, seg_attributes: list) -> dict:
         texts = object_texts(scene, k)

@@ -201,22 +201,24 @@ def save(model, tokenizer, out: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.glob("*.safetensors"))}
 
 
-def evaluate_held_out(model, processor, s: PretrainSettings) -> dict:
-    """Text dependence on ``eval_scenes`` multi-object scenes and ``eval_tasks`` on ``eval_scenes`` samples of
-    ``ShapesWorld('val', seed=0)`` (the demo's held-out stream), at ``eval_image_size``."""
+def evaluate_held_out(model, processor, s: PretrainSettings, held_out: dict, write) -> None:
+    """Text dependence on ``eval_scenes`` multi-object scenes, then ``eval_tasks`` on ``eval_scenes`` samples of
+    ``ShapesWorld('val', seed=0)`` (the demo's held-out stream), at ``eval_image_size``; fills ``held_out`` and
+    calls ``write()`` after each part (a failing part leaves the earlier ones on disk)."""
     from ..data.shapes import ShapesWorld
     from ..evaluation.tasks import EvalConfig, evaluate
     from ..evaluation.text_dependence import text_dependence
 
     if not s.eval_scenes:
-        return {}
-    result = {"text_dependence": text_dependence(model, processor, num_scenes=s.eval_scenes,
-                                                 image_size=s.eval_image_size).to_dict()}
+        return
+    held_out["text_dependence"] = text_dependence(model, processor, num_scenes=s.eval_scenes,
+                                                  image_size=s.eval_image_size).to_dict()
+    write()
     if s.eval_tasks:
         world = ShapesWorld("val", s.eval_scenes, 0, image_size=s.eval_image_size)
         tasks = evaluate(model, processor, world, s.eval_tasks, EvalConfig(batch_size=32, show_progress=False))
-        result["tasks"] = {name: {k: v.to_dict() for k, v in task.metrics.items()} for name, task in tasks.items()}
-    return result
+        held_out["tasks"] = {name: {k: v.to_dict() for k, v in task.metrics.items()} for name, task in tasks.items()}
+        write()
 
 
 def pretrain(s: PretrainSettings, argv: list[str] | None = None) -> dict:
@@ -235,10 +237,15 @@ def pretrain(s: PretrainSettings, argv: list[str] | None = None) -> dict:
            "settings": dataclasses.asdict(s), "device": _device_name(s.device), "torch": torch.__version__,
            "python": platform.python_version(), "train_seconds": round(train_s, 1), "sha256": fingerprint,
            "stages": stages}
-    (out / "pretrain_log.json").write_text(json.dumps(log, indent=1))
-    log["held_out"] = evaluate_held_out(model, processor, s)
-    log["wall_seconds"] = round(time.perf_counter() - start, 1)
-    (out / "pretrain_log.json").write_text(json.dumps(log, indent=1))
+    log["held_out"] = {}
+
+    def write() -> None:
+        log["wall_seconds"] = round(time.perf_counter() - start, 1)
+        (out / "pretrain_log.json").write_text(json.dumps(log, indent=1))
+
+    write()
+    evaluate_held_out(model, processor, s, log["held_out"], write)
+    write()
     return log
 
 

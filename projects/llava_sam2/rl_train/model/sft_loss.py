@@ -178,23 +178,22 @@ def _image_embeds(model, data: dict) -> list[torch.Tensor | None]:
     return fills
 
 
-def _seg_targets(model, data: dict, seg_rows: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def _seg_targets(model, data: dict, seg_rows: list[int], seg_counts: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """``image_index [M]`` (row of the stacked ``g_pixel_values``) and the GT stacks of the rows that
     hold ``[SEG]``; upstream pairs the i-th such row with ``masks[i]`` and grounding frame i."""
     masks, frames = data["masks"], data.get("frames_per_batch") or []
     if any(f != 1 for f in frames):
         raise NotImplementedError(f"sft_loss: video samples (frames_per_batch={frames}) are not supported; "
                                   "only single-image SFT samples are.")
-    seg_counts = (data["input_ids"] == model.seg_token_id).sum(-1)  # [B]
     if not len(seg_rows) == len(masks) == len(frames):
         raise ValueError(
             f"sft_loss: {len(seg_rows)} rows hold [SEG] but the batch has {len(masks)} mask stacks and "
             f"{len(frames)} grounding images; every segmentation sample needs all three (and only they).")
     image_index = []
     for i, (row, gt) in enumerate(zip(seg_rows, masks)):
-        if int(seg_counts[row]) != gt.shape[0]:
+        if seg_counts[row] != gt.shape[0]:
             raise ValueError(
-                f"sft_loss: batch row {row} has {int(seg_counts[row])} [SEG] tokens but {gt.shape[0]} GT "
+                f"sft_loss: batch row {row} has {seg_counts[row]} [SEG] tokens but {gt.shape[0]} GT "
                 "masks; check the answers (one [SEG] per target) and max_length truncation.")
         image_index += [i] * gt.shape[0]
     return torch.tensor(image_index, device=data["input_ids"].device), list(masks)
@@ -254,7 +253,11 @@ def sft_forward(
                          "be >= 0 (1 and 0 are upstream's loss).")
     data = data["data"] if "data" in data and "input_ids" not in data else data
     device = model.device
-    data = {k: v.to(device) if torch.is_tensor(v) else v for k, v in data.items()}  # list entries move later
+    # bookkeeping read by Python (which rows have regions / [SEG]) stays on the host: no device sync per row
+    is_seg_host = data["input_ids"].cpu() == model.seg_token_id  # [B, L]
+    data = {k: v.to(device) if torch.is_tensor(v) and k != "vp_overall_mask" else v for k, v in data.items()}
+    if torch.is_tensor(data.get("vp_overall_mask")):
+        data["vp_overall_mask"] = data["vp_overall_mask"].cpu()
     input_ids = data["input_ids"]  # [B, L]
     inputs_embeds = model.embed_inputs(input_ids, _image_embeds(model, data))  # [B, L, D]
     body, head = decoder_and_head(model.language_model)
@@ -270,18 +273,19 @@ def sft_forward(
     mask_keys = ("loss_mask", "loss_dice") + (("loss_iou",) if iou_loss_weight > 0 else ())
     if data.get("masks") is None:
         return {**losses, **{key: zero for key in mask_keys}}, None
-    seg_rows = [int(r) for r in torch.nonzero(is_seg.any(-1)).flatten()]
-    image_index, gt_masks = _seg_targets(model, data, seg_rows)
+    seg_rows = [int(r) for r in torch.nonzero(is_seg_host.any(-1)).flatten()]
+    image_index, gt_masks = _seg_targets(model, data, seg_rows, is_seg_host.sum(-1).tolist())
     features = model.encode_grounding(torch.stack(list(data["g_pixel_values"])).to(model.device))
     seg_hidden = hidden[is_seg]  # [M, D], row-major like image_index
     prompt = model.seg_hidden_to_prompt(seg_hidden)  # [M, C_sam]
     decoded = model.decode_masks(prompt, features, image_index)
     pred_logits = decoded.best_logits  # [M, h, w]
     gt = resize_gt_masks([m.to(pred_logits.device) for m in gt_masks], tuple(pred_logits.shape[-2:]))  # [M, h, w]
+    # (a GT stack already at the logits size is resized to itself: nearest at scale 1 is the identity)
     loss_mask, loss_dice = mask_losses(pred_logits, gt, num_points=num_points, oversample_ratio=oversample_ratio,
                                        importance_sample_ratio=importance_sample_ratio, generator=generator)
     losses.update(loss_mask=loss_mask + zero, loss_dice=loss_dice + zero)
     if iou_loss_weight > 0:
         losses["loss_iou"] = iou_loss_weight * iou_head_loss(decoded.low_res_logits, decoded.iou_scores, gt) + zero
-    rows = torch.nonzero(is_seg)[:, 0]  # [M]
+    rows = torch.nonzero(is_seg_host)[:, 0]  # [M]
     return losses, SegForward(seg_hidden, prompt, decoded, gt, rows)
