@@ -53,6 +53,8 @@ class PretrainSettings:
     # run
     out: str = _help("output directory (created): HF checkpoint, tokenizer, pretrain_log.json", default="")
     seed: int = _help("seed of the weights, the training scenes and every random choice", default=0)
+    init: str = _help("start from this HF-layout checkpoint (with its tokenizer) instead of random weights, e.g. "
+                      "to continue an earlier run; '' = the tiny preset at random init", default="")
     device: str = _help("torch device: cpu, cuda, cuda:1 ...", default="cpu")
     threads: int = _help("torch CPU threads", default=1)
     num_workers: int = _help("DataLoader processes that build batches ahead (0: in this process)", default=0)
@@ -127,11 +129,18 @@ class PretrainSettings:
         torch.device(self.device)  # raises on a malformed device string
 
 
-def build_tiny(seed: int, device: str):
-    """The tiny preset at random init (seeded), its tokenizer bound, and the processor the loops use."""
-    tokenizer = load_tiny_tokenizer()
+def build_tiny(seed: int, device: str, init: str = ""):
+    """The tiny preset at random init (seeded) or the checkpoint ``init``, its tokenizer bound, and the processor
+    the loops use."""
     torch.manual_seed(seed)
-    model = Sa2VAModel(build_preset("tiny", vocab_size=len(tokenizer))).to(device)
+    if init:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(init)
+        model = Sa2VAModel.from_pretrained(init, torch_dtype=torch.float32).to(device)
+    else:
+        tokenizer = load_tiny_tokenizer()
+        model = Sa2VAModel(build_preset("tiny", vocab_size=len(tokenizer))).to(device)
     model.bind_tokenizer(tokenizer)
     processor = Sa2VAProcessor.from_config(tokenizer, model.config, empty_region="dilate_to_one_cell")
     return model, tokenizer, processor
@@ -229,7 +238,7 @@ def pretrain(s: PretrainSettings, argv: list[str] | None = None) -> dict:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     out = Path(s.out)
     out.mkdir(parents=True, exist_ok=True)
-    model, tokenizer, processor = build_tiny(s.seed, s.device)
+    model, tokenizer, processor = build_tiny(s.seed, s.device, s.init)
     stages = train(model, processor, s)
     train_s = time.perf_counter() - start
     fingerprint = save(model, tokenizer, out)
