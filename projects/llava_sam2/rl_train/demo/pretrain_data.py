@@ -250,8 +250,9 @@ class StageBatches(Dataset):
         text = normalize_expression(texts[int(rng.integers(len(texts)))])
         q, a = int(rng.integers(len(SEGMENT_QUESTIONS))), int(rng.integers(len(ANSWER_LIST)))
         seg_attributes.append(attribute_ids(text))
+        question = SEGMENT_QUESTIONS[q]
         return self.texts.encode(("seg", q, text, a, n_tiles),
-                                 lambda: self.processor.segment_text(n_tiles, text, SEGMENT_QUESTIONS[q]), ANSWER_LIST[a])
+                                 lambda: self.processor.segment_text(n_tiles, text, question), ANSWER_LIST[a])
 
     def _caption_row(self, rng, scene, k: int, n_tiles: int, cells: torch.Tensor) -> dict:
         q = int(rng.integers(len(DEFAULT_CAPTION_QUESTIONS)))

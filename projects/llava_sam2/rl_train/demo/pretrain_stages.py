@@ -112,8 +112,8 @@ def sam_step(model, attribute_prompt: AttributePrompt, batch: PromptBatch) -> di
     parts = []
     if bool((~is_attr).any()):
         clicks = (~is_attr).to(device)
-        parts.append((~is_attr, *decode_clicks(model, features, image_index[clicks], batch.point_coords.to(device)[clicks],
-                                               batch.point_labels.to(device)[clicks]), gt[clicks]))
+        coords, labels = batch.point_coords.to(device)[clicks], batch.point_labels.to(device)[clicks]
+        parts.append((~is_attr, *decode_clicks(model, features, image_index[clicks], coords, labels), gt[clicks]))
     if bool(is_attr.any()):
         chosen = is_attr.to(device)
         out = model.decode_masks(attribute_prompt(batch.attributes.to(device)[chosen]), features, image_index[chosen])
@@ -154,7 +154,8 @@ def joint_step(model, attribute_prompt: AttributePrompt | None, batch: JointBatc
     data = batch.sft_data(model.device)
     losses, seg = sft_forward(model, data, num_points=weights.num_points, generator=generator,
                               seg_lm_weight=weights.seg_lm, iou_loss_weight=weights.iou)
-    total = losses["llm_loss"] + weights.mask * (losses["loss_mask"] + losses["loss_dice"]) + losses.get("loss_iou", 0.0)
+    mask = losses["loss_mask"] + losses["loss_dice"]
+    total = losses["llm_loss"] + weights.mask * mask + losses.get("loss_iou", 0.0)
     if weights.teacher > 0 and attribute_prompt is not None and seg is not None:
         with torch.no_grad():
             target = attribute_prompt(batch.seg_attributes.to(model.device))  # [M, C]

@@ -88,7 +88,8 @@ class TextDependence:
     def format(self) -> str:
         return (f"text dependence on {self.num_scenes} held-out scenes ({self.num_objects} objects, {self.num_pairs} "
                 f"pairs): own IoU {self.own_iou.format()}, other-text IoU {self.other_iou.format()}, gap "
-                f"{self.gap.format()} (target >= {GAP_TARGET}), identical pairs {self.identical_share.format(1, 100)} % "
+                f"{self.gap.format()} (target >= {GAP_TARGET}), identical pairs "
+                f"{self.identical_share.format(1, 100)} % "
                 f"(target < {IDENTICAL_TARGET * 100:.0f} %)")
 
 
@@ -104,7 +105,8 @@ def score_scene(pred_masks: Sequence[np.ndarray | None], gt_masks: Sequence[np.n
     if n < 2 or len(pred_masks) != n:
         raise ValueError(f"score_scene: need >= 2 objects and one predicted mask per object, got {len(pred_masks)} "
                          f"masks for {n} objects")
-    pred = [np.zeros_like(g, dtype=bool) if m is None else np.asarray(m, dtype=bool) for m, g in zip(pred_masks, gt_masks)]
+    pred = [np.zeros_like(g, dtype=bool) if m is None else np.asarray(m, dtype=bool)
+            for m, g in zip(pred_masks, gt_masks)]
     own = [iou(pred[k], gt_masks[k]) for k in range(n)]
     other = [np.mean([iou(pred[j], gt_masks[k]) for j in range(n) if j != k]) for k in range(n)]
     same = sum(bool(np.array_equal(pred[j], pred[k])) for j in range(n) for k in range(j + 1, n))
@@ -120,7 +122,8 @@ def summarize(scores: Sequence[SceneScore], *, n_resamples: int = 1000, confiden
     own, other = [s.own for s in scores], [s.other for s in scores]
     same, pairs = [s.identical_pairs for s in scores], [s.pairs for s in scores]
     return TextDependence(
-        own_iou=bootstrap_mean(own, what="own IoU", **knobs), other_iou=bootstrap_mean(other, what="other IoU", **knobs),
+        own_iou=bootstrap_mean(own, what="own IoU", **knobs),
+        other_iou=bootstrap_mean(other, what="other IoU", **knobs),
         gap=paired_difference(own, other, what="own - other IoU", **knobs),
         identical_share=bootstrap_ratio(same, pairs, what="identical pairs", **knobs),
         num_scenes=len(scores), num_objects=sum(s.objects for s in scores),

@@ -178,9 +178,11 @@ def _image_embeds(model, data: dict) -> list[torch.Tensor | None]:
     return fills
 
 
-def _seg_targets(model, data: dict, seg_rows: list[int], seg_counts: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def _seg_targets(model, data: dict, seg_rows: list[int],
+                 seg_counts: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """``image_index [M]`` (row of the stacked ``g_pixel_values``) and the GT stacks of the rows that
-    hold ``[SEG]``; upstream pairs the i-th such row with ``masks[i]`` and grounding frame i."""
+    hold ``[SEG]`` (``seg_counts``: [SEG] tokens per batch row, counted on the host); upstream pairs the i-th
+    such row with ``masks[i]`` and grounding frame i."""
     masks, frames = data["masks"], data.get("frames_per_batch") or []
     if any(f != 1 for f in frames):
         raise NotImplementedError(f"sft_loss: video samples (frames_per_batch={frames}) are not supported; "
