@@ -170,20 +170,24 @@ def measure(segment: SegmentFn, scenes: Sequence[HeldOutScene], *, batch_size: i
 
 
 def model_segmenter(model, processor, *, max_new_tokens: int = 64) -> SegmentFn:
-    """The ``res`` task's segmentation (RES eval prompt, greedy, first ``[SEG]``) as a :data:`SegmentFn`."""
-    from .decoding import PromptRow, encode_images, greedy_answers
+    """The ``res`` task's segmentation (RES eval prompt, greedy, first ``[SEG]``) as a :data:`SegmentFn`, through
+    the shared model pipeline (``model/pipeline.py``)."""
+    from ..model.pipeline import PromptRow, encode_images, greedy_answers
 
     def segment(images: Sequence, texts: Sequence[Sequence[str]]) -> list[list]:
-        features = encode_images(model, processor, list(images), [f"held-out image {i}" for i in range(len(images))])
-        rows = [PromptRow(i, processor.segment_text(features.n_tiles[i], text)) for i, row in enumerate(texts)
+        encoded = encode_images(model, processor, list(images), [f"held-out image {i}" for i in range(len(images))])
+        rows = [PromptRow(i, processor.segment_prompt(encoded.n_tiles(i), text)) for i, row in enumerate(texts)
                 for text in row]
-        answers = greedy_answers(model, processor, features, rows, max_new_tokens=max_new_tokens, want_masks=True)
-        masks, it = [], iter(answers)
-        for row in texts:
-            masks.append([next(it).pred_mask for _ in row])
-        return masks
+        answers = iter(greedy_answers(model, processor, encoded, rows, max_new_tokens=max_new_tokens,
+                                      seg_masks="first"))
+        return [[_first_mask(next(answers)) for _ in row] for row in texts]
 
     return segment
+
+
+def _first_mask(answer) -> np.ndarray | None:
+    """The answer's first ``[SEG]`` mask as a bool array, None without one."""
+    return answer.seg_masks[0].numpy() if answer.seg_masks else None
 
 
 def text_dependence(model, processor, *, num_scenes: int = 200, seed: int = 0, text_source: str = "expression",
