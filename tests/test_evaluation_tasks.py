@@ -1,4 +1,4 @@
-"""evaluation/decoding.py, tasks.py, loading.py and tools/evaluate.py on the tiny random Sa2VA and shapes samples."""
+"""evaluation/decoding.py, tasks.py, loading.py and cli/evaluate.py on the tiny random Sa2VA and shapes samples."""
 import json
 import os
 
@@ -191,7 +191,7 @@ def test_load_weights_layouts_and_errors(tiny, tmp_path):
 
 
 def test_evaluate_tool_writes_a_loadable_run(tmp_path, capsys):
-    import tools.evaluate as evaluate_tool
+    import projects.llava_sam2.rl_train.cli.evaluate as evaluate_tool
 
     from projects.llava_sam2.rl_train.evaluation.results import load_run
 

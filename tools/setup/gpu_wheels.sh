@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Download the py3.12 wheels our stack needs on the lent GPU machines (torch 2.11 + cu130 and
+# tools/setup/gpu_wheels.sh: download the py3.12 wheels our stack needs on the lent GPU machines (torch 2.11 + cu130 and
 # transformers 5.x are preinstalled there, with no package registry). Install there with:
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 # See ../shared/reference/environment.md §H for the verified list.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 dest=.whl
 mkdir -p "$dest"
 plat=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)

@@ -1,8 +1,8 @@
 """Rollout decode throughput: HF generate vs the reference decoder vs the fast path (issue #8).
 
-    python tools/bench_decode.py --lm qwen2.5-3b --json decode.json --trace decode_trace   # one GPU
-    python tools/bench_decode.py --lm 4b --json decode_4b.json                            # Sa2VA-4B's LM
-    python tools/bench_decode.py --lm tiny --device cpu --batch 2 --num-generations 2 \\
+    sa2va-rl bench decode --lm qwen2.5-3b --json decode.json --trace decode_trace   # one GPU
+    sa2va-rl bench decode --lm 4b --json decode_4b.json                            # Sa2VA-4B's LM
+    sa2va-rl bench decode --lm tiny --device cpu --batch 2 --num-generations 2 \\
         --prompt-len 24 --new-tokens 8 --repeats 1                                          # CPU smoke
 
 A causal LM with random weights is built directly on the device in ``--dtype``; B prompts of about
@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from collections import defaultdict
 
@@ -42,6 +43,8 @@ from projects.llava_sam2.rl_train.model.fast_generation import fast_sample_compl
 from projects.llava_sam2.rl_train.model.generation import completion_logprobs, sample_completions
 from projects.llava_sam2.rl_train.model.language import hf_llm_config
 from projects.llava_sam2.rl_train.model.presets import build_preset
+
+PROG = "sa2va-rl bench decode"
 
 # Qwen2.5-3B's published config (the LM inside Sa2VA-4B); reference/anchors.md §4.2 measured this shape.
 QWEN25_3B = dict(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
@@ -198,7 +201,7 @@ def check(lm, embeds, attention, args) -> dict:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--lm", default="qwen2.5-3b", choices=["qwen2.5-3b", "tiny", "1b", "4b", "8b"],
                    help="LM shape: Qwen2.5-3B's config, or a Sa2VA preset's llm_config (tiny: vocab 512)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -224,7 +227,8 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def main(argv=None) -> dict:
+def run_benchmark(argv: list[str] | None = None) -> dict:
+    """Run the benchmark; returns what ``--json`` writes."""
     args = parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cpu":
@@ -265,5 +269,10 @@ def print_table(report: dict) -> None:
         print("check:", json.dumps(report["check"]))
 
 
+def main(argv: list[str] | None = None) -> int:
+    run_benchmark(argv)
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

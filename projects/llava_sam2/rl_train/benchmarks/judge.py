@@ -1,10 +1,10 @@
 """Judge throughput: judged captions per second against a local OpenAI-compatible stub server.
 
-Starts ``tests/openai_stub_server.py`` as its own process (fixed latency per request, valid
+Starts ``benchmarks/openai_stub_server.py`` as its own process (fixed latency per request, valid
 answers), then judges unique captions with :class:`DLCJudge` at each concurrency, then again
 from the cache (in-memory front, and a fresh client on the same SQLite file)::
 
-    python tools/bench_judge.py --latency-ms 50 --concurrency 1 16 64
+    sa2va-rl bench judge --latency-ms 50 --concurrency 1 16 64
 
 Each caption has one recognition, 4 positive and 5 negative questions (DLC-Bench's typical
 shape): ``batched`` mode sends 1 request per caption, ``per_question`` mode 10.
@@ -21,10 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from projects.llava_sam2.rl_train.benchmarks import openai_stub_server
+from projects.llava_sam2.rl_train.rewards.judge import DLCJudge, JudgeClient, QAEntry, Question
 
-from projects.llava_sam2.rl_train.rewards.judge import DLCJudge, JudgeClient, QAEntry, Question  # noqa: E402
+PROG = "sa2va-rl bench judge"
 
 ASK = "Which of the following is applicable to the description?"
 
@@ -46,7 +46,7 @@ def bench_entry() -> QAEntry:
 
 def start_server(latency_ms: float) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
-        [sys.executable, str(REPO / "tests" / "openai_stub_server.py"), "--latency-ms", str(latency_ms)],
+        [sys.executable, "-m", openai_stub_server.__name__, "--latency-ms", str(latency_ms)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
     line = proc.stdout.readline().strip()
@@ -97,7 +97,7 @@ def run_level(base_url: str, concurrency: int, mode: str, n_captions: int, cache
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--latency-ms", type=float, default=50.0, help="server latency per request")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--modes", nargs="+", default=["batched", "per_question"], choices=["batched", "per_question"])

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python tools/bench_loader.py --num-samples 1000 --workers 0 2
+    sa2va-rl bench loader --num-samples 1000 --workers 0 2
 
 Writes ``--num-samples`` shapes-world samples as annotations.json + PNG images (``--out-dir``, a
 temporary folder by default), then times full passes of a DataLoader over ``CocoRegionDataset``
@@ -23,6 +23,8 @@ from torch.utils.data import DataLoader
 
 from projects.llava_sam2.rl_train.data import CocoRegionDataset, ShapesWorld, region_collate
 
+PROG = "sa2va-rl bench loader"
+
 
 def time_pass(dataset, batch_size: int, num_workers: int) -> tuple[int, float]:
     """Samples delivered by one full pass and its wall time in seconds."""
@@ -34,7 +36,7 @@ def time_pass(dataset, batch_size: int, num_workers: int) -> tuple[int, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--num-samples", type=int, default=1000)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--batch-size", type=int, default=8)

@@ -1,6 +1,6 @@
 """Time `predict` and one SFT step of a Sa2VA preset with random weights (issue: foundation on GPU).
 
-    python tools/bench_model.py --preset 4b --dtype bfloat16 --json out.json
+    sa2va-rl bench model --preset 4b --dtype bfloat16 --json out.json
 
 Builds the preset directly on the device (no CPU init of a 4B model), binds the project's tiny
 tokenizer (its ids fit inside the real vocabulary; only the text is different), and measures:
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 import torch
@@ -29,6 +30,8 @@ from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
 from projects.llava_sam2.rl_train.model.sft_data import RegionSFTDataset
 from projects.llava_sam2.rl_train.model.sft_loss import sft_loss
 from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer
+
+PROG = "sa2va-rl bench model"
 
 
 def _sync(device: torch.device) -> None:
@@ -100,15 +103,15 @@ def bench_sft_step(model, processor, samples, device, dtype, lora_r: int) -> dic
             "sft_seq_len": int(batch["input_ids"].shape[1])}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="tiny", choices=["tiny", "1b", "4b", "8b"])
     parser.add_argument("--dtype", default=None, help="bfloat16 on CUDA, float32 on CPU by default")
     parser.add_argument("--image-size", type=int, default=None, help="square shapes-world image side")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--lora-r", type=int, default=128)
     parser.add_argument("--json", default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     torch.manual_seed(0)
@@ -128,7 +131,8 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,4 +1,5 @@
-"""A real OpenAI-compatible HTTP server on 127.0.0.1 with scripted answers and injected faults.
+"""A real OpenAI-compatible HTTP server on 127.0.0.1 with scripted answers and injected faults (the judge's tests
+and ``sa2va-rl bench judge`` use it; it serves no model).
 
 Speaks ``POST /v1/chat/completions`` (aiohttp). Each request's reply comes from a *responder*
 ``(prompt, attempt) -> str | Fault``: ``prompt`` is the last user message and ``attempt`` counts
@@ -13,7 +14,8 @@ Use in a test (server thread in-process)::
 
 or as its own process (the benchmark does this, to keep the server off the client's core)::
 
-    python tests/openai_stub_server.py --latency-ms 50      # prints "READY http://127.0.0.1:<port>/v1"
+    python -m projects.llava_sam2.rl_train.benchmarks.openai_stub_server --latency-ms 50
+    # prints "READY http://127.0.0.1:<port>/v1", serves until its stdin closes
 """
 from __future__ import annotations
 
@@ -27,13 +29,10 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from aiohttp import web
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root, when run as a script
-
-from projects.llava_sam2.rl_train.rewards.judge import prompts  # noqa: E402
+from projects.llava_sam2.rl_train.rewards.judge import prompts
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Time one dual-loop GRPO step (CycleGRPO) of a Sa2VA preset with random weights, phase by phase, next to baselines.
 
-    python tools/bench_rl_step.py --preset 4b --batch 8 --num-generations 8 --max-new-tokens 128 --json out.json
-    python tools/bench_rl_step.py --preset tiny --batch 2 --num-generations 2 --max-new-tokens 8 \\
+    sa2va-rl bench rl-step --preset 4b --batch 8 --num-generations 8 --max-new-tokens 128 --json out.json
+    sa2va-rl bench rl-step --preset tiny --batch 2 --num-generations 2 --max-new-tokens 8 \\
         --naive-samples 1 --profile prof.json                                       # CPU check, < 1 min
 
 Builds the preset directly on the device (bf16 on CUDA, fp32 on CPU; no CPU init of a 4B model), applies LoRA
@@ -16,7 +16,7 @@ Then, in the same process on the same batch (``--baselines``):
 
 * ``generate`` (b): the same step with transformers' ``generate()`` (eager, batched over the N = B·G rows) as the
   decoder of every policy and partner pass; encoders once per image, weight-set partner.
-* ``naive`` (a): the seeds' plan, rollout by rollout (``tools/bench_rl_baselines.NaiveStep``): per-rollout
+* ``naive`` (a): the seeds' plan, rollout by rollout (``benchmarks/rl_baselines.py`` ``NaiveStep``): per-rollout
   ``generate(output_scores=True)``, encoders re-run per rollout and model, a ``copy.deepcopy`` EMA model updated
   tensor by tensor, batch-1 forward/backward. Only ``--naive-samples`` K rollouts per loop are run; the per-rollout
   phases are EXTRAPOLATED × N / K (``extrapolated_from_rollouts`` in the output).
@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections import defaultdict
@@ -59,9 +58,11 @@ from projects.llava_sam2.rl_train.model.processor import Sa2VAProcessor
 from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
 from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling baselines module, also when loaded by path
-from bench_rl_baselines import (HF_GENERATE, HF_GENERATE_SCORES, NaiveStep, StubCaptionReward,  # noqa: E402
-                                folded_texts, hf_generate_completions, hf_generate_with_scores)
+from projects.llava_sam2.rl_train.benchmarks.rl_baselines import (
+    HF_GENERATE, HF_GENERATE_SCORES, NaiveStep, StubCaptionReward, folded_texts, hf_generate_completions,
+    hf_generate_with_scores)
+
+PROG = "sa2va-rl bench rl-step"
 
 
 class PhaseClock:
@@ -262,7 +263,7 @@ def profile_iteration(path: str, top: int, run) -> None:
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="tiny", choices=["tiny", "1b", "4b", "8b"])
     parser.add_argument("--dtype", default=None, help="bfloat16 on CUDA, float32 on CPU by default")
     parser.add_argument("--batch", type=int, default=8, help="B prompts per iteration")
@@ -306,7 +307,8 @@ def make_algo(model, processor, weights, args, decode_backend: str) -> CycleGRPO
                      seed=0)
 
 
-def main(argv=None) -> dict:
+def run_benchmark(argv: list[str] | None = None) -> dict:
+    """Run the benchmark; returns what ``--json`` writes."""
     args = parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
@@ -388,5 +390,10 @@ def print_table(result: dict) -> None:
               f"{r['policy_caption_tokens_per_s']:>13.1f} {r['rollout_tokens_per_s']:>14.1f} {r['peak_gib']:>9.2f}")
 
 
+def main(argv: list[str] | None = None) -> int:
+    run_benchmark(argv)
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -2,17 +2,17 @@
 Loop-2 cycle METEOR, with bootstrap 95% CIs; writes ``OUT/metrics.json`` and ``OUT/records/<task>.jsonl``.
 
     # an HF-layout checkpoint (released Sa2VA, or an exported RL result) on the shapes world
-    python tools/evaluate.py --checkpoint work_dirs/tiny_ckpt --dataset shapes --split val --num-samples 200 \\
+    sa2va-rl evaluate --checkpoint work_dirs/tiny_ckpt --dataset shapes --split val --num-samples 200 \\
         --out work_dirs/eval/base --system base
     # a preset with seeded random weights (+ optional weights file on top)
-    python tools/evaluate.py --preset tiny --init-seed 0 --weights model.safetensors --dataset shapes ...
+    sa2va-rl evaluate --preset tiny --init-seed 0 --weights model.safetensors --dataset shapes ...
     # an MMEngine RL checkpoint through its training config (LoRA kept wrapped)
-    python tools/evaluate.py --config projects/llava_sam2/configs/rl/tiny_grpo_cycle_cpu.py \\
+    sa2va-rl evaluate --config projects/llava_sam2/configs/rl/tiny_grpo_cycle_cpu.py \\
         --weights work_dirs/tiny_grpo/iter_4.pth --dataset shapes ...
     # a COCO-style annotations.json (captions / expressions per annotation)
-    python tools/evaluate.py --checkpoint DIR --dataset coco --ann-file data/val/annotations.json ...
+    sa2va-rl evaluate --checkpoint DIR --dataset coco --ann-file data/val/annotations.json ...
 
-Compare systems with ``tools/make_report.py``.
+Compare systems with ``sa2va-rl report``.
 """
 from __future__ import annotations
 
@@ -22,20 +22,18 @@ from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout
-    sys.path.insert(0, str(REPO_ROOT))
+from projects.llava_sam2.rl_train.evaluation.loading import load_system, read_state_dict
+from projects.llava_sam2.rl_train.evaluation.metrics import TASKS
+from projects.llava_sam2.rl_train.evaluation.results import build_dataset, save_run
+from projects.llava_sam2.rl_train.evaluation.tasks import EvalConfig, config_dict, evaluate
 
-from projects.llava_sam2.rl_train.evaluation.loading import load_system, read_state_dict  # noqa: E402
-from projects.llava_sam2.rl_train.evaluation.metrics import TASKS  # noqa: E402
-from projects.llava_sam2.rl_train.evaluation.results import build_dataset, save_run  # noqa: E402
-from projects.llava_sam2.rl_train.evaluation.tasks import EvalConfig, config_dict, evaluate  # noqa: E402
+PROG = "sa2va-rl evaluate"
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     source = parser.add_argument_group("system under test (model A)")
     which = source.add_mutually_exclusive_group(required=True)
     which.add_argument("--checkpoint", help="HF-layout Sa2VA checkpoint directory")
@@ -87,7 +85,7 @@ def load_from_config(config: str, weights: str | None, device: str):
 
     Frozen tensors are not in RL checkpoints: they come from the config's ``pretrained_path``, or for a preset
     from a random init seeded with the config's ``randomness.seed`` (exact only if training built the model
-    the same way; prefer a pretrained_path such as tools/make_tiny_checkpoint.py writes).
+    the same way; prefer a pretrained_path such as ``sa2va-rl setup tiny-checkpoint`` writes).
     """
     import projects.llava_sam2.rl_train.engine  # noqa: F401  (registers the model)
     from mmengine.config import Config
@@ -107,7 +105,7 @@ def load_from_config(config: str, weights: str | None, device: str):
     return sa2va, train_model.processor, {"source": source}
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     dtype = DTYPES.get(args.dtype)
     overrides = {"empty_region": args.empty_region}
@@ -137,7 +135,8 @@ def main(argv: list[str] | None = None) -> None:
         if result.meteor15_corpus is not None:
             print(f"{task}: METEOR15_corpus {result.meteor15_corpus:.3f}")
     print(f"wrote {path}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

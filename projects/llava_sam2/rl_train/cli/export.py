@@ -1,13 +1,12 @@
-#!/usr/bin/env python
 """Export a trained checkpoint to the upstream HF Sa2VA layout (LoRA merged), ready for ``Sa2VAModel.from_pretrained``
 and upstream Sa2VA inference code:
 
-    python tools/export_hf.py CONFIG CKPT --save-path DIR [--max-shard-size 5GB] [--cfg-options k=v ...]
+    sa2va-rl export CONFIG CKPT --save-path DIR [--max-shard-size 5GB] [--cfg-options k=v ...]
 
 CONFIG builds the model as in training: from its pretrained checkpoint, or for a preset (random weights) from the
 config's ``randomness.seed``, as the Runner did. CKPT holds the trained tensors: an MMEngine checkpoint file
-(``state_dict``, trainable tensors only) or a DeepSpeed checkpoint directory (``mp_rank_00_model_states.pt``). Every
-trainable tensor of the model must be in CKPT.
+(``state_dict``, trainable tensors only), a DeepSpeed checkpoint directory (``mp_rank_00_model_states.pt``), or a
+work dir, whose ``last_checkpoint`` file names the checkpoint. Every trainable tensor of the model must be in CKPT.
 """
 from __future__ import annotations
 
@@ -16,7 +15,15 @@ import os
 import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+PROG = "sa2va-rl export"
+
+
+def resolve_checkpoint(path: Path) -> Path:
+    """``path`` itself, or for a work dir (it holds ``last_checkpoint``, as MMEngine writes) the checkpoint it names."""
+    marker = path / "last_checkpoint"
+    if path.is_dir() and marker.is_file():
+        return Path(marker.read_text().strip())
+    return path
 
 
 def read_trained_state(checkpoint: Path) -> dict:
@@ -40,19 +47,18 @@ def read_trained_state(checkpoint: Path) -> dict:
     return {key.removeprefix("module."): value for key, value in state.items()}
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
-    if str(REPO_ROOT) not in sys.path:  # the plugin imports as `projects.llava_sam2.rl_train` without pip install -e
-        sys.path.insert(0, str(REPO_ROOT))
     from mmengine.config import Config, DictAction
     from mmengine.registry import MODELS
     from mmengine.runner import set_random_seed
 
     from projects.llava_sam2.rl_train.engine.registry import build_component
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("config", help="training config that built the model")
-    parser.add_argument("checkpoint", help="MMEngine .pth file or DeepSpeed checkpoint directory")
+    parser.add_argument("checkpoint", type=Path,
+                        help="MMEngine .pth file, DeepSpeed checkpoint directory, or a work dir (its last checkpoint)")
     parser.add_argument("--save-path", required=True, help="output directory (HF Sa2VA layout)")
     parser.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard, e.g. 5GB")
     parser.add_argument("--cfg-options", nargs="+", action=DictAction, help="key=value overrides of the config")
@@ -65,12 +71,13 @@ def main(argv: list[str]) -> int:
     if seed is not None:  # a preset model's frozen weights are random: rebuild them as the run did
         set_random_seed(seed)
     model = build_component(MODELS, cfg.model)
-    result = model.load_state_dict(read_trained_state(Path(args.checkpoint)), strict=True)
-    print(f"loaded {args.checkpoint} ({result})")
+    checkpoint = resolve_checkpoint(args.checkpoint)
+    result = model.load_state_dict(read_trained_state(checkpoint), strict=True)
+    print(f"loaded {checkpoint} ({result})")
     model.export_pretrained(args.save_path, max_shard_size=args.max_shard_size)
     print(f"wrote the merged model and its tokenizer to {args.save_path}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python tools/inspect_dataset.py projects/llava_sam2/configs/rl/_base_/datasets/coco_regions.py \
+    sa2va-rl inspect projects/llava_sam2/configs/rl/_base_/datasets/coco_regions.py \
         --cfg-options dataset.ann_file=/data/mine/annotations.json dataset.image_root=/data/mine \
         --out work_dirs/inspect_coco.png --num 16
 
@@ -21,6 +21,8 @@ from collections import Counter
 import numpy as np
 
 from projects.llava_sam2.rl_train.data.bad_samples import SkippedSample
+
+PROG = "sa2va-rl inspect"
 
 
 def build_dataset(config: str, key: str, cfg_options: dict | None, keep_raise: bool):
@@ -110,7 +112,7 @@ def draw_grid(dataset, indices: list[int], out_path: str, columns: int = 4) -> N
 def main(argv: list[str] | None = None) -> int:
     from mmengine.config import DictAction
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("config", help="MMEngine config holding a dataset entry")
     parser.add_argument("--key", default="dataset", help="config entry of the dataset (default: dataset)")
     parser.add_argument("--cfg-options", nargs="+", action=DictAction, help="override entries, key=value")

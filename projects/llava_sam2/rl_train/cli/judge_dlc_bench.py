@@ -4,7 +4,7 @@ Same protocol as DLC-Bench's ``eval_model_outputs.py`` in the default ``per_ques
 (exact prompt, recognition gate, answer parsing, Pos / Neg / Avg), with concurrency, retries and
 a persistent cache, so a re-run after a failure only asks what is missing::
 
-    python tools/eval_dlc_bench.py --pred preds.json --qa DLC-bench/qa.json \\
+    sa2va-rl judge dlc-bench --pred preds.json --qa DLC-bench/qa.json \\
         --class-names DLC-bench/class_names.json --base-url http://127.0.0.1:9100/v1 \\
         --cache work_dirs/judge_cache.sqlite --out preds_eval.json
 
@@ -20,9 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from projects.llava_sam2.rl_train.rewards.judge import (  # noqa: E402
+from projects.llava_sam2.rl_train.rewards.judge import (
     JUDGE_MODES,
     DLCJudge,
     JudgeClient,
@@ -31,9 +29,11 @@ from projects.llava_sam2.rl_train.rewards.judge import (  # noqa: E402
     load_qa,
 )
 
+PROG = "sa2va-rl judge dlc-bench"
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--pred", required=True, type=Path, help="JSON {ann_id: caption}")
     parser.add_argument("--qa", default="DLC-bench/qa.json", type=Path)
     parser.add_argument("--class-names", default="DLC-bench/class_names.json", type=Path)
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         cache_path=args.cache,
     ))
     if not client.endpoint_configured:
-        print("eval_dlc_bench: no judge endpoint; pass --base-url or set $JUDGE_BASE_URL", file=sys.stderr)
+        print(f"{PROG}: no judge endpoint; pass --base-url or set $JUDGE_BASE_URL", file=sys.stderr)
         return 2
     judge = DLCJudge(client, args.mode)
 

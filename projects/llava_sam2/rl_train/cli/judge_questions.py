@@ -4,7 +4,7 @@ Each unique caption is sent once to the question-generation prompt; valid replie
 judge cache that the ``dlc_judge`` reward reads (same model, same prompt -> same cache key), so
 training asks only answer questions. The questions are also written in DLC-Bench's layout::
 
-    python tools/precompute_judge_questions.py --captions captions.json \\
+    sa2va-rl judge questions --captions captions.json \\
         --base-url http://127.0.0.1:8000/v1 --cache work_dirs/judge_cache.sqlite \\
         --out-qa work_dirs/qa.json --out-class-names work_dirs/class_names.json
 
@@ -20,9 +20,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from projects.llava_sam2.rl_train.rewards.judge import JudgeClient, JudgeError, QuestionGenerator, save_qa
 
-from projects.llava_sam2.rl_train.rewards.judge import JudgeClient, JudgeError, QuestionGenerator, save_qa  # noqa: E402
+PROG = "sa2va-rl judge questions"
 
 
 def load_captions(path: Path) -> dict[str, str]:
@@ -51,7 +51,7 @@ def load_captions(path: Path) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--captions", required=True, type=Path)
     parser.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint (else $JUDGE_BASE_URL)")
     parser.add_argument("--model", default=None, help="question-writer model (use the reward's judge model)")

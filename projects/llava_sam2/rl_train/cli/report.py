@@ -1,22 +1,19 @@
 """Markdown report + PNGs comparing evaluation runs of the same held-out split (systems and controls).
 
-    python tools/make_report.py --run base=work_dirs/eval/base --run rl=work_dirs/eval/rl \\
+    sa2va-rl report --run base=work_dirs/eval/base --run rl=work_dirs/eval/rl \\
         --baseline base --work-dir work_dirs/demo/train --out work_dirs/demo
 
 Writes ``OUT/report.md``, ``OUT/metrics.png``, ``OUT/curves.png`` (with --work-dir) and
-``OUT/examples_<task>.png``. Runs come from ``tools/evaluate.py --out``.
+``OUT/examples_<task>.png``. Runs come from ``sa2va-rl evaluate --out``.
 """
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout
-    sys.path.insert(0, str(REPO_ROOT))
+from projects.llava_sam2.rl_train.evaluation.report import write_report
 
-from projects.llava_sam2.rl_train.evaluation.report import write_report  # noqa: E402
+PROG = "sa2va-rl report"
 
 
 def _pairs(values: list[str], flag: str) -> dict[str, str]:
@@ -30,10 +27,10 @@ def _pairs(values: list[str], flag: str) -> dict[str, str]:
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--run", action="append", required=True, metavar="NAME=DIR",
-                        help="a system and its tools/evaluate.py output directory (repeat; first is the default "
+                        help="a system and its `sa2va-rl evaluate --out` directory (repeat; first is the default "
                              "baseline)")
     parser.add_argument("--baseline", help="system the others are compared with (paired bootstrap)")
     parser.add_argument("--out", required=True, help="report directory")
@@ -50,7 +47,8 @@ def main(argv: list[str] | None = None) -> None:
                         curves=_pairs(args.curve, "--curve") or None, smooth=args.smooth,
                         num_examples=args.examples, title=args.title, n_resamples=args.n_resamples, seed=args.seed)
     print(f"wrote {path}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

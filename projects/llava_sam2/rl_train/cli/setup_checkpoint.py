@@ -1,6 +1,6 @@
 """Write a tiny random Sa2VA checkpoint in the upstream HF layout, with the tiny tokenizer.
 
-    python tools/make_tiny_checkpoint.py OUT_DIR [--seed 0] [--dtype float32|bfloat16]
+    sa2va-rl setup tiny-checkpoint OUT_DIR [--seed 0] [--dtype float32|bfloat16]
 
 OUT_DIR gets config.json, model.safetensors and the tokenizer files; it loads with
 ``Sa2VAModel.from_pretrained(OUT_DIR)`` and ``AutoTokenizer.from_pretrained(OUT_DIR)``. The same seed
@@ -14,14 +14,11 @@ from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout
-    sys.path.insert(0, str(REPO_ROOT))
+from projects.llava_sam2.rl_train.model.presets import build_preset
+from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
+from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer
 
-from projects.llava_sam2.rl_train.model.presets import build_preset  # noqa: E402
-from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel  # noqa: E402
-from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer  # noqa: E402
-
+PROG = "sa2va-rl setup tiny-checkpoint"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -40,15 +37,16 @@ def make_tiny_checkpoint(out_dir: str | Path, seed: int = 0, dtype: torch.dtype 
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", help="directory to write (created if missing)")
     parser.add_argument("--seed", type=int, default=0, help="torch seed for the random weights")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="weight dtype")
     args = parser.parse_args(argv)
     out = make_tiny_checkpoint(args.out_dir, seed=args.seed, dtype=DTYPES[args.dtype])
     print(f"wrote tiny Sa2VA checkpoint to {out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,6 +1,6 @@
 """Regenerate the shipped tiny tokenizer (projects/llava_sam2/rl_train/assets/tiny_tokenizer).
 
-    python tools/build_tiny_tokenizer.py [--out DIR] [--check]
+    sa2va-rl setup tiny-tokenizer [--out DIR] [--check]      # or: python tools/setup/build_tiny_tokenizer.py
 
 The build is deterministic: running it again rewrites the same bytes. ``--check`` builds into a
 temporary folder and exits 1 if any file differs from the shipped copy.
@@ -15,9 +15,11 @@ from pathlib import Path
 
 from projects.llava_sam2.rl_train.model.tokenizer import TINY_TOKENIZER_DIR, save_tiny_tokenizer
 
+PROG = "sa2va-rl setup tiny-tokenizer"
+
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=TINY_TOKENIZER_DIR, help="output folder")
     parser.add_argument("--check", action="store_true",
                         help="compare a fresh build with --out instead of writing it")

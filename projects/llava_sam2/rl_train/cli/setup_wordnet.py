@@ -1,9 +1,9 @@
 """Provision WordNet 3.0 for nltk offline, as ``<target>/corpora/wordnet``.
 
 nltk's METEOR needs WordNet. This project never downloads data at run time, so ``make setup``
-runs this tool once::
+runs this command once (through ``tools/setup/provision_wordnet.py``)::
 
-    python tools/provision_wordnet.py --target "$NLTK_DATA"
+    sa2va-rl setup wordnet --target "$NLTK_DATA"
 
 Sources, tried in order:
 
@@ -29,6 +29,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+PROG = "sa2va-rl setup wordnet"
 DEBIAN_DIR = Path("/usr/share/wordnet")
 DEBIAN_PACKAGES = ("wordnet-base", "wordnet-sense-index")
 POS_SUFFIXES = ("noun", "verb", "adj", "adv")
@@ -125,17 +126,17 @@ def ensure_debian_files(use_apt: bool) -> None:
     can_apt = use_apt and shutil.which("apt-get") and os.geteuid() == 0
     if not can_apt:
         raise SystemExit(
-            f"provision_wordnet: {DEBIAN_DIR} lacks WordNet files and no nltk wordnet corpus was "
+            f"setup wordnet: {DEBIAN_DIR} lacks WordNet files and no nltk wordnet corpus was "
             f"found. Fix: run `{command}` as root (or put nltk's wordnet corpus on NLTK_DATA), "
             "then re-run this tool."
         )
-    print(f"provision_wordnet: installing {' '.join(DEBIAN_PACKAGES)} with apt-get", flush=True)
+    print(f"setup wordnet: installing {' '.join(DEBIAN_PACKAGES)} with apt-get", flush=True)
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     subprocess.run(["apt-get", "update", "-q"], check=True, env=env)
     subprocess.run(["apt-get", "install", "-y", "-q", *DEBIAN_PACKAGES], check=True, env=env)
     missing = [name for name in REQUIRED_FILES if not (DEBIAN_DIR / name).is_file()]
     if missing:
-        raise SystemExit(f"provision_wordnet: after `{command}`, {DEBIAN_DIR} still lacks {missing}")
+        raise SystemExit(f"setup wordnet: after `{command}`, {DEBIAN_DIR} still lacks {missing}")
 
 
 def copy_from_debian(staging: Path) -> None:
@@ -153,10 +154,10 @@ def provision(target: Path, use_apt: bool = True) -> Path:
         try:
             version = verify(target)
             (dest / "lexnames").touch()  # newer than this tool, so make stops re-running it
-            print(f"provision_wordnet: {dest} already holds WordNet {version}")
+            print(f"setup wordnet: {dest} already holds WordNet {version}")
             return dest
         except Exception as error:  # incomplete or broken: rebuild below
-            print(f"provision_wordnet: rebuilding {dest} ({error})")
+            print(f"setup wordnet: rebuilding {dest} ({error})")
             shutil.rmtree(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     # Build in a sibling folder and rename, so an interrupted run never leaves a half corpus
@@ -165,11 +166,11 @@ def provision(target: Path, use_apt: bool = True) -> Path:
     try:
         source = find_local_nltk_wordnet(exclude=dest)
         if source is not None:
-            print(f"provision_wordnet: copying nltk corpus {source}")
+            print(f"setup wordnet: copying nltk corpus {source}")
             copy_from_nltk(source, staging)
         if source is None or not (staging / "lexnames").is_file():
             ensure_debian_files(use_apt)
-            print(f"provision_wordnet: copying Debian WordNet files from {DEBIAN_DIR}")
+            print(f"setup wordnet: copying Debian WordNet files from {DEBIAN_DIR}")
             copy_from_debian(staging)
         os.replace(staging, dest)
     finally:
@@ -180,12 +181,12 @@ def provision(target: Path, use_apt: bool = True) -> Path:
     except Exception:
         shutil.rmtree(dest)
         raise
-    print(f"provision_wordnet: WordNet {version} ready at {dest}")
+    print(f"setup wordnet: WordNet {version} ready at {dest}")
     return dest
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", required=True, type=Path,
                         help="nltk data root (the Makefile passes $(NLTK_DATA))")
     parser.add_argument("--no-apt", action="store_true",

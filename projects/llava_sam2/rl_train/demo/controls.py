@@ -1,9 +1,8 @@
-#!/usr/bin/env python
 """Controls and the multi-seed study of the demo, so that a gain means something (issue #6, item 3).
 
-    python tools/demo_controls.py --work-dir work_dirs/demo_controls [--seeds 0 1 2] [demo settings ...]
+    sa2va-rl demo-controls --work-dir work_dirs/demo_controls [--seeds 0 1 2] [demo settings ...]
 
-1. Seeds: the whole demo pipeline (tools/demo.py) once per seed in ``WORK_DIR/seed<k>``: SFT-only (control a)
+1. Seeds: the whole demo pipeline (``sa2va-rl demo``) once per seed in ``WORK_DIR/seed<k>``: SFT-only (control a)
    against SFT + GRPO, on the same held-out split.
 2. Controls, each started from seed ``--seeds[0]``'s SFT checkpoint, trained, exported and evaluated on the same
    split (``WORK_DIR/seed<k>/controls/<name>``):
@@ -16,7 +15,7 @@
 3. ``WORK_DIR/report.md``: every system against SFT-only (paired bootstrap CIs, figures), the training-reward
    curves of the mask policies, the per-seed goal table and the caption-drift check.
 
-Finished steps are skipped when run again (same bookkeeping as tools/demo.py). Takes longer than the demo itself:
+Finished steps are skipped when run again (same bookkeeping as the demo). Takes longer than the demo itself:
 about (1 + number of controls / 2) demo runs of CPU time on 2 cores.
 """
 from __future__ import annotations
@@ -26,14 +25,13 @@ import json
 import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout
-    sys.path.insert(0, str(REPO_ROOT))
-
-from tools.demo import (  # noqa: E402
-    CONFIG_DIR, SYSTEMS, DemoSettings, banner, eval_command, is_finished, parse_args, read_stages, rl_options,
+from projects.llava_sam2.rl_train.cli.settings import settings_from_args
+from projects.llava_sam2.rl_train.demo.jobs import Job, JobError, run_jobs
+from projects.llava_sam2.rl_train.demo.pipeline import (
+    CONFIG_DIR, SYSTEMS, DemoSettings, banner, build_parser, eval_command, is_finished, read_stages, rl_options,
     run_demo, schedule_options, subprocess_env, train_and_export, write_marker)
-from tools.demo_jobs import Job, JobError, run_jobs  # noqa: E402
+
+PROG = "sa2va-rl demo-controls"
 
 MASK_POLICIES = ("bernoulli", "gaussian_seg", "multimask")
 SFT_CONTINUE_CONFIG = str(CONFIG_DIR / "sft_continue_shapes_cpu.py")
@@ -117,14 +115,13 @@ def run_controls(s: DemoSettings, force: bool = False) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    seeds = [0, 1, 2]
-    if "--seeds" in argv:
-        at = argv.index("--seeds")
-        values = [a for a in argv[at + 1:] if not a.startswith("--")]
-        seeds, argv = [int(v) for v in values], argv[:at] + argv[at + 1 + len(values):]
-    settings, args = parse_args(argv)
-    root = settings.work_dir
+    parser = build_parser(PROG, __doc__.splitlines()[0])
+    parser.set_defaults(work_dir="work_dirs/demo_controls")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2],
+                        help="demo seeds; the controls start from the first seed's SFT checkpoint")
+    args = parser.parse_args(argv)
+    seeds, root = args.seeds, Path(args.work_dir).resolve()
+    settings = settings_from_args(DemoSettings, args, work_dir=root)
     per_seed = {seed: DemoSettings(**{**settings.__dict__, "work_dir": root / f"seed{seed}", "seed": seed})
                 for seed in seeds}
     try:
@@ -137,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     except JobError as error:
         print(f"\ncontrols FAILED: {error}", file=sys.stderr)
         return error.returncode
-    from tools.demo_controls_report import write_controls_report
+    from projects.llava_sam2.rl_train.demo.controls_report import write_controls_report
 
     write_controls_report(root, runs, per_seed, policy_runs={
         p: per_seed[seeds[0]].path("rl" if p == default_mask_policy(settings) else f"controls/mask_{p}")

@@ -1,5 +1,5 @@
-"""Report of tools/demo_controls.py: the per-seed goal table, the controls against SFT-only, the caption-drift check
-and the training-reward curves of the mask policies (``WORK_DIR/report.md`` + PNGs).
+"""Report of ``sa2va-rl demo-controls`` (controls.py): the per-seed goal table, the controls against SFT-only, the
+caption-drift check and the training-reward curves of the mask policies (``WORK_DIR/report.md`` + PNGs).
 """
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
-from tools.demo import SYSTEMS, read_stages
-from tools.demo_summary import compare_runs, goal_checks
+from projects.llava_sam2.rl_train.demo.pipeline import SYSTEMS, read_stages
+from projects.llava_sam2.rl_train.demo.summary import compare_runs, goal_checks
 
 
 def _mean_ci(values: list[float]) -> str:

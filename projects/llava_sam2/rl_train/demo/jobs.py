@@ -4,7 +4,7 @@ A :class:`Job` is a named list of commands run one after the other (e.g. train, 
 several jobs side by side, one process per job (the demo gives each its own core), polls their logs for progress
 and collects each process's own CPU time with ``os.wait4``. A failing command stops its job; ``run_jobs`` then
 stops the other jobs it started, prints the tail of the failing log and raises :class:`JobError` carrying the
-command's exit code, which ``tools/demo.py`` exits with.
+command's exit code, which ``sa2va-rl demo`` exits with.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 # What progress looks like in each tool's log: MMEngine's LoggerHook ("Iter(train) [ 10/600]") and the tqdm bar of
-# tools/evaluate.py ("... 40/200 [00:10<...").
+# `sa2va-rl evaluate` ("... 40/200 [00:10<...").
 TRAIN_PROGRESS = re.compile(r"Iter\(train\)\s*\[\s*(\d+)/(\d+)\]")
 TQDM_PROGRESS = re.compile(r"(\d+)/(\d+) \[")
 POLL_S = 0.5

@@ -1,29 +1,29 @@
-#!/usr/bin/env python
 """The embedded demo: shapes world -> SFT -> dual-loop GRPO -> held-out evaluation -> report, on a CPU.
 
-    python tools/demo.py --work-dir work_dirs/demo            # what `make demo` runs
-    python tools/demo.py --work-dir work_dirs/demo --force    # run every stage again
+    sa2va-rl demo --work-dir work_dirs/demo            # what `make demo` runs
+    sa2va-rl demo --work-dir work_dirs/demo --force    # run every stage again
+    sa2va-rl demo --help                               # every setting (DemoSettings)
 
 Stages (each one function; a finished stage leaves ``WORK_DIR/stages/<stage>.json`` and is skipped when the demo
 runs again with the same settings, so an interrupted demo resumes at the stage it was in):
 
 1. ``data``      the procedural shapes world, written as COCO-style files (train + held-out val), so training and
                  evaluation go through the real-data loader (``CocoRegionDataset``);
-2. ``sft``       ``tools/train.py configs/rl/demo/sft_shapes_cpu.py`` (xtuner's TrainLoop, our model's SFT loss),
-                 then ``tools/export_hf.py`` -> ``WORK_DIR/sft/hf``;
-3. ``rl``        ``tools/train.py configs/rl/demo/grpo_shapes_cpu.py`` (GRPOLoop, both cycle loops) starting from
+2. ``sft``       ``sa2va-rl train configs/rl/demo/sft_shapes_cpu.py`` (xtuner's TrainLoop, our model's SFT loss),
+                 then ``sa2va-rl export`` -> ``WORK_DIR/sft/hf``;
+3. ``rl``        ``sa2va-rl train configs/rl/demo/grpo_shapes_cpu.py`` (GRPOLoop, both cycle loops) starting from
                  ``sft/hf``, then export -> ``WORK_DIR/rl/hf``; alongside it, on the other core,
-   ``eval_sft``  ``tools/evaluate.py`` of the SFT-only baseline on the held-out split;
-4. ``eval_rl``   ``tools/evaluate.py`` of the RL result on the same samples;
+   ``eval_sft``  ``sa2va-rl evaluate`` of the SFT-only baseline on the held-out split;
+4. ``eval_rl``   ``sa2va-rl evaluate`` of the RL result on the same samples;
 5. ``report``    ``WORK_DIR/report.md`` + PNGs (reward curves per loop, before/after examples) and the summary.
 
-Every command runs as a subprocess through the project's tools, so a failure stops the demo with that command's
-exit code and the tail of its log (all logs: ``WORK_DIR/logs/``).
+Every command runs as a subprocess through the project's CLI (``python -m projects.llava_sam2.rl_train.cli``), so a
+failure stops the demo with that command's exit code and the tail of its log (all logs: ``WORK_DIR/logs/``). The
+configs are read from the checkout this package lives in (``projects/llava_sam2/configs/rl/demo``).
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import json
 import os
@@ -32,12 +32,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout
-    sys.path.insert(0, str(REPO_ROOT))
+from projects.llava_sam2.rl_train.cli.settings import add_settings_arguments, settings_from_args
+from projects.llava_sam2.rl_train.demo.jobs import TQDM_PROGRESS, TRAIN_PROGRESS, Command, Job, JobError, run_jobs
 
-from tools.demo_jobs import TQDM_PROGRESS, TRAIN_PROGRESS, Command, Job, JobError, run_jobs  # noqa: E402
-
+PROG = "sa2va-rl demo"
+REPO_ROOT = Path(__file__).resolve().parents[4]  # the checkout: projects/llava_sam2/rl_train/demo/pipeline.py
+CLI = ("-m", "projects.llava_sam2.rl_train.cli")  # `sa2va-rl` without the console script
 CONFIG_DIR = REPO_ROOT / "projects/llava_sam2/configs/rl/demo"
 SYSTEMS = {"sft": "SFT only", "rl": "SFT + GRPO"}  # report names of the two evaluated systems
 PIPELINE = (("data",), ("sft",), ("rl", "eval_sft"), ("eval_rl",), ("report",))  # stages of a row run side by side
@@ -73,7 +73,9 @@ class DemoSettings:
     rl_train_samples: int = 0
     """RL prompts: the first N training scenes (written as ``data/rl_train``); 0 = all training scenes."""
     sft_config: str = str(CONFIG_DIR / "sft_shapes_cpu.py")
+    """SFT config (stage sft)."""
     rl_config: str = str(CONFIG_DIR / "grpo_shapes_cpu.py")
+    """GRPO config (stage rl); it starts from the SFT export."""
     sft_iters: int = 0
     """SFT iterations; 0 keeps the config's (the schedule is rescaled with them, see schedule_options)."""
     rl_iters: int = 0
@@ -83,7 +85,9 @@ class DemoSettings:
     rl_options: list[str] = field(default_factory=list)
     """extra --cfg-options of the RL run."""
     eval_batch_size: int = 16
+    """held-out samples per evaluation batch."""
     eval_max_new_tokens: int = 24
+    """longest generated answer in the evaluation."""
     num_examples: int = 4
     """held-out samples per before/after example figure."""
 
@@ -133,12 +137,12 @@ def _python() -> list[str]:
 
 
 def train_and_export(s: DemoSettings, name: str, config: str, options: list[str]) -> list[Command]:
-    """tools/train.py CONFIG, then tools/export_hf.py of its last checkpoint (same options, so the model matches)."""
+    """``sa2va-rl train CONFIG``, then ``sa2va-rl export`` of its last checkpoint (same options: the same model)."""
     work = s.path(name)
-    train = Command([*_python(), str(REPO_ROOT / "tools/train.py"), config, "--work-dir", str(work),
-                     "--cfg-options", *options], s.path("logs", f"{name}_train.log"), TRAIN_PROGRESS, "train")
-    export = Command([*_python(), str(REPO_ROOT / "tools/demo.py"), "--export", config, str(work),
-                      str(work / "hf"), *options], s.path("logs", f"{name}_export.log"), None, "export")
+    train = Command([*_python(), *CLI, "train", config, "--work-dir", str(work), "--cfg-options", *options],
+                    s.path("logs", f"{name}_train.log"), TRAIN_PROGRESS, "train")
+    export = Command([*_python(), *CLI, "export", config, str(work), "--save-path", str(work / "hf"),
+                      "--cfg-options", *options], s.path("logs", f"{name}_export.log"), None, "export")
     return [train, export]
 
 
@@ -169,8 +173,9 @@ def rl_job(s: DemoSettings) -> Job:
 
 
 def eval_command(s: DemoSettings, key: str, label: str) -> Command:
-    """tools/evaluate.py of the HF checkpoint ``WORK_DIR/<key>/hf`` on the held-out split -> ``WORK_DIR/eval/<key>``."""
-    argv = [*_python(), str(REPO_ROOT / "tools/evaluate.py"), "--checkpoint", str(s.path(key, "hf")),
+    """``sa2va-rl evaluate`` of the HF checkpoint ``WORK_DIR/<key>/hf`` on the held-out split -> ``WORK_DIR/eval/<key>``.
+    """
+    argv = [*_python(), *CLI, "evaluate", "--checkpoint", str(s.path(key, "hf")),
             "--dataset", "coco", "--ann-file", str(s.path("data/val/annotations.json")), "--name", "shapes_val",
             "--num-samples", str(s.val_samples), "--out", str(s.path("eval", key)), "--system", label,
             "--batch-size", str(s.eval_batch_size), "--max-new-tokens", str(s.eval_max_new_tokens)]
@@ -182,8 +187,8 @@ def eval_job(s: DemoSettings, system: str) -> Job:
 
 
 def stage_report(s: DemoSettings) -> dict:
-    """report.md + PNGs (tools/make_report.py's writer) with the demo summary on top; prints the summary."""
-    from tools.demo_summary import summarize_demo
+    """report.md + PNGs (``sa2va-rl report``'s writer) with the demo summary on top; prints the summary."""
+    from projects.llava_sam2.rl_train.demo.summary import summarize_demo
 
     return summarize_demo(s.work_dir, {SYSTEMS[k]: s.path("eval", k) for k in ("sft", "rl")}, SYSTEMS["sft"],
                           rl_work_dir=s.path("rl"), num_examples=s.num_examples, stages=read_stages(s))
@@ -280,41 +285,23 @@ def run_demo(s: DemoSettings, force: bool = False, stop_after: str | None = None
 # ---- CLI -------------------------------------------------------------------------------------------------------
 
 
-def export_main(argv: list[str]) -> int:
-    """``--export CONFIG WORK_DIR OUT [cfg options]``: tools/export_hf.py on WORK_DIR's last checkpoint."""
-    from tools.export_hf import main as export_hf
-
-    config, work_dir, out, *options = argv
-    checkpoint = (Path(work_dir) / "last_checkpoint").read_text().strip()
-    return export_hf([config, checkpoint, "--save-path", out] + (["--cfg-options", *options] if options else []))
-
-
-def parse_args(argv: list[str] | None = None) -> tuple[DemoSettings, argparse.Namespace]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser(prog: str = PROG, description: str | None = None) -> argparse.ArgumentParser:
+    """--work-dir, --force, --stop-after and one flag per DemoSettings field (its docstring is the help)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description or __doc__.splitlines()[0])
     parser.add_argument("--work-dir", default="work_dirs/demo", help="outputs, logs and stage records")
     parser.add_argument("--force", action="store_true", help="run every stage again")
     parser.add_argument("--stop-after", choices=[s for row in PIPELINE for s in row],
                         help="stop after the pipeline row holding this stage")
-    defaults = DemoSettings(Path("."))
-    for f in dataclasses.fields(DemoSettings):
-        if f.name == "work_dir":
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        if f.type in ("list[str]",):
-            parser.add_argument(flag, nargs="+", default=[], metavar="KEY=VALUE")
-        elif isinstance(getattr(defaults, f.name), bool):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=getattr(defaults, f.name))
-        else:
-            parser.add_argument(flag, type=type(getattr(defaults, f.name)), default=getattr(defaults, f.name))
-    args = parser.parse_args(argv)
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(DemoSettings) if f.name != "work_dir"}
-    return DemoSettings(Path(args.work_dir).resolve(), **values), args
+    add_settings_arguments(parser, DemoSettings, skip=("work_dir",))
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[DemoSettings, argparse.Namespace]:
+    args = build_parser().parse_args(argv)
+    return settings_from_args(DemoSettings, args, work_dir=Path(args.work_dir).resolve()), args
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--export"]:
-        return export_main(argv[1:])
     settings, args = parse_args(argv)
     os.environ.update(subprocess_env())  # the in-process stages (data, report) follow the same rules
     try:

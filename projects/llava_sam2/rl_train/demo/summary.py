@@ -7,7 +7,7 @@ Goal (issue #6), per seed:
 * ``no_regression``: supervised referring IoU (gIoU, cIoU) and caption METEOR vs the ground truth are not lower
   than SFT-only beyond the CI (the paired difference's CI does not lie entirely below 0).
 
-Everything is computed from the evaluation records on disk (``tools/evaluate.py`` output) and from the RL run's
+Everything is computed from the evaluation records on disk (``sa2va-rl evaluate`` output) and from the RL run's
 ``scalars.json``; nothing is special-cased.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Build the mask-quality cache: a checkpoint's masks for K candidate prompts per sample, with true quality.
 
-    python tools/build_quality_dataset.py CHECKPOINT OUT_DIR [--num-images 200] [--num-prompts 11]
+    sa2va-rl prompt-rl quality-dataset CHECKPOINT OUT_DIR [--num-images 200] [--num-prompts 11]
         [--prompts '0:0,1:2,...'] [--dataset shapes --split val --seed 0 | --dataset coco --ann-file F]
         [--heldout-fraction 0.4] [--same-as OTHER_CACHE]
 
@@ -19,14 +19,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout
-    sys.path.insert(0, str(REPO_ROOT))
-
-from projects.llava_sam2.rl_train.prompt_rl.prompts import (  # noqa: E402
+from projects.llava_sam2.rl_train.prompt_rl.prompts import (
     DEFAULT_NUM_PROMPTS, PromptSpec, default_prompt_specs, parse_prompt_specs)
-from projects.llava_sam2.rl_train.prompt_rl.quality_data import (  # noqa: E402
+from projects.llava_sam2.rl_train.prompt_rl.quality_data import (
     build_quality_data, load_quality_data, save_quality_data)
+
+PROG = "sa2va-rl prompt-rl quality-dataset"
 
 
 def load_checkpoint(path: str):
@@ -61,8 +59,8 @@ def build_dataset(source: dict):
     raise ValueError(f"--dataset {source['dataset']!r}: expected 'shapes' or 'coco'")
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint", help="Sa2VA checkpoint directory (weights + tokenizer)")
     parser.add_argument("out_dir", help="cache directory to write")
     parser.add_argument("--dataset", choices=("shapes", "coco"), default="shapes", help="sample source")
@@ -105,7 +103,8 @@ def main(argv: list[str] | None = None) -> None:
                "oracle_dice": round(float(data.dice.max(1).mean()), 4), "degenerate": data.meta["degenerate"],
                "build_seconds": data.meta["build_seconds"]}
     print(json.dumps(summary))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

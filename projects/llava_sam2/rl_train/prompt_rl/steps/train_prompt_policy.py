@@ -1,9 +1,9 @@
 """Prompt selection on a quality cache: PPO and LinUCB policies next to fixed-prompt, reranking and oracle choices.
 
-    python tools/train_prompt_policy.py CACHE REWARD_DIR OUT_DIR [--scorer selected] [--timesteps 10000]
+    sa2va-rl prompt-rl policy CACHE REWARD_DIR OUT_DIR [--scorer selected] [--timesteps 10000]
 
 Policies learn on the cache's train images only, from a GT-free reward (``--scorer``: the scorer that
-train_reward_net.py selected on validation by default, or reward_net / iou_head / stability); a PPO run on the true
+the reward-net step selected on validation by default, or reward_net / iou_head / stability); a PPO run on the true
 Dice (``ppo_gt_reward``) shows what these image features allow at best. Every method is evaluated on the same
 held-out images: default prompt, best fixed prompt (by train Dice, and by train score), quality reranking (run all K
 prompts, keep the best-scored mask), PPO, LinUCB, random, and the per-image oracle. Writes
@@ -20,23 +20,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout
-    sys.path.insert(0, str(REPO_ROOT))
-
-from projects.llava_sam2.rl_train.prompt_rl.bandit import train_linucb  # noqa: E402
-from projects.llava_sam2.rl_train.prompt_rl.env import FeatureMap  # noqa: E402
-from projects.llava_sam2.rl_train.prompt_rl.policy import policy_choice, train_ppo  # noqa: E402
-from projects.llava_sam2.rl_train.prompt_rl.quality_data import load_quality_data  # noqa: E402
-from projects.llava_sam2.rl_train.prompt_rl.selection import (  # noqa: E402
+from projects.llava_sam2.rl_train.prompt_rl.bandit import train_linucb
+from projects.llava_sam2.rl_train.prompt_rl.env import FeatureMap
+from projects.llava_sam2.rl_train.prompt_rl.policy import policy_choice, train_ppo
+from projects.llava_sam2.rl_train.prompt_rl.quality_data import load_quality_data
+from projects.llava_sam2.rl_train.prompt_rl.selection import (
     argmax_choice, best_fixed_prompt, summarize_methods)
+
+PROG = "sa2va-rl prompt-rl policy"
 
 
 def load_scores(reward_dir: str, data) -> tuple[dict[str, np.ndarray], str]:
     path = Path(reward_dir)
     for name in ("scores.npz", "quality_model_results.json"):
         if not (path / name).is_file():
-            raise ValueError(f"{path}: missing {name}; run tools/train_reward_net.py on the same cache first")
+            raise ValueError(f"{path}: missing {name}; run `sa2va-rl prompt-rl reward-net` on the same cache first")
     with np.load(path / "scores.npz") as npz:
         scores = {k: npz[k] for k in npz.files}
     for name, s in scores.items():
@@ -73,10 +71,10 @@ def choices_for(data, scores: dict, scorer: str, args) -> tuple[dict[str, np.nda
     return choices, stats
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("cache", help="quality cache")
-    parser.add_argument("reward_dir", help="output directory of tools/train_reward_net.py for the same cache")
+    parser.add_argument("reward_dir", help="output directory of `sa2va-rl prompt-rl reward-net` for the same cache")
     parser.add_argument("out_dir", help="output directory")
     parser.add_argument("--scorer", default="selected",
                         help="GT-free reward of the policies: selected | reward_net | iou_head | stability")
@@ -105,7 +103,8 @@ def main(argv: list[str] | None = None) -> None:
     (out / "prompt_policy_results.json").write_text(json.dumps(results, indent=1))
     print(json.dumps({name: round(m["dice"]["value"], 4) for name, m in summary.items()}))
     print(json.dumps({"ppo_steps_per_second": stats["ppo"]["steps_per_second"], "seconds": results["seconds"]}))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

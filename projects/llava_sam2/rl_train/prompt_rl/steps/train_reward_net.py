@@ -1,6 +1,6 @@
 """Train the mask-quality reward network on a quality cache and compare it with the free baselines.
 
-    python tools/train_reward_net.py CACHE OUT_DIR [--epochs 30] [--mask-input binary] [--seed 0]
+    sa2va-rl prompt-rl reward-net CACHE OUT_DIR [--epochs 30] [--mask-input binary] [--seed 0]
 
 Writes OUT_DIR/reward_net.pt + reward_net.json (the network; ``reward_net_dice`` loads this directory),
 OUT_DIR/scores.npz (GT-free scores [I, K] of every scorer: reward_net, iou_head, stability) and
@@ -13,24 +13,21 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout
-    sys.path.insert(0, str(REPO_ROOT))
-
-from projects.llava_sam2.rl_train.prompt_rl.quality_data import load_quality_data  # noqa: E402
-from projects.llava_sam2.rl_train.prompt_rl.quality_model import fit_quality_models  # noqa: E402
-from projects.llava_sam2.rl_train.prompt_rl.reward_net import (  # noqa: E402
+from projects.llava_sam2.rl_train.prompt_rl.quality_data import load_quality_data
+from projects.llava_sam2.rl_train.prompt_rl.quality_model import fit_quality_models
+from projects.llava_sam2.rl_train.prompt_rl.reward_net import (
     MASK_INPUTS, RewardNetConfig, save_reward_net)
 
+PROG = "sa2va-rl prompt-rl reward-net"
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("cache", help="quality cache from tools/build_quality_dataset.py")
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    parser.add_argument("cache", help="quality cache from `sa2va-rl prompt-rl quality-dataset`")
     parser.add_argument("out_dir", help="output directory")
     parser.add_argument("--mask-input", choices=MASK_INPUTS, default="binary",
                         help="binary mask only (usable as a GRPO reward) or binary + sigmoid(logits)")
@@ -57,7 +54,8 @@ def main(argv: list[str] | None = None) -> None:
     (out / "quality_model_results.json").write_text(json.dumps(results, indent=1))
     table = {name: {k: round(v["value"], 3) for k, v in m.items()} for name, m in results["heldout"].items()}
     print(json.dumps({"heldout": table, "selected_scorer": results["selected_scorer"], "seconds": results["seconds"]}))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

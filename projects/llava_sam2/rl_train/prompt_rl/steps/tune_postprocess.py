@@ -1,6 +1,6 @@
 """Tune a logit threshold and one morphology step on train images of a quality cache; report held-out Dice.
 
-    python tools/tune_postprocess.py CACHE OUT_DIR [--prompts default,best_fixed]
+    sa2va-rl prompt-rl postprocess CACHE OUT_DIR [--prompts default,best_fixed]
 
 For each prompt choice (the default prompt; the best fixed prompt chosen by train Dice) the grid
 THRESHOLDS x MORPHOLOGY (prompt_rl/postprocess.py) is scored on train images, and the best setting is compared with
@@ -16,19 +16,17 @@ from pathlib import Path
 
 import numpy as np
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout
-    sys.path.insert(0, str(REPO_ROOT))
+from projects.llava_sam2.rl_train.prompt_rl.postprocess import tune_postprocess
+from projects.llava_sam2.rl_train.prompt_rl.quality_data import load_quality_data
+from projects.llava_sam2.rl_train.prompt_rl.selection import best_fixed_prompt
 
-from projects.llava_sam2.rl_train.prompt_rl.postprocess import tune_postprocess  # noqa: E402
-from projects.llava_sam2.rl_train.prompt_rl.quality_data import load_quality_data  # noqa: E402
-from projects.llava_sam2.rl_train.prompt_rl.selection import best_fixed_prompt  # noqa: E402
+PROG = "sa2va-rl prompt-rl postprocess"
 
 PROMPT_CHOICES = ("default", "best_fixed")
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("cache", help="quality cache")
     parser.add_argument("out_dir", help="output directory")
     parser.add_argument("--prompts", default="default,best_fixed", help=f"comma list from {PROMPT_CHOICES}")
@@ -54,7 +52,8 @@ def main(argv: list[str] | None = None) -> None:
     results["seconds"] = round(time.perf_counter() - start, 1)
     Path(args.out_dir).mkdir(parents=True, exist_ok=True)
     (Path(args.out_dir) / "postprocess_results.json").write_text(json.dumps(results, indent=1))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

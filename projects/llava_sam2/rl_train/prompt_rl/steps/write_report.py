@@ -1,6 +1,6 @@
 """One markdown report + PNG bar charts of every prompt-RL experiment, all on the same held-out split.
 
-    python tools/report_prompt_rl.py --run-dir work_dirs/prompt_rl [--out work_dirs/prompt_rl/report]
+    sa2va-rl prompt-rl report --run-dir work_dirs/prompt_rl [--out work_dirs/prompt_rl/report]
 
 RUN_DIR holds the outputs of the documented pipeline (docs/prompt_rl.md): segmenter/train_log.json,
 quality/ (cache), reward_net/quality_model_results.json, policy/prompt_policy_results.json,
@@ -18,12 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout
-    sys.path.insert(0, str(REPO_ROOT))
+from projects.llava_sam2.rl_train.prompt_rl import report as R
+from projects.llava_sam2.rl_train.prompt_rl.quality_data import load_quality_data
 
-from projects.llava_sam2.rl_train.prompt_rl import report as R  # noqa: E402
-from projects.llava_sam2.rl_train.prompt_rl.quality_data import load_quality_data  # noqa: E402
+PROG = "sa2va-rl prompt-rl report"
 
 
 def _read(path: Path) -> dict | None:
@@ -174,8 +172,8 @@ def grpo_summary(work_dir: Path) -> dict:
             "reward_last_fifth": round(float(np.mean(rewards[-k:])), 4) if rewards else None}
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", required=True, help="directory of the pipeline outputs")
     parser.add_argument("--out", default=None, help="report directory (default RUN_DIR/report)")
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the fine-tune table")
@@ -189,7 +187,8 @@ def main(argv: list[str] | None = None) -> None:
     text = build_report(run, out, args.bootstrap)
     (out / "prompt_rl_report.md").write_text(text)
     print(f"wrote {out / 'prompt_rl_report.md'}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
