@@ -30,5 +30,5 @@ setup(
         "safetensors",
         "datasets",
     ],
-    entry_points={"console_scripts": []},
+    entry_points={"console_scripts": ["sa2va-rl=projects.llava_sam2.rl_train.cli.main:main"]},
 )
