@@ -50,10 +50,6 @@ def read_trained_state(checkpoint: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
     from mmengine.config import Config, DictAction
-    from mmengine.registry import MODELS
-    from mmengine.runner import set_random_seed
-
-    from projects.llava_sam2.rl_train.engine.registry import build_component
 
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("config", help="training config that built the model")
@@ -63,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard, e.g. 5GB")
     parser.add_argument("--cfg-options", nargs="+", action=DictAction, help="key=value overrides of the config")
     args = parser.parse_args(argv)
+    from mmengine.registry import MODELS
+    from mmengine.runner import set_random_seed
+
+    from projects.llava_sam2.rl_train.engine.registry import build_component
 
     cfg = Config.fromfile(args.config)
     if args.cfg_options:

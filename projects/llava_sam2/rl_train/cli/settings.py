@@ -56,7 +56,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: 
             raise TypeError(f"{cls.__name__}.{field.name} has no docstring; write one under the field (it is the "
                             "flag's --help).")
         flag, kind, default = "--" + field.name.replace("_", "-"), hints[field.name], _default(field)
-        help_text = docs[field.name].replace("%", "%%")
+        help_text = docs[field.name].replace("``", "").replace("%", "%%")
         options: dict[str, Any] = {"dest": field.name}
         if default is dataclasses.MISSING:
             options["required"] = True
