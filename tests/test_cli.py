@@ -75,6 +75,13 @@ def test_no_module_edits_sys_path_or_loads_a_script_by_path():
     assert not offenders, f"these files edit sys.path or import a script by path: {offenders}"
 
 
+def test_package_messages_name_only_scripts_that_exist():
+    named = {(path.relative_to(REPO), m) for path in (REPO / "projects").rglob("*.py")
+             for m in re.findall(r"\btools/[\w/]+\.(?:py|sh)", path.read_text())}
+    missing = sorted((str(path), script) for path, script in named if not (REPO / script).exists())
+    assert not missing, f"messages or docstrings name scripts that do not exist: {missing}"
+
+
 @dataclass
 class ToySettings:
     """A settings dataclass in the CleanRL ``Args`` style."""
