@@ -4,7 +4,7 @@ from __future__ import annotations
 from projects.llava_sam2.rl_train.cli.main import PACKAGE, run_command
 
 # name -> (module with main(argv) -> int, one-line help)
-BENCHMARKS = {
+COMMANDS = {
     "rl-step": (f"{PACKAGE}.benchmarks.rl_step",
                 "one dual-loop GRPO step phase by phase, next to the generate() and naive baselines"),
     "decode": (f"{PACKAGE}.benchmarks.decode", "caption decoding: HF generate vs the fast decode path, tokens/s"),
@@ -15,4 +15,4 @@ BENCHMARKS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_command(BENCHMARKS, argv, "sa2va-rl bench", __doc__.splitlines()[0])
+    return run_command(COMMANDS, argv, "sa2va-rl bench", __doc__.splitlines()[0])

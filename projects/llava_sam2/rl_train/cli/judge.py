@@ -4,7 +4,7 @@ from __future__ import annotations
 from projects.llava_sam2.rl_train.cli.main import PACKAGE, run_command
 
 # name -> (module with main(argv) -> int, one-line help)
-JUDGE_COMMANDS = {
+COMMANDS = {
     "dlc-bench": (f"{PACKAGE}.cli.judge_dlc_bench",
                   "score predicted captions on DLC-Bench's qa.json (Pos / Neg / Avg), cached and resumable"),
     "questions": (f"{PACKAGE}.cli.judge_questions",
@@ -13,4 +13,4 @@ JUDGE_COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_command(JUDGE_COMMANDS, argv, "sa2va-rl judge", __doc__.splitlines()[0])
+    return run_command(COMMANDS, argv, "sa2va-rl judge", __doc__.splitlines()[0])

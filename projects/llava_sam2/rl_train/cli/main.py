@@ -6,7 +6,8 @@
 
 ``COMMANDS`` below is the only list of user commands: a row names the module whose ``main(argv) -> int`` runs the
 command, and the one-line help ``sa2va-rl --help`` prints. A command with sub-commands (``bench``, ``judge``,
-``prompt-rl``, ``setup``) is a module that calls :func:`run_command` on its own table of the same shape.
+``prompt-rl``, ``setup``) is a module with its own ``COMMANDS`` table of the same shape, whose ``main`` calls
+:func:`run_command` on it.
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from projects.llava_sam2.rl_train.cli.main import PACKAGE, run_command
 
 _STEPS = f"{PACKAGE}.prompt_rl.steps"
 # name -> (module with main(argv) -> int, one-line help), in pipeline order
-PROMPT_RL_COMMANDS = {
+COMMANDS = {
     "quality-dataset": (f"{_STEPS}.build_quality_dataset",
                         "a checkpoint's masks for K prompts per sample, with their true Dice (the quality cache)"),
     "reward-net": (f"{_STEPS}.train_reward_net",
@@ -22,4 +22,4 @@ PROMPT_RL_COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_command(PROMPT_RL_COMMANDS, argv, "sa2va-rl prompt-rl", __doc__.splitlines()[0])
+    return run_command(COMMANDS, argv, "sa2va-rl prompt-rl", __doc__.splitlines()[0])

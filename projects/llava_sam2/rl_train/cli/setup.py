@@ -4,7 +4,7 @@ from __future__ import annotations
 from projects.llava_sam2.rl_train.cli.main import PACKAGE, run_command
 
 # name -> (module with main(argv) -> int, one-line help)
-SETUP_COMMANDS = {
+COMMANDS = {
     "wordnet": (f"{PACKAGE}.cli.setup_wordnet",
                 "provision WordNet 3.0 for nltk's METEOR from local or Debian files (--target $NLTK_DATA)"),
     "tiny-tokenizer": (f"{PACKAGE}.cli.setup_tokenizer",
@@ -15,4 +15,4 @@ SETUP_COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_command(SETUP_COMMANDS, argv, "sa2va-rl setup", __doc__.splitlines()[0])
+    return run_command(COMMANDS, argv, "sa2va-rl setup", __doc__.splitlines()[0])
