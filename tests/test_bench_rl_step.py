@@ -1,5 +1,6 @@
 """benchmarks/rl_step.py (`sa2va-rl bench rl-step`) on the tiny preset (CPU): ours plus both baselines and the
-profiler table in one run, and the module state it patches is restored afterwards (no timing asserts: speed goes to docs/benchmarks.md)."""
+profiler table in one run, and the module state it patches is restored afterwards (no timing asserts: speed goes
+to docs/benchmarks.md)."""
 import json
 
 import pytest

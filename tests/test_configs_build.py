@@ -53,11 +53,13 @@ def local_options(name: str, files: dict[str, str]) -> dict:
     ckpt, ann = files["checkpoint"], files["annotations"]
     return {
         "rl/demo/sft_shapes_cpu.py": {"train_dataloader.dataset.region_dataset.ann_file": ann},
-        "rl/demo/sft_continue_shapes_cpu.py": {"model.pretrained_path": ckpt, "train_dataloader.dataset.pretrained_path":
-                                            ckpt, "train_dataloader.dataset.region_dataset.ann_file": ann},
+        "rl/demo/sft_continue_shapes_cpu.py": {"model.pretrained_path": ckpt,
+                                               "train_dataloader.dataset.pretrained_path": ckpt,
+                                               "train_dataloader.dataset.region_dataset.ann_file": ann},
         "rl/demo/grpo_shapes_cpu.py": {"model.pretrained_path": ckpt, "train_dataloader.dataset.ann_file": ann},
-        "rl/tiny_grpo_reward_net_cpu.py": {"model.pretrained_path": ckpt,
-                                        "train_cfg.algorithm.rewards.caption_to_mask.0.checkpoint": files["reward_net"]},
+        "rl/tiny_grpo_reward_net_cpu.py": {
+            "model.pretrained_path": ckpt,
+            "train_cfg.algorithm.rewards.caption_to_mask.0.checkpoint": files["reward_net"]},
     }.get(name, {})
 
 

@@ -2,8 +2,8 @@
 
 The demo's own stages (demo/pipeline.py) run as subprocesses, as ``make demo`` runs them: the shapes world written as
 COCO files -> SFT with the demo SFT config (xtuner's TrainLoop) -> export -> GRPO with the demo GRPO config from that
-export -> export. The RL phase must raise the mean training reward of BOTH loops over its iterations on a fixed seed; the
-rewards are read from the run's MMEngine ``scalars.json`` (what LoggerHook wrote), not recomputed.
+export -> export. The RL phase must raise the mean training reward of BOTH loops over its iterations on a fixed seed;
+the rewards are read from the run's MMEngine ``scalars.json`` (what LoggerHook wrote), not recomputed.
 
 Shortened settings: 96 training scenes, 150 SFT iterations, then 30 GRPO iterations (4 generations per prompt) whose
 prompts are the first 8 training scenes, all in every batch: each point of the reward curve scores the same prompts,

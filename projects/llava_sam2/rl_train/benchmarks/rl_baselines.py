@@ -1,5 +1,6 @@
 """The two baselines of ``sa2va-rl bench rl-step`` (rl_step.py; issue #8), HF ``generate()`` as a decoder and the
-naive step, and the bench's random-weight stand-ins (a caption reward without network, captions folded into the tiny vocab).
+naive step, and the bench's random-weight stand-ins (a caption reward without network, captions folded into the tiny
+vocab).
 
 * :func:`hf_generate_completions` decodes with transformers' ``lm.generate`` (eager, dynamic cache) on the N = B·G
   repeated rows. Registered as a ``DECODE_BACKENDS`` entry it turns our step into baseline (b): batched

@@ -173,8 +173,8 @@ def rl_job(s: DemoSettings) -> Job:
 
 
 def eval_command(s: DemoSettings, key: str, label: str) -> Command:
-    """``sa2va-rl evaluate`` of the HF checkpoint ``WORK_DIR/<key>/hf`` on the held-out split -> ``WORK_DIR/eval/<key>``.
-    """
+    """``sa2va-rl evaluate`` of the HF checkpoint ``WORK_DIR/<key>/hf`` on the held-out split, into
+    ``WORK_DIR/eval/<key>``."""
     argv = [*_python(), *CLI, "evaluate", "--checkpoint", str(s.path(key, "hf")),
             "--dataset", "coco", "--ann-file", str(s.path("data/val/annotations.json")), "--name", "shapes_val",
             "--num-samples", str(s.val_samples), "--out", str(s.path("eval", key)), "--system", label,
