@@ -58,3 +58,9 @@ def test_docs_name_only_files_that_exist(doc):
     paths = re.findall(rf"(?<![\w/.])({ours}[\w/.-]*\w\.(?:py|sh|md|json))", doc.read_text())
     missing = sorted({p for p in paths if not (REPO / p).exists()})
     assert not missing, f"{doc.name} names files that do not exist: {missing}"
+
+
+def test_readme_command_table_lists_every_command():
+    rows = re.findall(r"^\| (`[^|]+`) \|", (REPO / "README.md").read_text(), re.M)
+    listed = {name for row in rows for name in re.findall(r"`([a-z][\w-]*)`", row)}
+    assert listed == set(COMMANDS), f"README's command table {sorted(listed)} != cli/main.py {sorted(COMMANDS)}"
