@@ -28,15 +28,19 @@ $(STAMP): requirements/stack.txt setup.py
 	touch $@
 
 # Offline WordNet for nltk METEOR: from Debian's wordnet packages (no network beyond registries).
-$(NLTK_DATA)/corpora/wordnet/lexnames: tools/provision_wordnet.py | $(STAMP)
-	$(BIN)/python tools/provision_wordnet.py --target $(NLTK_DATA)
+$(NLTK_DATA)/corpora/wordnet/lexnames: tools/setup/provision_wordnet.py | $(STAMP)
+	$(BIN)/python tools/setup/provision_wordnet.py --target $(NLTK_DATA)
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS) tests
 
 # The embedded demo: shapes world -> SFT (xtuner TrainLoop) -> GRPO cycle RL -> held-out report.
 demo: setup
-	$(BIN)/python tools/demo.py --work-dir work_dirs/demo
+	$(BIN)/sa2va-rl demo --work-dir work_dirs/demo
+
+# Wheels of the stack for a GPU machine without a package registry (docs/speed.md).
+gpu-wheels: setup
+	bash tools/setup/gpu_wheels.sh
 
 clean-venv:
 	rm -rf $(VENV)

@@ -53,5 +53,5 @@ setup(
         "tqdm",
     ],
     extras_require=EXTRAS,
-    entry_points={"console_scripts": []},
+    entry_points={"console_scripts": ["sa2va-rl=projects.llava_sam2.rl_train.cli.main:main"]},
 )

@@ -1,34 +1,25 @@
-"""tools/bench_rl_step.py on the tiny preset (CPU): ours plus both baselines and the profiler table in one run, and
-the module state it patches is restored afterwards (no timing asserts: speed goes to docs/benchmarks.md)."""
-import importlib.util
+"""benchmarks/rl_step.py (`sa2va-rl bench rl-step`) on the tiny preset (CPU): ours plus both baselines and the
+profiler table in one run, and the module state it patches is restored afterwards (no timing asserts: speed goes
+to docs/benchmarks.md)."""
 import json
-import os
 
 import pytest
 
 from grpo_tiny import one_thread
+from projects.llava_sam2.rl_train.benchmarks import rl_step as bench
 from projects.llava_sam2.rl_train.grpo import cycle
 from projects.llava_sam2.rl_train.model.fast_generation import DECODE_BACKENDS
 
 _one_thread = pytest.fixture(autouse=True)(one_thread)
 
 
-def load_tool():
-    path = os.path.join(os.path.dirname(__file__), "..", "tools", "bench_rl_step.py")
-    spec = importlib.util.spec_from_file_location("bench_rl_step", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_bench_rl_step_runs_ours_and_both_baselines_on_cpu(tmp_path):
-    bench = load_tool()
     before = {name: getattr(cycle, name) for name in ("sample_text", "partner_segment", "completion_texts")}
     backends = dict(DECODE_BACKENDS)
     out, prof = tmp_path / "rl.json", tmp_path / "prof.json"
-    result = bench.main(["--preset", "tiny", "--batch", "2", "--num-generations", "2", "--max-new-tokens", "4",
-                         "--warmup", "0", "--iters", "1", "--naive-samples", "1", "--storage", "cpu",
-                         "--profile", str(prof), "--json", str(out)])
+    result = bench.run_benchmark(["--preset", "tiny", "--batch", "2", "--num-generations", "2",
+                                  "--max-new-tokens", "4", "--warmup", "0", "--iters", "1", "--naive-samples", "1",
+                                  "--storage", "cpu", "--profile", str(prof), "--json", str(out)])
     assert {name: getattr(cycle, name) for name in before} == before and DECODE_BACKENDS == backends
     assert set(result["baselines"]) == {"generate", "naive"}
     for variant in (result, *result["baselines"].values()):

@@ -238,15 +238,10 @@ def test_parse_size():
 
 
 def test_make_tiny_checkpoint_tool_is_seeded_and_loadable(tmp_path):
-    import importlib.util
-    from pathlib import Path
-
     from transformers import AutoTokenizer
 
-    spec = importlib.util.spec_from_file_location(
-        "make_tiny_checkpoint", Path(__file__).resolve().parents[1] / "tools" / "make_tiny_checkpoint.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    from projects.llava_sam2.rl_train.cli import setup_checkpoint as tool
+
     tool.main([str(tmp_path / "a"), "--seed", "1"])
     tool.make_tiny_checkpoint(tmp_path / "b", seed=1)
     assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()

@@ -1,26 +1,21 @@
-"""tools/inspect_dataset.py and tools/bench_loader.py run end to end on tiny inputs."""
-import importlib.util
+"""`sa2va-rl inspect` (cli/inspect_dataset.py) and `sa2va-rl bench loader` (benchmarks/loader.py) run end to end on
+tiny inputs."""
 import os
 
 import PIL.Image
 
 from data_fixtures import make_bad_coco
+from projects.llava_sam2.rl_train.benchmarks import loader as bench_loader
+from projects.llava_sam2.rl_train.cli import inspect_dataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def load_tool(name: str):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "tools", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_inspect_dataset_counts_bad_samples_and_draws_a_grid(tmp_path, capsys):
     ann_file, expected = make_bad_coco(str(tmp_path))
     out = tmp_path / "grid.png"
     config = os.path.join(ROOT, "projects/llava_sam2/configs/rl/_base_/datasets/coco_regions.py")
-    rc = load_tool("inspect_dataset").main([
+    rc = inspect_dataset.main([
         config, "--cfg-options", f"dataset.ann_file={ann_file}", f"dataset.image_root={tmp_path}",
         "dataset.name=bad", "--out", str(out), "--num", "4"])
     printed = capsys.readouterr().out
@@ -37,16 +32,16 @@ def test_inspect_dataset_counts_bad_samples_and_draws_a_grid(tmp_path, capsys):
 def test_inspect_dataset_on_the_shapes_world(tmp_path, capsys):
     config = os.path.join(ROOT, "projects/llava_sam2/configs/rl/_base_/datasets/shapes_regions.py")
     out = tmp_path / "shapes.png"
-    load_tool("inspect_dataset").main([config, "--cfg-options", "dataset.num_samples=6",
-                                       "--out", str(out), "--num", "6"])
+    inspect_dataset.main([config, "--cfg-options", "dataset.num_samples=6",
+                          "--out", str(out), "--num", "6"])
     printed = capsys.readouterr().out
     assert "6 samples indexed, 6 scanned, 6 good" in printed and "no bad samples" in printed
     assert out.exists()
 
 
 def test_bench_loader_reports_throughput(tmp_path, capsys):
-    rc = load_tool("bench_loader").main(["--num-samples", "12", "--image-size", "64", "--workers", "0",
-                                         "--repeats", "1", "--out-dir", str(tmp_path)])
+    rc = bench_loader.main(["--num-samples", "12", "--image-size", "64", "--workers", "0",
+                            "--repeats", "1", "--out-dir", str(tmp_path)])
     printed = capsys.readouterr().out
     assert rc == 0 and "num_workers=0 batch_size=8: 12 samples in" in printed and "samples/s" in printed
     assert (tmp_path / "annotations.json").exists()

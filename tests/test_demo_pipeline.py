@@ -1,9 +1,9 @@
 """The demo pipeline, shortened (issue #6's learning regression test).
 
-tools/demo.py's own stages run as subprocesses, as ``make demo`` runs them: the shapes world written as COCO files
--> SFT with the demo SFT config (xtuner's TrainLoop) -> export -> GRPO with the demo GRPO config from that export ->
-export. The RL phase must raise the mean training reward of BOTH loops over its iterations on a fixed seed; the
-rewards are read from the run's MMEngine ``scalars.json`` (what LoggerHook wrote), not recomputed.
+The demo's own stages (demo/pipeline.py) run as subprocesses, as ``make demo`` runs them: the shapes world written as
+COCO files -> SFT with the demo SFT config (xtuner's TrainLoop) -> export -> GRPO with the demo GRPO config from that
+export -> export. The RL phase must raise the mean training reward of BOTH loops over its iterations on a fixed seed;
+the rewards are read from the run's MMEngine ``scalars.json`` (what LoggerHook wrote), not recomputed.
 
 Shortened settings: 96 training scenes, 150 SFT iterations, then 30 GRPO iterations (4 generations per prompt) whose
 prompts are the first 8 training scenes, all in every batch: each point of the reward curve scores the same prompts,
@@ -16,8 +16,8 @@ import json
 
 import pytest
 
-from tools.demo import DemoSettings, run_demo
-from tools.demo_summary import REWARD_KEYS, reward_trend
+from projects.llava_sam2.rl_train.demo.pipeline import DemoSettings, run_demo
+from projects.llava_sam2.rl_train.demo.summary import REWARD_KEYS, reward_trend
 
 SFT_ITERS, RL_ITERS, WINDOW = 150, 30, 7
 
@@ -33,12 +33,12 @@ def demo_run(tmp_path_factory):
     return settings, records
 
 
-def test_demo_stages_ran_through_the_project_tools(demo_run):
+def test_demo_stages_ran_through_the_project_cli(demo_run):
     settings, records = demo_run
     assert set(records) == {"data", "sft", "rl"}
     for stage in ("sft", "rl"):
         train, export = records[stage]["commands"]
-        assert "tools/train.py" in train["command"] and train["cpu_s"] > 0
+        assert "-m projects.llava_sam2.rl_train.cli train " in train["command"] and train["cpu_s"] > 0
         assert (settings.path(stage, "hf", "config.json")).is_file(), f"{stage}: no exported checkpoint"
     # the RL run started from the SFT export
     assert f"model.pretrained_path={settings.path('sft/hf')}" in records["rl"]["commands"][0]["command"]

@@ -1,14 +1,14 @@
-"""Launch paths of tools/train.py and tools/dist_train.sh on CPU, with the toy algorithm (tests/engine_toy.py).
+"""Launch paths of `sa2va-rl train` (tools/train.py) and tools/dist_train.sh on CPU, with the toy algorithm
+(tests/engine_toy.py).
 
 Launches are slow by nature (each process imports the whole stack), so only two: a 2-process gloo DDP run and a
-2-process DeepSpeed ZeRO-2 run resumed from its checkpoint. tools/train.py's exit status is checked in-process: its
-``main`` runs XTuner's trainer in the calling process, so a failure propagates as an exception (exit status 1).
+2-process DeepSpeed ZeRO-2 run resumed from its checkpoint. The train command's exit status is checked in-process:
+its ``main`` runs XTuner's trainer in the calling process, so a failure propagates as an exception (exit status 1).
 """
 from __future__ import annotations
 
 import json
 import os
-import runpy
 import socket
 import subprocess
 import sys
@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from engine_toy import write_toy_config
+from projects.llava_sam2.rl_train.cli.train import main as train_main
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -44,7 +45,6 @@ def logged_scalars(work_dir: Path) -> dict[int, dict]:
 
 
 def test_train_py_propagates_training_failures(tmp_path):
-    train_main = runpy.run_path(str(REPO / "tools/train.py"), run_name="train_tool")["main"]
     config = write_toy_config(tmp_path)
     with pytest.raises(RuntimeError, match="failing on purpose"):  # `xtuner train` would exit 0 here (fact 10)
         train_main([config, "--work-dir", str(tmp_path / "fail"), "--cfg-options", "train_cfg.algorithm.fail_at_iter=1",

@@ -1,4 +1,4 @@
-"""evaluation/report.py, plots.py, results.py and tools/make_report.py on synthetic runs of a shapes split.
+"""evaluation/report.py, plots.py, results.py and `sa2va-rl report` (cli/report.py) on synthetic runs of a shapes split.
 
 Two systems are faked from the ground truth (no model): ``before`` predicts the region shifted by 6 px and a
 half-right caption; ``after`` shifts by 1 px and gets the caption right. The report must show both, a paired
@@ -130,7 +130,7 @@ def test_curves_name_missing_keys(runs, tmp_path):
 
 
 def test_make_report_tool(runs, tmp_path, capsys):
-    import tools.make_report as make_report
+    import projects.llava_sam2.rl_train.cli.report as make_report
 
     _, dirs = runs
     make_report.main(["--run", f"a={dirs['before']}", "--run", f"b={dirs['after']}", "--out", str(tmp_path),

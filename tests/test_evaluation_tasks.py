@@ -1,4 +1,4 @@
-"""evaluation/tasks.py, loading.py and tools/evaluate.py on the tiny random Sa2VA and shapes samples (the greedy
+"""evaluation/tasks.py, loading.py and cli/evaluate.py on the tiny random Sa2VA and shapes samples (the greedy
 answers they run, model/pipeline.py, are tested in test_model_pipeline.py)."""
 import json
 import os
@@ -161,7 +161,7 @@ def test_load_weights_layouts_and_errors(tiny, tmp_path):
 
 
 def test_evaluate_tool_writes_a_loadable_run(tmp_path, capsys):
-    import tools.evaluate as evaluate_tool
+    import projects.llava_sam2.rl_train.cli.evaluate as evaluate_tool
 
     from projects.llava_sam2.rl_train.evaluation.results import load_run
 

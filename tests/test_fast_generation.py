@@ -317,16 +317,12 @@ def test_bad_inputs_are_rejected():
 
 
 def test_bench_decode_tool_runs_on_cpu(tmp_path):
-    import importlib.util
     import json
-    import os
 
-    path = os.path.join(os.path.dirname(__file__), "..", "tools", "bench_decode.py")
-    spec = importlib.util.spec_from_file_location("bench_decode", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    from projects.llava_sam2.rl_train.benchmarks import decode as bench
+
     out = tmp_path / "decode.json"
-    report = bench.main(["--lm", "tiny", "--device", "cpu", "--batch", "2", "--num-generations", "2",
+    report = bench.run_benchmark(["--lm", "tiny", "--device", "cpu", "--batch", "2", "--num-generations", "2",
                          "--prompt-len", "12", "--new-tokens", "4", "--repeats", "1", "--profile-steps", "2",
                          "--check-tokens", "4", "--json", str(out)])
     assert set(report["modes"]) == {"hf_generate", "reference", "fast"}

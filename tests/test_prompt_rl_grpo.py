@@ -11,10 +11,7 @@ CONFIG = Path(__file__).resolve().parents[1] / "projects/llava_sam2/configs/rl/t
 
 
 def test_reward_net_config_runs_the_caption_to_mask_loop_with_the_learned_reward(tmp_path):
-    import sys
-
-    sys.path.insert(0, str(CONFIG.parents[4] / "tools"))
-    from make_tiny_checkpoint import make_tiny_checkpoint  # a random tiny segmenter in the HF layout
+    from projects.llava_sam2.rl_train.cli.setup_checkpoint import make_tiny_checkpoint  # a random tiny segmenter
 
     segmenter = make_tiny_checkpoint(tmp_path / "segmenter", seed=0)
     torch.manual_seed(0)

@@ -1,21 +1,22 @@
-"""The LLM judge against a real local OpenAI-compatible HTTP server (tests/openai_stub_server.py):
+"""The LLM judge against a real local OpenAI-compatible HTTP server (benchmarks/openai_stub_server.py):
 scripted answers, injected latency / HTTP 500 / 429 / timeouts / garbage; fallbacks, failure
 counts, cache hits, secrets, and the two tools."""
 import asyncio
 import json
 import logging
-import sys
 from pathlib import Path
 
 import pytest
-from openai_stub_server import GENERATED_QA, Fault, StubServer, default_responder
 from rewards_dlc_fixture import CLASS_NAMES, EXPECTED, EXPECTED_BATCHED, PREDICTIONS, QA, scripted_answer
 
+from projects.llava_sam2.rl_train.benchmarks.openai_stub_server import (GENERATED_QA, Fault, StubServer,
+                                                                         default_responder)
+from projects.llava_sam2.rl_train.cli import judge_dlc_bench as eval_dlc_bench
+from projects.llava_sam2.rl_train.cli import judge_questions as precompute_judge_questions
 from projects.llava_sam2.rl_train.rewards import DLCJudgeReward, RewardComposer, RewardInputs
 from projects.llava_sam2.rl_train.rewards.judge import DLCJudge, JudgeClient, evaluate_predictions, load_qa
 from projects.llava_sam2.rl_train.rewards.judge import prompts as judge_prompts
 
-TOOLS = Path(__file__).resolve().parents[1] / "tools"
 SECRET = "sk-test-never-log-this-1234"
 
 
@@ -200,10 +201,6 @@ def test_unreachable_server_counts_connection():
 
 
 def test_eval_and_precompute_tools(qa_files, tmp_path, capsys):
-    sys.path.insert(0, str(TOOLS))
-    import eval_dlc_bench
-    import precompute_judge_questions
-
     pred_path = tmp_path / "preds.json"
     pred_path.write_text(json.dumps({**PREDICTIONS, "query": "ignored"}))
     out = tmp_path / "eval.json"

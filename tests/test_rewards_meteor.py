@@ -4,7 +4,6 @@ Needs WordNet at $NLTK_DATA (``make test`` provisions it). Skipped only when NLT
 """
 import gzip
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,6 @@ pytestmark = pytest.mark.skipif(
     not os.environ.get("NLTK_DATA"), reason="NLTK_DATA unset: run through `make test`, which provisions WordNet"
 )
 
-REPO = Path(__file__).resolve().parents[1]
 PAIRS = [
     ("a man rides a red bike on the street", "a man is riding a red bicycle down the street"),
     ("two dogs play in the snow", ["two dogs are playing in the snow", "a pair of dogs play in snow"]),
@@ -60,14 +58,13 @@ def test_missing_wordnet_names_the_fix(tmp_path, monkeypatch):
     with pytest.raises(meteor.WordNetMissingError) as info:
         meteor.ensure_wordnet()
     message = str(info.value)
-    assert "tools/provision_wordnet.py" in message and "make setup" in message and str(tmp_path) in message
+    assert "tools/setup/provision_wordnet.py" in message and "make setup" in message and str(tmp_path) in message
     with pytest.raises(meteor.WordNetMissingError):
         meteor.MeteorReward()  # fails at build time, not in a training step
 
 
 def test_lexnames_table_matches_man_page():
-    sys.path.insert(0, str(REPO / "tools"))
-    from provision_wordnet import LEXNAMES, lexnames_text
+    from projects.llava_sam2.rl_train.cli.setup_wordnet import LEXNAMES, lexnames_text
 
     rows = lexnames_text().splitlines()
     assert len(rows) == len(LEXNAMES) == 45

@@ -2,7 +2,7 @@
 # launched like upstream SFT, then exported to the HF layout:
 #
 #   DEEPSPEED=deepspeed_zero2 tools/dist_train.sh projects/llava_sam2/configs/rl/sa2va_4b_grpo_cycle.py 8
-#   python tools/export_hf.py projects/llava_sam2/configs/rl/sa2va_4b_grpo_cycle.py \
+#   sa2va-rl export projects/llava_sam2/configs/rl/sa2va_4b_grpo_cycle.py \
 #       work_dirs/sa2va_4b_grpo_cycle/iter_2000.pth --save-path work_dirs/Sa2VA-4B-RL
 #
 # The released HF checkpoint is read from the local directory ./pretrained/Sa2VA-4B (edit to your copy).

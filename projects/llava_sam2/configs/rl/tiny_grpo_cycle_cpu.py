@@ -2,15 +2,14 @@
 # stack (config -> XTuner trainer -> GRPOLoop -> CycleGRPO -> tiny Sa2VA). Random weights: it shows that
 # everything runs and every trainable tensor gets a gradient, not that the model learns.
 #
-#   python tools/train.py projects/llava_sam2/configs/rl/tiny_grpo_cycle_cpu.py --work-dir work_dirs/tiny_grpo
+#   sa2va-rl train projects/llava_sam2/configs/rl/tiny_grpo_cycle_cpu.py --work-dir work_dirs/tiny_grpo
 #   PYTHON=.venv/bin/python tools/dist_train.sh projects/llava_sam2/configs/rl/tiny_grpo_cycle_cpu.py 2
 from mmengine.config import read_base
 
 with read_base():
     from ._base_.datasets.shapes_regions import region_collate_fn, shapes_region_dataset
     from ._base_.sa2va_grpo_base import *  # noqa: F401,F403
-
-from mmengine.optim import OptimWrapper
+    from ._base_.cpu_runtime import *  # noqa: F401,F403  last: fp32 OptimWrapper, gloo, seed 0
 
 model.update(  # noqa: F405
     pretrained_path=None, preset="tiny", torch_dtype=None, gradient_checkpointing=False,
@@ -33,10 +32,6 @@ shapes_region_dataset.update(num_samples=8, image_size=64)
 train_dataloader.update(batch_size=2, num_workers=0, persistent_workers=False,  # noqa: F405
                         dataset=shapes_region_dataset, collate_fn=region_collate_fn)
 
-# CPU runtime: fp32 optimizer wrapper (AmpOptimWrapper needs CUDA), gloo, a checkpoint every 2 iterations
-optim_wrapper = dict(type=OptimWrapper, optimizer=optim_wrapper.optimizer,  # noqa: F405
-                     clip_grad=optim_wrapper.clip_grad, accumulative_counts=1)  # noqa: F405
+# a checkpoint and a rollout table every 2 iterations
 default_hooks.checkpoint.update(interval=2)  # noqa: F405
-custom_hooks[-1].update(interval=2, max_prompts=2, max_rollouts=2)  # noqa: F405
-env_cfg.update(dist_cfg=dict(backend="gloo"))  # noqa: F405
-randomness = dict(seed=0)
+default_hooks.rollout_logging.update(interval=2, max_prompts=2, max_rollouts=2)  # noqa: F405

@@ -5,7 +5,7 @@
 #
 # Inputs come from the prompt-RL pipeline (docs/prompt_rl.md): the tiny segmenter and the trained reward network.
 #
-#   python tools/train.py projects/llava_sam2/configs/rl/tiny_grpo_reward_net_cpu.py \
+#   sa2va-rl train projects/llava_sam2/configs/rl/tiny_grpo_reward_net_cpu.py \
 #       --work-dir work_dirs/prompt_rl/grpo \
 #       --cfg-options model.pretrained_path=work_dirs/prompt_rl/segmenter \
 #                     train_cfg.algorithm.rewards.caption_to_mask.0.checkpoint=work_dirs/prompt_rl/reward_net
@@ -14,13 +14,12 @@ from mmengine.config import read_base
 with read_base():
     from ._base_.datasets.shapes_regions import region_collate_fn, shapes_region_dataset
     from ._base_.sa2va_grpo_base import *  # noqa: F401,F403
-
-from mmengine.optim import OptimWrapper
+    from ._base_.cpu_runtime import *  # noqa: F401,F403  last: fp32 OptimWrapper, gloo, seed 0
 
 from projects.llava_sam2.rl_train.prompt_rl.reward import RewardNetDiceReward
 
 segmenter_path = "work_dirs/prompt_rl/segmenter"  # tools/train_tiny_segmenter.py output (or any Sa2VA checkpoint)
-reward_net_path = "work_dirs/prompt_rl/reward_net"  # tools/train_reward_net.py output (--mask-input binary)
+reward_net_path = "work_dirs/prompt_rl/reward_net"  # `sa2va-rl prompt-rl reward-net` output (--mask-input binary)
 
 model.update(  # noqa: F405
     pretrained_path=segmenter_path, preset=None, torch_dtype=None, gradient_checkpointing=False,
@@ -52,10 +51,6 @@ shapes_region_dataset.update(num_samples=256, seed=1)
 train_dataloader.update(batch_size=4, num_workers=0, persistent_workers=False,  # noqa: F405
                         dataset=shapes_region_dataset, collate_fn=region_collate_fn)
 
-# CPU runtime: fp32 optimizer wrapper (AmpOptimWrapper needs CUDA), gloo, one checkpoint at the end
-optim_wrapper = dict(type=OptimWrapper, optimizer=optim_wrapper.optimizer,  # noqa: F405
-                     clip_grad=optim_wrapper.clip_grad, accumulative_counts=1)  # noqa: F405
+# one checkpoint at the end, a rollout table every 10 iterations
 default_hooks.checkpoint.update(interval=max_iters)  # noqa: F405
-custom_hooks[-1].update(interval=10, max_prompts=2, max_rollouts=2)  # noqa: F405
-env_cfg.update(dist_cfg=dict(backend="gloo"))  # noqa: F405
-randomness = dict(seed=0)
+default_hooks.rollout_logging.update(interval=10, max_prompts=2, max_rollouts=2)  # noqa: F405

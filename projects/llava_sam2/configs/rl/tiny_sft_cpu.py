@@ -2,15 +2,15 @@
 # (upstream losses: LM cross-entropy + mask BCE + Dice) trained exactly as upstream SFT configs are, and the
 # same model / optimizer / hooks settings the GRPO configs inherit.
 #
-#   python tools/train.py projects/llava_sam2/configs/rl/tiny_sft_cpu.py --work-dir work_dirs/tiny_sft
+#   sa2va-rl train projects/llava_sam2/configs/rl/tiny_sft_cpu.py --work-dir work_dirs/tiny_sft
 from mmengine.config import read_base
 
 with read_base():
     from ._base_.datasets.shapes_regions import shapes_region_dataset
     from ._base_.sa2va_sft_base import *  # noqa: F401,F403
+    from ._base_.cpu_runtime import *  # noqa: F401,F403  last: fp32 OptimWrapper, gloo, seed 0
 
 from mmengine.dataset import DefaultSampler
-from mmengine.optim import OptimWrapper
 from xtuner.engine.runner import TrainLoop
 
 from projects.llava_sam2.rl_train.engine.builders import region_sft_dataset
@@ -39,10 +39,5 @@ param_scheduler = [
     dict(type=LinearLR, start_factor=1e-5, by_epoch=False, begin=0, end=2),  # noqa: F405
     dict(type=CosineAnnealingLR, eta_min=0.0, by_epoch=False, begin=2, end=max_iters),  # noqa: F405
 ]
-# CPU: fp32 optimizer wrapper (AmpOptimWrapper needs CUDA), one step per batch, gloo
-optim_wrapper = dict(type=OptimWrapper, optimizer=optim_wrapper.optimizer,  # noqa: F405
-                     clip_grad=optim_wrapper.clip_grad, accumulative_counts=1)  # noqa: F405
 default_hooks.logger.update(interval=1)  # noqa: F405
 default_hooks.checkpoint.update(interval=2)  # noqa: F405
-env_cfg.update(dist_cfg=dict(backend="gloo"))  # noqa: F405
-randomness = dict(seed=0)

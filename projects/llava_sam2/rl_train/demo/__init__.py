@@ -1,1 +1,1 @@
-"""Demo pipeline internals and the tiny pretraining recipe (``demo/pretrain_tiny.py``)."""
+"""The embedded CPU demo (shapes world -> GRPO -> held-out report), its controls, and the tiny pretraining recipe."""

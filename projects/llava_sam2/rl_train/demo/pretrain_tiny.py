@@ -266,7 +266,7 @@ def _device_name(device: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """``--help`` from the settings' field help; tuple fields take several values, booleans ``--no-...``."""
-    parser = argparse.ArgumentParser(prog="python -m projects.llava_sam2.rl_train.demo.pretrain_tiny",
+    parser = argparse.ArgumentParser(prog="sa2va-rl pretrain-tiny",
                                      description=__doc__.splitlines()[0])
     for f in dataclasses.fields(PretrainSettings):
         flag, default, text = "--" + f.name.replace("_", "-"), f.default, f.metadata["help"]

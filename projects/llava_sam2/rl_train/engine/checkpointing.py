@@ -110,7 +110,8 @@ def read_side_file(checkpoint: str, state_name: str) -> Any:
         raise FileNotFoundError(
             f"resume from {checkpoint}: the side file {path} with the {state_name!r} state is missing; it is written "
             "next to each checkpoint by TrainStateHook. Copy it along with the checkpoint, or remove the hook that "
-            f"owns {state_name!r} from custom_hooks to resume without that state.")
+            f"owns {state_name!r} from the config's hooks (the shipped configs name them in default_hooks) to resume "
+            "without that state.")
     return torch.load(path, map_location="cpu", weights_only=False)
 
 

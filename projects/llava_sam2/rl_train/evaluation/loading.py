@@ -6,7 +6,7 @@ flat ``{name: tensor}`` dict, or an MMEngine checkpoint (its ``state_dict``). Na
 checkpoint layout (what ``save_pretrained`` writes) or the module layout (``model.state_dict()``), with
 an optional ``sa2va.`` / ``module.`` prefix. A partial dict overlays only its tensors. LoRA tensors are
 refused: merge them first (``Sa2VATrainModel.export_pretrained``) or evaluate the MMEngine checkpoint
-with its config (``tools/evaluate.py --config``).
+with its config (``sa2va-rl evaluate --config``).
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def load_weights(model: Sa2VAModel, path: str) -> int:
     lora = [k for k in state if "lora_" in k or ".base_layer." in k]
     if lora:
         raise ValueError(f"{path}: holds LoRA tensors (e.g. {lora[0]!r}); evaluate it with its training config "
-                         "(tools/evaluate.py --config CFG --weights FILE) or export merged weights first")
+                         "(`sa2va-rl evaluate --config CFG --weights FILE`) or export merged weights first")
     module_keys = set(model.state_dict())
     checkpoint_keys = set(checkpoint_state_dict(model))
     if not set(state) <= module_keys:

@@ -57,7 +57,7 @@ class Metric:
 def _mask(record: EvalRecord) -> MaskStats:
     if record.mask is None:
         raise ValueError(f"sample {record.sample_id!r} ({record.task}): record has no mask stats; re-run "
-                         "tools/evaluate.py for this task")
+                         "`sa2va-rl evaluate` for this task")
     return record.mask
 
 

@@ -102,7 +102,7 @@ class EvalRecord:
         unknown = sorted(set(data) - names)
         if unknown or "task" not in data or "sample_id" not in data:
             raise ValueError(f"{where}: not an EvalRecord (unknown keys {unknown}, needs 'task' and 'sample_id'); "
-                             "pass a records file written by tools/evaluate.py")
+                             "pass a records file written by `sa2va-rl evaluate`")
         mask = data.get("mask")
         return cls(**{**data, "mask": MaskStats(**mask) if isinstance(mask, dict) else None})
 
@@ -119,7 +119,7 @@ def write_records(path: str, records: Iterable[EvalRecord]) -> str:
 def read_records(path: str) -> list[EvalRecord]:
     """Records of a JSONL file; a bad line raises naming the file and line number."""
     if not os.path.isfile(path):
-        raise ValueError(f"records file {path} does not exist; run tools/evaluate.py first")
+        raise ValueError(f"records file {path} does not exist; run `sa2va-rl evaluate` first")
     records = []
     with open(path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):

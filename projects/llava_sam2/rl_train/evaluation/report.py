@@ -159,7 +159,7 @@ def write_report(out_dir: str, runs: Mapping[str, str | Run], *, baseline: str |
     """Write ``out_dir/report.md`` and its PNGs; returns the report path.
 
     Args:
-        runs: system name → run directory (``tools/evaluate.py --out``) or a loaded :class:`Run`.
+        runs: system name → run directory (``sa2va-rl evaluate --out``) or a loaded :class:`Run`.
         baseline: system the others are compared with (default: the first).
         scalars: training work_dir or ``scalars.json`` for reward curves (skipped when None).
         curves: panel title → scalar key (default: ``loop1/reward_mean``, ``loop2/reward_mean``).

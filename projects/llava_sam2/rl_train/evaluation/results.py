@@ -65,11 +65,11 @@ def load_run(run_dir: str) -> Run:
     """Read ``run_dir/metrics.json`` and the records files it names."""
     path = os.path.join(run_dir, METRICS_FILE)
     if not os.path.isfile(path):
-        raise ValueError(f"{run_dir}: no {METRICS_FILE}; pass a directory written by tools/evaluate.py --out")
+        raise ValueError(f"{run_dir}: no {METRICS_FILE}; pass a directory written by `sa2va-rl evaluate --out`")
     with open(path, encoding="utf-8") as handle:
         data = json.load(handle)
     if not isinstance(data, dict) or not isinstance(data.get("tasks"), dict):
-        raise ValueError(f"{path}: expected {{'meta': ..., 'tasks': {{...}}}}; re-run tools/evaluate.py")
+        raise ValueError(f"{path}: expected {{'meta': ..., 'tasks': {{...}}}}; re-run `sa2va-rl evaluate`")
     results = {}
     for task, entry in data["tasks"].items():
         records = read_records(os.path.join(run_dir, entry["records"]))

@@ -8,7 +8,8 @@ released Qwen-based Sa2VA tokenizers so xtuner and the processor treat it the sa
     [<img> </img> <IMG_CONTEXT> <quad> </quad> <ref> </ref> <box> </box>] [[SEG] <p> </p> <vp> </vp>]
 
 class Qwen2TokenizerFast, no BOS, EOS ``<|im_end|>``, pad ``<|endoftext|>``. The shipped copy lives in
-``assets/tiny_tokenizer``; ``tools/build_tiny_tokenizer.py`` regenerates it bit-identically.
+``assets/tiny_tokenizer``; ``tools/setup/build_tiny_tokenizer.py`` (``sa2va-rl setup tiny-tokenizer``) regenerates
+it bit-identically.
 """
 from __future__ import annotations
 
@@ -159,7 +160,7 @@ def load_tiny_tokenizer(path: str | os.PathLike = TINY_TOKENIZER_DIR) -> PreTrai
     if not (directory / "tokenizer.json").is_file():
         raise FileNotFoundError(
             f"tiny tokenizer: {directory / 'tokenizer.json'} is missing; regenerate it with "
-            "`python tools/build_tiny_tokenizer.py`"
+            "`python tools/setup/build_tiny_tokenizer.py`"
         )
     tokenizer = AutoTokenizer.from_pretrained(str(directory))
     check_sa2va_tokenizer(tokenizer, where=str(directory))

@@ -168,7 +168,8 @@ def load_quality_data(path: str | Path) -> QualityData:
     path = Path(path)
     for name in ("quality.npz", "meta.json"):
         if not (path / name).is_file():
-            raise ValueError(f"quality cache {path}: missing {name}; build it with tools/build_quality_dataset.py")
+            raise ValueError(f"quality cache {path}: missing {name}; build it with "
+                             "`sa2va-rl prompt-rl quality-dataset`")
     with np.load(path / "quality.npz") as npz:
         missing = [k for k in ARRAY_FIELDS if k not in npz.files]
         if missing:

@@ -1,8 +1,9 @@
-"""Markdown tables of the prompt-RL experiments (tools/report_prompt_rl.py adds the charts and file I/O).
+"""Markdown tables of the prompt-RL experiments (``sa2va-rl prompt-rl report``, steps/write_report.py, adds the
+charts and file I/O).
 
 Every number is ``value [low, high]`` with its percentile-bootstrap CI over held-out images; differences are paired
 on the same images. ``compare_checkpoints`` measures a fine-tuned checkpoint against its base on the *same* samples,
-prompts and held-out split (both caches from tools/build_quality_dataset.py, the second with ``--same-as``).
+prompts and held-out split (both caches from ``sa2va-rl prompt-rl quality-dataset``, the second with ``--same-as``).
 """
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ def compare_checkpoints(base: QualityData, tuned: QualityData, *, n_resamples: i
     if base.meta["sample_ids"] != tuned.meta["sample_ids"] or not np.array_equal(base.is_heldout, tuned.is_heldout) \
             or base.meta["prompt_labels"] != tuned.meta["prompt_labels"]:
         raise ValueError("compare_checkpoints: the two caches differ in samples, prompts or split; build the second "
-                         "with tools/build_quality_dataset.py --same-as <base cache>")
+                         "with `sa2va-rl prompt-rl quality-dataset --same-as <base cache>`")
     held = base.split_indices("heldout")
     k_best = best_fixed_prompt(base, base.split_indices("train"))
     picks = {"default prompt": lambda d: d.dice[held, 0], "best fixed prompt": lambda d: d.dice[held, k_best],

@@ -18,7 +18,7 @@ from .reward_net import is_degenerate, load_reward_net, make_inputs, predict_dic
 
 @register_reward("reward_net_dice")
 class RewardNetDiceReward:
-    """Predicted Dice of each rollout's mask from a ``tools/train_reward_net.py`` checkpoint directory.
+    """Predicted Dice of each rollout's mask from a ``sa2va-rl prompt-rl reward-net`` checkpoint directory.
 
     Args:
         checkpoint: directory holding ``reward_net.pt`` + ``reward_net.json`` (must use ``mask_input='binary'``:

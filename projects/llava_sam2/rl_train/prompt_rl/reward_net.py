@@ -156,7 +156,7 @@ def load_reward_net(path: str | Path) -> RewardNet:
     path = Path(path)
     for name in ("reward_net.pt", "reward_net.json"):
         if not (path / name).is_file():
-            raise ValueError(f"reward network {path}: missing {name}; train it with tools/train_reward_net.py")
+            raise ValueError(f"reward network {path}: missing {name}; train it with `sa2va-rl prompt-rl reward-net`")
     config = RewardNetConfig(**json.loads((path / "reward_net.json").read_text())["config"])
     net = RewardNet(config)
     net.load_state_dict(torch.load(path / "reward_net.pt", map_location="cpu", weights_only=True))

@@ -11,7 +11,7 @@ punctuation is dropped (as pycocoevalcap's PTB step drops it) and hyphenated wor
 This is *not* the METEOR 1.5 number that papers report (nltk runs ~1.7x higher; ranks agree):
 use :mod:`.meteor_jar` for evaluation.
 
-WordNet must be provisioned offline (``make setup`` runs ``tools/provision_wordnet.py``);
+WordNet must be provisioned offline (``make setup`` runs ``tools/setup/provision_wordnet.py``);
 :func:`ensure_wordnet` raises :class:`WordNetMissingError` naming that fix.
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ def ensure_wordnet() -> None:
         from nltk.corpus import wordnet
 
         fix = (
-            "Fix: run `make setup` (it runs `python tools/provision_wordnet.py --target $NLTK_DATA`), "
+            "Fix: run `make setup` (it runs `python tools/setup/provision_wordnet.py --target $NLTK_DATA`), "
             "or run that tool with --target <dir> and `export NLTK_DATA=<dir>`."
         )
         try:

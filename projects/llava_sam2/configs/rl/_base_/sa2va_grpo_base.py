@@ -1,7 +1,9 @@
 # Dual-loop GRPO on top of the Sa2VA SFT settings (DESIGN §1, §3): same model, LoRA, optimizer and hooks as
 # sa2va_sft_base.py, with the train loop swapped for GRPOLoop and the GRPO hooks added. Children set the model
 # (model.update(pretrained_path=...) or preset=...), the prompts (train_dataloader.update(dataset=...,
-# collate_fn=...)) and max_iters (train_cfg.update(max_iters=...) and param_scheduler).
+# collate_fn=...)) and max_iters (train_cfg.update(max_iters=...) and param_scheduler). Every hook has a name in
+# default_hooks: a child changes one by name (`default_hooks.rollout_logging.update(interval=10)`, or
+# `--cfg-options default_hooks.rollout_logging.interval=10`), never by its position in a list.
 from mmengine.config import read_base
 
 with read_base():
@@ -65,18 +67,19 @@ optim_wrapper.update(accumulative_counts=1)  # noqa: F405
 train_dataloader = dict(batch_size=2, num_workers=2, persistent_workers=True, dataset=None,
                         sampler=dict(type=DefaultSampler, shuffle=True), collate_fn=None)
 
+# Named hooks: MMEngine registers every entry of default_hooks, its own names and new ones alike (mmdet names its
+# `visualization` hook the same way), each at its class priority; these run after the SFT base's hooks of equal
+# priority, as custom_hooks would.
 default_hooks.update(  # noqa: F405
     logger=dict(type=LoggerHook, log_metric_by_epoch=False, interval=1),  # noqa: F405
-    # exact resume needs the optimizer state (the hooks below save the EMA partner and RNG state)
+    # exact resume needs the optimizer state (train_state and ema_partner save the RNG state and the partner)
     checkpoint=dict(type=CheckpointHook, save_optimizer=True, by_epoch=False, interval=100,  # noqa: F405
                     max_keep_ckpts=2),
+    ema_partner=dict(type=EMAPartnerHook),  # EMA partner update after every optimizer step, and its checkpoint
+    train_state=dict(type=TrainStateHook),  # RNG streams and sampler position in checkpoints (exact resume)
+    reward_failures=dict(type=RewardFailureHook),  # judge timeouts / fallbacks, counted and logged
+    skipped_samples=dict(type=SkippedSampleHook),  # samples a dataset with on_bad_sample='skip' left out
+    rollout_logging=dict(type=RolloutLoggingHook, interval=50, max_prompts=4, max_rollouts=4),  # tables + PNGs
 )
-custom_hooks = [
-    dict(type=EMAPartnerHook),
-    dict(type=TrainStateHook),
-    dict(type=RewardFailureHook),
-    dict(type=SkippedSampleHook),  # counts samples a dataset with on_bad_sample='skip' left out
-    dict(type=RolloutLoggingHook, interval=50, max_prompts=4, max_rollouts=4),
-]
 # loop 1 gives the mask decoder no gradient and some decoder heads never get one: DDP must allow it
 model_wrapper_cfg = dict(type="MMDistributedDataParallel", find_unused_parameters=True)

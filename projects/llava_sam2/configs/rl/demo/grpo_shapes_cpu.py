@@ -3,7 +3,7 @@
 # optimizer settings of the demo SFT config, and starts from the SFT model exported in the HF layout (LoRA merged):
 # the fresh RL LoRA starts at zero, so "adapter off" is exactly the SFT model (the KL reference).
 #
-#   python tools/train.py projects/llava_sam2/configs/rl/demo/grpo_shapes_cpu.py --work-dir work_dirs/demo/rl \
+#   sa2va-rl train projects/llava_sam2/configs/rl/demo/grpo_shapes_cpu.py --work-dir work_dirs/demo/rl \
 #       --cfg-options model.pretrained_path=work_dirs/demo/sft/hf
 #
 # Hyperparameters were chosen by measurement within the CPU budget (docs/demo.md).
@@ -47,4 +47,4 @@ train_dataloader.update(batch_size=4, num_workers=0, persistent_workers=False,  
 
 # ---- runtime ----------------------------------------------------------------------------------------------------
 default_hooks.checkpoint.update(interval=max_iters, max_keep_ckpts=1)  # noqa: F405
-custom_hooks[-1].update(interval=25, max_prompts=2, max_rollouts=4)  # noqa: F405  rollout tables + PNG panels
+default_hooks.rollout_logging.update(interval=25, max_prompts=2, max_rollouts=4)  # noqa: F405  tables + PNGs

@@ -1,9 +1,9 @@
 # Demo control (b): continue SFT from the demo's SFT checkpoint for the CPU time the GRPO run takes, instead of RL.
 # Same start (the exported SFT model), same trainable set and learning rate as grpo_shapes_cpu.py (a fresh LoRA r=16,
 # mlp1, SAM2 mask decoder, text_hidden_fcs; embeddings frozen), same training scenes; only the objective differs.
-# tools/demo_controls.py sets the iterations from the measured CPU time of the RL run.
+# `sa2va-rl demo-controls` sets the iterations from the measured CPU time of the RL run.
 #
-#   python tools/train.py projects/llava_sam2/configs/rl/demo/sft_continue_shapes_cpu.py \
+#   sa2va-rl train projects/llava_sam2/configs/rl/demo/sft_continue_shapes_cpu.py \
 #       --work-dir work_dirs/demo_controls/seed0/controls/sft_more \
 #       --cfg-options model.pretrained_path=work_dirs/demo/sft/hf train_dataloader.dataset.pretrained_path=...
 from mmengine.config import read_base

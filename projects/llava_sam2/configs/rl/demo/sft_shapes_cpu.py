@@ -1,8 +1,8 @@
 # Demo stage 2: SFT of a tiny Sa2VA on the shapes world, on CPU, with XTuner's own TrainLoop and our model's SFT
-# loss (LM cross-entropy + mask BCE + Dice). tools/demo.py runs it after writing the shapes world as COCO-style
+# loss (LM cross-entropy + mask BCE + Dice). `sa2va-rl demo` runs it after writing the shapes world as COCO-style
 # files, so the data goes through the real-data loader (CocoRegionDataset):
 #
-#   python tools/train.py projects/llava_sam2/configs/rl/demo/sft_shapes_cpu.py --work-dir work_dirs/demo/sft \
+#   sa2va-rl train projects/llava_sam2/configs/rl/demo/sft_shapes_cpu.py --work-dir work_dirs/demo/sft \
 #       --cfg-options train_dataloader.dataset.region_dataset.ann_file=work_dirs/demo/data/train/annotations.json
 #
 # The GRPO demo config (grpo_shapes_cpu.py) inherits the model, data and optimizer settings of this file and starts
@@ -12,9 +12,9 @@ from mmengine.config import read_base
 with read_base():
     from .._base_.datasets.coco_regions import coco_region_dataset
     from .._base_.sa2va_sft_base import *  # noqa: F401,F403
+    from .._base_.cpu_runtime import *  # noqa: F401,F403  last: fp32 OptimWrapper, gloo, seed 0
 
 from mmengine.dataset import DefaultSampler
-from mmengine.optim import OptimWrapper
 from xtuner.engine.runner import TrainLoop
 
 from projects.llava_sam2.rl_train.engine.builders import region_sft_dataset
@@ -30,7 +30,7 @@ model.update(  # noqa: F405
     sft_loss_cfg=dict(num_points=784),  # mask-loss points per mask: 19% of 64x64 logits, upstream's fraction
 )
 
-# ---- data: the shapes world written by tools/demo.py (stage "data"; it passes its own work dir) ---------------
+# ---- data: the shapes world written by `sa2va-rl demo` (stage "data"; it passes its own work dir) ---------------
 coco_region_dataset.update(ann_file="work_dirs/demo/data/train/annotations.json", image_root=None,
                            name="shapes_train")
 train_dataloader = dict(
@@ -57,14 +57,10 @@ param_scheduler = [
     dict(type=LinearLR, start_factor=0.05, by_epoch=False, begin=0, end=warmup_iters),  # noqa: F405
     dict(type=CosineAnnealingLR, eta_min=1e-4, by_epoch=False, begin=warmup_iters, end=max_iters),  # noqa: F405
 ]
-# CPU: fp32 optimizer wrapper (AmpOptimWrapper needs CUDA), one step per batch; a tiny model from scratch takes a
-# far larger learning rate than upstream's 4e-5 for a pretrained one.
-optim_wrapper = dict(type=OptimWrapper, optimizer=dict(type=AdamW, lr=1e-3, betas=(0.9, 0.999),  # noqa: F405
-                                                       weight_decay=0.0),
-                     clip_grad=dict(max_norm=1.0, error_if_nonfinite=False), accumulative_counts=1)
+# a tiny model from scratch takes a far larger learning rate than upstream's 4e-5 for a pretrained one
+optim_wrapper.optimizer.update(lr=1e-3, weight_decay=0.0)  # noqa: F405
 
 # ---- runtime --------------------------------------------------------------------------------------------------
 default_hooks.logger.update(interval=10)  # noqa: F405
 default_hooks.checkpoint.update(interval=max_iters, max_keep_ckpts=1)  # noqa: F405  one checkpoint, at the end
-env_cfg.update(dist_cfg=dict(backend="gloo"))  # noqa: F405
-randomness = dict(seed=0)  # also rebuilds the frozen random weights on export (tools/export_hf.py)
+# randomness (seed 0, cpu_runtime.py) also rebuilds the frozen random weights on export (`sa2va-rl export`)

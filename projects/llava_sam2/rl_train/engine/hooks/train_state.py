@@ -54,7 +54,8 @@ class TrainStateHook(StatefulHook):
             if len(state) != get_world_size():
                 raise ValueError(f"TrainStateHook: the checkpoint holds RNG states of {len(state)} ranks but this "
                                  f"run has {get_world_size()}; resume with the same number of processes for an "
-                                 "exact resume, or remove TrainStateHook from custom_hooks to resume re-seeded.")
+                                 "exact resume, or remove TrainStateHook from the config's hooks (in the shipped "
+                                 "configs `default_hooks.pop('train_state')`) to resume re-seeded.")
             state = state[get_rank()]
         self._pending_rng = state
 

@@ -168,7 +168,7 @@ class QuestionGenerator:
     """Generates (and memoises) a :class:`QAEntry` per ground-truth caption through a judge client.
 
     The client's on-disk cache is keyed by (model, prompt), so a caption's questions are asked
-    for once across runs; ``tools/precompute_judge_questions.py`` fills it for a whole dataset.
+    for once across runs; ``sa2va-rl judge questions`` fills it for a whole dataset.
     Only replies that pass :func:`parse_generated` are cached.
     """
 

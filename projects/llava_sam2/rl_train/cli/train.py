@@ -1,0 +1,39 @@
+"""``sa2va-rl train CONFIG [xtuner train args]``: train a Sa2VA-RL (or SFT) config with XTuner's trainer.
+
+Same arguments as ``xtuner train`` (``--work-dir``, ``--deepspeed``, ``--resume``, ``--seed``, ``--cfg-options``,
+``--launcher``), with three differences that matter for scripts and CI:
+
+* XTuner's ``tools/train.py`` ``main()`` runs in this process, so a failed run exits non-zero (the ``xtuner train``
+  CLI runs it in a child process and ignores the child's exit code; environment.md fact 10).
+* ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` is set unless already set: MMEngine and XTuner ``torch.load`` our own
+  checkpoints (optimizer state, RNG state, EMA partner), which torch >= 2.6 refuses in weights-only mode (fact 18).
+* Without CUDA, the CPU fixes of ``engine/compat.py`` are applied first (gloo DDP, DeepSpeed on CPU; fact 15), and
+  a CPU run uses one intra-op thread per process unless ``OMP_NUM_THREADS`` is set.
+
+``tools/train.py`` is the same command as a script (the launcher the Sa2VA workflow expects; it also stops with a
+clear message in an interpreter without the stack); multi-process: ``tools/dist_train.sh CONFIG NGPUS [args]`` runs
+that script under torchrun.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+PROG = "sa2va-rl train"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    from projects.llava_sam2.rl_train.engine.compat import apply_cpu_compat
+
+    apply_cpu_compat()
+    from xtuner.tools import train as xtuner_train
+
+    sys.argv = [PROG, *argv]  # xtuner parses sys.argv (argv[0] only names the program in its --help)
+    xtuner_train.main()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

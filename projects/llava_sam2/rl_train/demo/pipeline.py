@@ -1,0 +1,316 @@
+"""The embedded demo: shapes world -> SFT -> dual-loop GRPO -> held-out evaluation -> report, on a CPU.
+
+    sa2va-rl demo --work-dir work_dirs/demo            # what `make demo` runs
+    sa2va-rl demo --work-dir work_dirs/demo --force    # run every stage again
+    sa2va-rl demo --help                               # every setting (DemoSettings)
+
+Stages (each one function; a finished stage leaves ``WORK_DIR/stages/<stage>.json`` and is skipped when the demo
+runs again with the same settings, so an interrupted demo resumes at the stage it was in):
+
+1. ``data``      the procedural shapes world, written as COCO-style files (train + held-out val), so training and
+                 evaluation go through the real-data loader (``CocoRegionDataset``);
+2. ``sft``       ``sa2va-rl train configs/rl/demo/sft_shapes_cpu.py`` (xtuner's TrainLoop, our model's SFT loss),
+                 then ``sa2va-rl export`` -> ``WORK_DIR/sft/hf``;
+3. ``rl``        ``sa2va-rl train configs/rl/demo/grpo_shapes_cpu.py`` (GRPOLoop, both cycle loops) starting from
+                 ``sft/hf``, then export -> ``WORK_DIR/rl/hf``; alongside it, on the other core,
+   ``eval_sft``  ``sa2va-rl evaluate`` of the SFT-only baseline on the held-out split;
+4. ``eval_rl``   ``sa2va-rl evaluate`` of the RL result on the same samples;
+5. ``report``    ``WORK_DIR/report.md`` + PNGs (reward curves per loop, before/after examples) and the summary.
+
+Every command runs as a subprocess through the project's CLI (``python -m projects.llava_sam2.rl_train.cli``), so a
+failure stops the demo with that command's exit code and the tail of its log (all logs: ``WORK_DIR/logs/``). The
+configs are read from the checkout this package lives in (``projects/llava_sam2/configs/rl/demo``).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from projects.llava_sam2.rl_train.cli.settings import add_settings_arguments, settings_from_args
+from projects.llava_sam2.rl_train.demo.jobs import TQDM_PROGRESS, TRAIN_PROGRESS, Command, Job, JobError, run_jobs
+
+PROG = "sa2va-rl demo"
+REPO_ROOT = Path(__file__).resolve().parents[4]  # the checkout: projects/llava_sam2/rl_train/demo/pipeline.py
+CLI = ("-m", "projects.llava_sam2.rl_train.cli")  # `sa2va-rl` without the console script
+CONFIG_DIR = REPO_ROOT / "projects/llava_sam2/configs/rl/demo"
+SYSTEMS = {"sft": "SFT only", "rl": "SFT + GRPO"}  # report names of the two evaluated systems
+PIPELINE = (("data",), ("sft",), ("rl", "eval_sft"), ("eval_rl",), ("report",))  # stages of a row run side by side
+_EVAL = ("val_samples", "eval_batch_size", "eval_max_new_tokens")
+# stage -> (settings it reads, stages it starts from): a finished stage is redone when its fingerprint changes
+STAGE_INPUTS = {
+    "data": (("data_seed", "train_samples", "val_samples", "image_size", "all_objects", "rl_train_samples"), ()),
+    "sft": (("seed", "sft_config", "sft_iters", "sft_options"), ("data",)),
+    "rl": (("seed", "rl_config", "rl_iters", "rl_options"), ("sft",)),
+    "eval_sft": (_EVAL, ("sft",)),
+    "eval_rl": (_EVAL, ("rl",)),
+    "report": (("num_examples",), ("eval_sft", "eval_rl")),
+}
+
+
+@dataclass
+class DemoSettings:
+    """What the demo runs; a finished stage stays valid while the fields it reads are unchanged (STAGE_INPUTS)."""
+
+    work_dir: Path
+    seed: int = 0
+    """training seed: model init, data order, RL sampling (the data and the held-out split stay the same)."""
+    data_seed: int = 0
+    """shapes-world seed of the train and val splits."""
+    train_samples: int = 2000
+    """training scenes (SFT items: one caption + one segment item per scene)."""
+    val_samples: int = 200
+    """held-out scenes scored by every evaluation task (>= 200 for the bootstrap CIs)."""
+    image_size: int = 128
+    """side of the shapes images in pixels."""
+    all_objects: bool = False
+    """annotate every object of a training scene (RefCOCO-style), not only its target."""
+    rl_train_samples: int = 0
+    """RL prompts: the first N training scenes (written as ``data/rl_train``); 0 = all training scenes."""
+    sft_config: str = str(CONFIG_DIR / "sft_shapes_cpu.py")
+    """SFT config (stage sft)."""
+    rl_config: str = str(CONFIG_DIR / "grpo_shapes_cpu.py")
+    """GRPO config (stage rl); it starts from the SFT export."""
+    sft_iters: int = 0
+    """SFT iterations; 0 keeps the config's (the schedule is rescaled with them, see schedule_options)."""
+    rl_iters: int = 0
+    """GRPO iterations; 0 keeps the config's."""
+    sft_options: list[str] = field(default_factory=list)
+    """extra --cfg-options of the SFT run (e.g. train_cfg.max_iters=50)."""
+    rl_options: list[str] = field(default_factory=list)
+    """extra --cfg-options of the RL run."""
+    eval_batch_size: int = 16
+    """held-out samples per evaluation batch."""
+    eval_max_new_tokens: int = 24
+    """longest generated answer in the evaluation."""
+    num_examples: int = 4
+    """held-out samples per before/after example figure."""
+
+    def fingerprint(self, stage: str) -> str:
+        """Hash of the settings ``stage`` depends on, through its upstream stages (STAGE_INPUTS)."""
+        fields, upstream = STAGE_INPUTS[stage]
+        values = {k: str(getattr(self, k)) for k in fields}
+        values.update({f"<{u}>": self.fingerprint(u) for u in upstream})
+        return hashlib.sha1(json.dumps(values, sort_keys=True).encode()).hexdigest()[:12]
+
+    def path(self, *parts: str) -> Path:
+        return self.work_dir.joinpath(*parts)
+
+
+# ---- stages ----------------------------------------------------------------------------------------------------
+
+
+def stage_data(s: DemoSettings) -> dict:
+    """Write the train and held-out val splits of the shapes world as ``annotations.json`` + PNGs."""
+    from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
+
+    files = {}
+    splits = [("train", "train", s.train_samples, s.all_objects), ("val", "val", s.val_samples, False)]
+    if s.rl_train_samples:  # the first scenes of the train split (same seed, same scenes)
+        splits.append(("rl_train", "train", s.rl_train_samples, s.all_objects))
+    for name, split, count, all_objects in splits:
+        world = ShapesWorld(split, count, s.data_seed, image_size=s.image_size)
+        files[name] = world.write_coco(str(s.path("data", name)), all_objects=all_objects)
+        print(f"  {name}: {count} scenes -> {files[name]}")
+    return {"annotations": files}
+
+
+def schedule_options(iters: int) -> list[str]:
+    """--cfg-options that set a run's length and rescale its warm-up + cosine schedule (warm-up = 1/30 of the run,
+    as in both demo configs); none for ``iters == 0``."""
+    if iters == 0:
+        return []
+    if iters < 2:
+        raise ValueError(f"demo: iterations={iters}; a run needs at least 2 (warm-up + cosine), or 0 for the config's.")
+    warmup = max(1, iters // 30)
+    return [f"train_cfg.max_iters={iters}", f"param_scheduler.0.end={warmup}", f"param_scheduler.1.begin={warmup}",
+            f"param_scheduler.1.end={iters}", f"default_hooks.checkpoint.interval={iters}"]
+
+
+def _python() -> list[str]:
+    return [sys.executable]
+
+
+def train_and_export(s: DemoSettings, name: str, config: str, options: list[str]) -> list[Command]:
+    """``sa2va-rl train CONFIG``, then ``sa2va-rl export`` of its last checkpoint (same options: the same model)."""
+    work = s.path(name)
+    train = Command([*_python(), *CLI, "train", config, "--work-dir", str(work), "--cfg-options", *options],
+                    s.path("logs", f"{name}_train.log"), TRAIN_PROGRESS, "train")
+    export = Command([*_python(), *CLI, "export", config, str(work), "--save-path", str(work / "hf"),
+                      "--cfg-options", *options], s.path("logs", f"{name}_export.log"), None, "export")
+    return [train, export]
+
+
+def sft_options(s: DemoSettings) -> list[str]:
+    return [f"randomness.seed={s.seed}",
+               f"train_dataloader.dataset.region_dataset.ann_file={s.path('data/train/annotations.json')}",
+               *schedule_options(s.sft_iters), *s.sft_options]
+
+
+def rl_split(s: DemoSettings) -> str:
+    """Data directory of the RL prompts."""
+    return "data/rl_train" if s.rl_train_samples else "data/train"
+
+
+def rl_options(s: DemoSettings) -> list[str]:
+    """The RL run's --cfg-options: seed, the SFT checkpoint to start from, the training scenes, length, extras."""
+    return [f"randomness.seed={s.seed}", f"model.pretrained_path={s.path('sft/hf')}",
+               f"train_dataloader.dataset.ann_file={s.path(rl_split(s), 'annotations.json')}",
+               *schedule_options(s.rl_iters), *s.rl_options]
+
+
+def sft_job(s: DemoSettings) -> Job:
+    return Job("sft", train_and_export(s, "sft", s.sft_config, sft_options(s)))
+
+
+def rl_job(s: DemoSettings) -> Job:
+    return Job("rl", train_and_export(s, "rl", s.rl_config, rl_options(s)))
+
+
+def eval_command(s: DemoSettings, key: str, label: str) -> Command:
+    """``sa2va-rl evaluate`` of the HF checkpoint ``WORK_DIR/<key>/hf`` on the held-out split, into
+    ``WORK_DIR/eval/<key>``."""
+    argv = [*_python(), *CLI, "evaluate", "--checkpoint", str(s.path(key, "hf")),
+            "--dataset", "coco", "--ann-file", str(s.path("data/val/annotations.json")), "--name", "shapes_val",
+            "--num-samples", str(s.val_samples), "--out", str(s.path("eval", key)), "--system", label,
+            "--batch-size", str(s.eval_batch_size), "--max-new-tokens", str(s.eval_max_new_tokens)]
+    return Command(argv, s.path("logs", f"eval_{key}.log"), TQDM_PROGRESS, "evaluate")
+
+
+def eval_job(s: DemoSettings, system: str) -> Job:
+    return Job(f"eval_{system}", [eval_command(s, system, SYSTEMS[system])])
+
+
+def stage_report(s: DemoSettings) -> dict:
+    """report.md + PNGs (``sa2va-rl report``'s writer) with the demo summary on top; prints the summary."""
+    from projects.llava_sam2.rl_train.demo.summary import summarize_demo
+
+    return summarize_demo(s.work_dir, {SYSTEMS[k]: s.path("eval", k) for k in ("sft", "rl")}, SYSTEMS["sft"],
+                          rl_work_dir=s.path("rl"), num_examples=s.num_examples, stages=read_stages(s))
+
+
+LOCAL_STAGES = {"data": stage_data, "report": stage_report}
+JOB_STAGES = {"sft": sft_job, "rl": rl_job, "eval_sft": lambda s: eval_job(s, "sft"),
+              "eval_rl": lambda s: eval_job(s, "rl")}
+
+
+# ---- stage bookkeeping -----------------------------------------------------------------------------------------
+
+
+def marker(s: DemoSettings, stage: str) -> Path:
+    return s.path("stages", f"{stage}.json")
+
+
+def read_stages(s: DemoSettings) -> dict[str, dict]:
+    """The finished stages' records (outputs, commands, wall/CPU seconds), in pipeline order."""
+    out = {}
+    for row in PIPELINE:
+        for stage in row:
+            if marker(s, stage).is_file():
+                out[stage] = json.loads(marker(s, stage).read_text())
+    return out
+
+
+def is_finished(s: DemoSettings, stage: str, fingerprint: str | None = None) -> bool:
+    """True if ``stage`` finished with the current inputs (``fingerprint`` for stages outside STAGE_INPUTS)."""
+    path = marker(s, stage)
+    expected = fingerprint or s.fingerprint(stage)
+    return path.is_file() and json.loads(path.read_text()).get("fingerprint") == expected
+
+
+def write_marker(s: DemoSettings, stage: str, record: dict, fingerprint: str | None = None) -> None:
+    marker(s, stage).parent.mkdir(parents=True, exist_ok=True)
+    record = {"stage": stage, "fingerprint": fingerprint or s.fingerprint(stage), **record}
+    marker(s, stage).write_text(json.dumps(record, indent=1))
+
+
+def banner(text: str) -> None:
+    print(f"\n{'=' * 100}\n== {text}\n{'=' * 100}", flush=True)
+
+
+def run_row(s: DemoSettings, row: tuple[str, ...], force: bool, only=None) -> bool:
+    """Run the stages of one pipeline row (side by side when several); returns True if anything ran."""
+    row = tuple(stage for stage in row if only is None or stage in only)
+    pending = [stage for stage in row if force or not is_finished(s, stage)]
+    for stage in row:
+        if stage not in pending:
+            print(f"-- {stage}: finished earlier, skipped (--force runs it again)")
+    if not pending:
+        return False
+    banner(" + ".join(pending) + (" (side by side, one core each)" if len(pending) > 1 else ""))
+    start = time.perf_counter()
+    for stage in [p for p in pending if p in LOCAL_STAGES]:
+        cpu = time.process_time()
+        outputs = LOCAL_STAGES[stage](s)
+        write_marker(s, stage, {"outputs": outputs, "wall_s": round(time.perf_counter() - start, 1),
+                                "cpu_s": round(time.process_time() - cpu, 1)})
+    jobs = [JOB_STAGES[p](s) for p in pending if p in JOB_STAGES]
+    if jobs:
+        run_jobs(jobs, env=subprocess_env())
+        for job in jobs:
+            write_marker(s, job.name, {"commands": job.seconds, "wall_s": round(sum(c["wall_s"] for c in job.seconds), 1),
+                                       "cpu_s": round(sum(c["cpu_s"] for c in job.seconds), 1)})
+    return True
+
+
+def subprocess_env(threads: int = 1) -> dict:
+    """One intra-op thread per process: the tiny model's ops gain nothing from a second thread, and the demo runs
+    two processes side by side on two cores (OpenMP spin-waiting makes oversubscription very slow)."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
+               TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1", PYTHONPATH=str(REPO_ROOT))
+    env.setdefault("NLTK_DATA", str(REPO_ROOT / ".cache/nltk_data"))
+    return env
+
+
+def run_demo(s: DemoSettings, force: bool = False, stop_after: str | None = None, only=None) -> dict[str, dict]:
+    """Run the pipeline (stages already finished with the same settings are skipped); returns the stage records.
+
+    ``only``: run just these stages (the CI test runs data, sft and rl); ``stop_after``: stop after that stage's row.
+    """
+    start = time.perf_counter()
+    invalidated = force
+    for row in PIPELINE:
+        invalidated = run_row(s, row, invalidated, only) or invalidated  # a re-run stage invalidates later ones
+        if stop_after in row:
+            break
+    print(f"\ndemo finished in {time.perf_counter() - start:.0f} s (this invocation); work dir {s.work_dir}")
+    return read_stages(s)
+
+
+# ---- CLI -------------------------------------------------------------------------------------------------------
+
+
+def build_parser(prog: str = PROG, description: str | None = None) -> argparse.ArgumentParser:
+    """--work-dir, --force, --stop-after and one flag per DemoSettings field (its docstring is the help)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description or __doc__.splitlines()[0])
+    parser.add_argument("--work-dir", default="work_dirs/demo", help="outputs, logs and stage records")
+    parser.add_argument("--force", action="store_true", help="run every stage again")
+    parser.add_argument("--stop-after", choices=[s for row in PIPELINE for s in row],
+                        help="stop after the pipeline row holding this stage")
+    add_settings_arguments(parser, DemoSettings, skip=("work_dir",))
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[DemoSettings, argparse.Namespace]:
+    args = build_parser().parse_args(argv)
+    return settings_from_args(DemoSettings, args, work_dir=Path(args.work_dir).resolve()), args
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings, args = parse_args(argv)
+    os.environ.update(subprocess_env())  # the in-process stages (data, report) follow the same rules
+    try:
+        run_demo(settings, force=args.force, stop_after=args.stop_after)
+    except JobError as error:
+        print(f"\ndemo FAILED: {error}", file=sys.stderr)
+        return error.returncode
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

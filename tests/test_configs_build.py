@@ -1,0 +1,107 @@
+"""Every shipped config under projects/llava_sam2/configs loads, and every runnable one builds.
+
+CPU configs build the way `sa2va-rl train` builds them (MMEngine Runner: model, hooks by name, train loop with its
+dataloader and one batch, optimizer wrapper, schedulers, and for GRPO the algorithm with its rewards), on the tiny
+model and files written here. The released-size configs (1B/4B/8B) build their model and algorithm on the meta
+device (no weights: a preset of the same size stands in for the local checkpoint) plus every hook.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from mmengine.config import Config
+from mmengine.registry import HOOKS, MODELS, RUNNERS
+
+from projects.llava_sam2.rl_train.cli.setup_checkpoint import make_tiny_checkpoint
+from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
+from projects.llava_sam2.rl_train.engine.checkpointing import unwrap_model
+from projects.llava_sam2.rl_train.engine.loop import GRPOLoop
+from projects.llava_sam2.rl_train.model.tokenizer import TINY_TOKENIZER_DIR
+from projects.llava_sam2.rl_train.prompt_rl.reward_net import RewardNet, RewardNetConfig, save_reward_net
+
+CONFIG_ROOT = Path(__file__).resolve().parents[1] / "projects/llava_sam2/configs"
+ALL_CONFIGS = sorted(CONFIG_ROOT.rglob("*.py"))
+RUNNABLE = [p for p in ALL_CONFIGS if "_base_" not in p.parts]
+SIZED = {p: m.group(1) for p in RUNNABLE if (m := re.fullmatch(r"sa2va_(\d+b)_.*\.py", p.name))}
+CPU = [p for p in RUNNABLE if p not in SIZED]
+# GRPO hooks by their default_hooks name; registered in this order (class priority, then config order), the order
+# they had as custom_hooks
+GRPO_HOOKS = {"ema_partner": "EMAPartnerHook", "reward_failures": "RewardFailureHook",
+              "skipped_samples": "SkippedSampleHook", "rollout_logging": "RolloutLoggingHook",
+              "train_state": "TrainStateHook"}
+
+
+def rel(path: Path) -> str:
+    return str(path.relative_to(CONFIG_ROOT))
+
+
+@pytest.fixture(scope="module")
+def local_files(tmp_path_factory) -> dict[str, str]:
+    """What the CPU configs point at under work_dirs/: an HF checkpoint, a reward network, COCO-style shapes."""
+    root = tmp_path_factory.mktemp("config_inputs")
+    torch.manual_seed(0)
+    save_reward_net(RewardNet(RewardNetConfig(side=64, width=8)), root / "reward_net")
+    return {"checkpoint": str(make_tiny_checkpoint(root / "tiny", seed=0)), "reward_net": str(root / "reward_net"),
+            "annotations": ShapesWorld("train", 4, 0, image_size=64).write_coco(str(root / "shapes"))}
+
+
+def local_options(name: str, files: dict[str, str]) -> dict:
+    """--cfg-options that point a config's local paths (work_dirs/...) at ``files``."""
+    ckpt, ann = files["checkpoint"], files["annotations"]
+    return {
+        "rl/demo/sft_shapes_cpu.py": {"train_dataloader.dataset.region_dataset.ann_file": ann},
+        "rl/demo/sft_continue_shapes_cpu.py": {"model.pretrained_path": ckpt,
+                                               "train_dataloader.dataset.pretrained_path": ckpt,
+                                               "train_dataloader.dataset.region_dataset.ann_file": ann},
+        "rl/demo/grpo_shapes_cpu.py": {"model.pretrained_path": ckpt, "train_dataloader.dataset.ann_file": ann},
+        "rl/tiny_grpo_reward_net_cpu.py": {
+            "model.pretrained_path": ckpt,
+            "train_cfg.algorithm.rewards.caption_to_mask.0.checkpoint": files["reward_net"]},
+    }.get(name, {})
+
+
+@pytest.mark.parametrize("path", ALL_CONFIGS, ids=rel)
+def test_config_loads(path):
+    cfg = Config.fromfile(str(path))
+    if cfg.get("train_cfg", {}).get("type") is GRPOLoop:
+        named = {name: cfg.default_hooks[name]["type"].__name__ for name in GRPO_HOOKS if name in cfg.default_hooks}
+        assert named == GRPO_HOOKS, f"{rel(path)}: GRPO hooks by name in default_hooks, got {named}"
+        assert not cfg.custom_hooks, f"{rel(path)}: the GRPO hooks are addressed by name, not in custom_hooks"
+
+
+@pytest.mark.parametrize("path", CPU, ids=rel)
+def test_cpu_config_builds_like_the_trainer(path, local_files, tmp_path):
+    cfg = Config.fromfile(str(path))
+    cfg.work_dir, cfg.log_level = str(tmp_path), "WARNING"
+    cfg.merge_from_dict(local_options(rel(path), local_files))
+    runner = RUNNERS.build(cfg)
+    loop = runner.train_loop  # built on first access: the loop, its dataloader, dataset, sampler and collate
+    assert next(iter(loop.dataloader)), f"{rel(path)}: empty first batch"
+    runner.optim_wrapper = runner.build_optim_wrapper(runner.optim_wrapper)
+    runner.param_schedulers = runner.build_param_scheduler(runner.param_schedulers)
+    assert any(p.requires_grad for p in runner.model.parameters()), f"{rel(path)}: nothing to train"
+    if isinstance(loop, GRPOLoop):
+        algorithm = unwrap_model(runner.model).build_algorithm(cfg.train_cfg.algorithm)
+        assert algorithm.loops, f"{rel(path)}: the algorithm has no loop switched on"
+        registered = [type(h).__name__ for h in runner.hooks if type(h).__name__ in GRPO_HOOKS.values()]
+        assert registered == list(GRPO_HOOKS.values())
+
+
+@pytest.mark.parametrize("path", sorted(SIZED), ids=rel)
+def test_released_size_config_builds_on_the_meta_device(path):
+    cfg = Config.fromfile(str(path))
+    model_cfg = cfg.model.copy()
+    # no checkpoint here: the preset of the same size, the tiny tokenizer, weight sets on the (meta) model's device
+    model_cfg.update(pretrained_path=None, preset=SIZED[path], tokenizer=str(TINY_TOKENIZER_DIR),
+                     weights_storage_device=None)
+    with torch.device("meta"):
+        model = MODELS.build(model_cfg)
+        algorithm = model.build_algorithm(cfg.train_cfg.algorithm)
+    assert [loop.name for loop in algorithm.loops] == ["loop1", "loop2"]
+    assert model.sa2va.language_model.peft_config["default"].r == cfg.model.lora.r
+    hooks = {name: HOOKS.build(dict(hook)) for name, hook in cfg.default_hooks.items()}
+    assert {name: type(hooks[name]).__name__ for name in GRPO_HOOKS} == GRPO_HOOKS
+    assert cfg.train_dataloader.dataset.type.__name__ == "DLCRegionDataset"  # data path: a local default to edit
