@@ -154,12 +154,12 @@ class ToyTrainModel(BaseModel):
 TOY_CONFIG = """
 # Toy GRPO run written as a lazy pure-Python MMEngine config, like the Sa2VA-RL configs.
 from mmengine.dataset import DefaultSampler
-from mmengine.hooks import CheckpointHook, LoggerHook
+from mmengine.hooks import LoggerHook
 from mmengine.optim import CosineAnnealingLR, LinearLR, OptimWrapper
 from torch.optim import AdamW
 
 from engine_toy import ToyPromptDataset, ToyREINFORCE, ToyTrainModel, toy_collate, toy_sft_collate
-from projects.llava_sam2.rl_train.engine.hooks import EMAPartnerHook, TrainStateHook
+from projects.llava_sam2.rl_train.engine.hooks import AtomicCheckpointHook, EMAPartnerHook, TrainStateHook
 from projects.llava_sam2.rl_train.engine.loop import GRPOLoop
 
 max_iters = 6
@@ -173,7 +173,7 @@ optim_wrapper = dict(type=OptimWrapper, optimizer=dict(type=AdamW, lr=0.05, beta
                      clip_grad=dict(max_norm=1.0))
 param_scheduler = [dict(type=LinearLR, start_factor=0.1, by_epoch=False, begin=0, end=2),
                    dict(type=CosineAnnealingLR, eta_min=0.0, by_epoch=False, begin=2, end=max_iters)]
-default_hooks = dict(checkpoint=dict(type=CheckpointHook, interval=3, by_epoch=False),
+default_hooks = dict(checkpoint=dict(type=AtomicCheckpointHook, interval=3, by_epoch=False),
                      logger=dict(type=LoggerHook, interval=1))
 custom_hooks = [dict(type=EMAPartnerHook), dict(type=TrainStateHook)]
 randomness = dict(seed=0)

@@ -1,9 +1,10 @@
-"""MMEngine / XTuner glue of Sa2VA-RL: the GRPO train loop, the train model, hooks, checkpoint helpers.
+"""MMEngine / XTuner glue of Sa2VA-RL: the GRPO train loop, the train model, hooks, checkpoint helpers, launch.
 
 Importing this package registers ``GRPOLoop`` (LOOPS), ``Sa2VATrainModel`` (MODELS), the hooks (HOOKS) and the
 GRPO algorithms (``registry.ALGORITHMS``), so string configs can name them too.
 """
-from .hooks import EMAPartnerHook, RewardFailureHook, RolloutLoggingHook, SkippedSampleHook, TrainStateHook
+from .hooks import (AtomicCheckpointHook, EMAPartnerHook, RewardFailureHook, RolloutLoggingHook, SkippedSampleHook,
+                    TrainStateHook)
 from .loop import GRPOLoop
 from .registry import ALGORITHMS, build_component, register_algorithms
 from .train_model import Sa2VATrainModel
@@ -11,6 +12,6 @@ from .train_model import Sa2VATrainModel
 register_algorithms()
 
 __all__ = [
-    "ALGORITHMS", "EMAPartnerHook", "GRPOLoop", "RewardFailureHook", "RolloutLoggingHook", "Sa2VATrainModel",
-    "SkippedSampleHook", "TrainStateHook", "build_component", "register_algorithms",
+    "ALGORITHMS", "AtomicCheckpointHook", "EMAPartnerHook", "GRPOLoop", "RewardFailureHook", "RolloutLoggingHook",
+    "Sa2VATrainModel", "SkippedSampleHook", "TrainStateHook", "build_component", "register_algorithms",
 ]

@@ -7,7 +7,8 @@ an exact GRPO resume, and this module closes them:
   that state goes into the checkpoint dict through ``before_save_checkpoint`` / ``after_load_checkpoint``. Two
   cases cannot use those stages: ``FlexibleRunner`` (DeepSpeed) never calls them (environment.md fact 24), and
   ``Runner.save_checkpoint`` runs on rank 0 only, so per-rank state (RNG) of other ranks never reaches it. There the
-  state is written to a side file ``<checkpoint>.<state_name>.pth`` by ``TrainStateHook`` (hooks/train_state.py).
+  state is written to a side file ``<checkpoint>.<state_name>.pth`` by ``AtomicCheckpointHook``
+  (hooks/checkpoint.py) before it commits the checkpoint, and read back by ``TrainStateHook`` on resume.
 * Model state: ``keep_trainable_state`` makes ``state_dict`` hold only the trainable tensors (as upstream SFT
   checkpoints do) and makes loading such a state dict report no missing frozen keys.
 """
@@ -20,12 +21,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from mmengine.dist import get_world_size
+from mmengine.dist import all_gather_object, get_world_size, is_main_process
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 from mmengine.runner import FlexibleRunner
 from mmengine.runner.checkpoint import find_latest_checkpoint
 from torch import nn
+
+from .atomic_files import PARTIAL_SUFFIX, commit
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -97,11 +100,24 @@ def side_file(checkpoint: str, state_name: str) -> str:
 
 
 def write_side_file(checkpoint: str, state_name: str, state: Any) -> str:
-    """Save ``state`` atomically (temp file + rename) next to ``checkpoint``; returns the path."""
+    """Save ``state`` atomically and durably (temp file, fsync, rename) next to ``checkpoint``; returns the path."""
     path = side_file(checkpoint, state_name)
-    torch.save(state, path + ".tmp")
-    os.replace(path + ".tmp", path)
+    torch.save(state, path + PARTIAL_SUFFIX)
+    commit(path + PARTIAL_SUFFIX, path)
     return path
+
+
+def write_side_states(runner, checkpoint: str) -> list[str]:
+    """Write the side file of every ``StatefulHook`` whose state the checkpoint dict cannot carry (all ranks call
+    this: per-rank states are gathered to rank 0, which writes). Returns the paths written (rank 0)."""
+    written = []
+    for hook in [h for h in runner.hooks if isinstance(h, StatefulHook) and h.uses_side_file(runner)]:
+        state = hook.state_dict(runner)
+        if hook.is_per_rank:
+            state = all_gather_object(state)  # one entry per rank, every rank takes part
+        if is_main_process():
+            written.append(write_side_file(checkpoint, hook.state_name, state))
+    return written
 
 
 def read_side_file(checkpoint: str, state_name: str) -> Any:
@@ -109,14 +125,15 @@ def read_side_file(checkpoint: str, state_name: str) -> Any:
     if not os.path.isfile(path):
         raise FileNotFoundError(
             f"resume from {checkpoint}: the side file {path} with the {state_name!r} state is missing; it is written "
-            "next to each checkpoint by TrainStateHook. Copy it along with the checkpoint, or remove the hook that "
-            f"owns {state_name!r} from the config's hooks (the shipped configs name them in default_hooks) to resume "
-            "without that state.")
+            "next to each checkpoint by AtomicCheckpointHook. Copy it along with the checkpoint, or remove the hook "
+            f"that owns {state_name!r} from the config's hooks (the shipped configs name them in default_hooks) to "
+            "resume without that state.")
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
 def prune_side_files(checkpoint_dir: str) -> list[str]:
-    """Delete side files whose checkpoint is gone (CheckpointHook's ``max_keep_ckpts`` removed it)."""
+    """Delete side files whose checkpoint is gone (pruned by ``max_keep_ckpts``, or never committed because the
+    run died while saving it). Call it only while no checkpoint is being saved."""
     removed = []
     for path in glob.glob(os.path.join(checkpoint_dir, "*.pth.*.pth")):
         checkpoint = path[: path.index(".pth.") + len(".pth")]

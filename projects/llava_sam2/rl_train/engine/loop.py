@@ -15,7 +15,14 @@ One iteration (``run_iter``) reads as DESIGN §3 and the contract in docs/archit
     hook after_train_iter(batch_idx, data_batch, outputs)   # EMAPartnerHook updates the partner here
 
 Gradient-carrying work always runs inside ``runner.model.train_step`` so DDP / DeepSpeed wrappers see a normal
-forward and backward. ``outputs`` holds the mean ``train_step`` logs over the iteration's minibatches (loss, KL,
+forward and backward.
+
+Failure behaviour (docs/failure_behaviour.md): an optimizer step with a NaN / inf loss or gradient is skipped by
+``NonFiniteGuard`` (engine/guard.py; weights, optimizer state and EMA partner unchanged, counted in
+``guard/skipped_steps``) and ``max_consecutive_nonfinite`` such iterations in a row stop the run with
+``FloatingPointError``. A batch that ``on_bad_sample='skip'`` left empty (on any rank) is replaced by the next
+batch on every rank (``data/empty_batches``); the batches drawn are counted in the message hub, so a resume
+skips exactly those. ``outputs`` holds the mean ``train_step`` logs over the iteration's minibatches (loss, KL,
 clip fractions, ...), per-loop rollout metrics (``engine/stats.py``) and the seconds per phase (``time/encode``,
 ``time/rollout``, ``time/score``, ``time/update``), each averaged over ranks; ``LoggerHook`` prints them.
 
@@ -24,17 +31,24 @@ placed and wrapped the model, so it holds the live (unwrapped) module.
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 from mmengine.logging import print_log
 from mmengine.registry import LOOPS
 from mmengine.runner import IterBasedTrainLoop
 from mmengine.runner.loops import _InfiniteDataloaderIterator
 from torch.utils.data import DataLoader
 
+from .atomic_files import read_pointer
 from .checkpointing import unwrap_model
-from .stats import PhaseTimer, mean_of_logs, reduce_across_ranks, rollout_metrics
+from .guard import NonFiniteGuard
+from .stats import PhaseTimer, mean_of_logs, reduce_across_ranks, rollout_metrics, sum_across_ranks
+
+BATCHES_DRAWN = "grpo_batches_drawn"  # message-hub entry: prompt batches taken from the dataloader so far
+EMPTY_BATCHES = "grpo_empty_batches"  # message-hub entry: run total of batches replaced for being empty
 
 
 @LOOPS.register_module()
@@ -49,6 +63,8 @@ class GRPOLoop(IterBasedTrainLoop):
         sft_dataloader: optional SFT batches (``sft_collate`` layout): each iteration adds the model's SFT loss on
             one of them, times ``sft_loss_weight``, to its first minibatch's loss (same backward, same step).
         sft_loss_weight: weight of the mixed-in SFT loss (> 0 when ``sft_dataloader`` is given).
+        max_consecutive_nonfinite: iterations in a row with a skipped (NaN / inf) optimizer step after which
+            training stops with ``FloatingPointError``.
         val_begin, val_interval, dynamic_intervals: as in ``IterBasedTrainLoop``.
 
     Hook points besides MMEngine's: ``after_rollout`` and ``after_reward`` (``runner.call_hook`` reaches every hook
@@ -58,7 +74,8 @@ class GRPOLoop(IterBasedTrainLoop):
 
     def __init__(self, runner, dataloader: DataLoader | dict, max_iters: int, algorithm: Mapping[str, Any],
                  sft_dataloader: DataLoader | dict | None = None, sft_loss_weight: float = 1.0,
-                 val_begin: int = 1, val_interval: int = 1000, dynamic_intervals=None) -> None:
+                 max_consecutive_nonfinite: int = 3, val_begin: int = 1, val_interval: int = 1000,
+                 dynamic_intervals=None) -> None:
         if not isinstance(algorithm, Mapping) or "type" not in algorithm:
             raise TypeError(f"GRPOLoop: train_cfg.algorithm must be a config dict with a 'type' (e.g. "
                             f"dict(type=CycleGRPO, ...)), got {algorithm!r}.")
@@ -68,8 +85,10 @@ class GRPOLoop(IterBasedTrainLoop):
         super().__init__(runner, dataloader, max_iters, val_begin, val_interval, dynamic_intervals)
         self._algorithm_cfg = algorithm  # kept as given: a ConfigDict resolves lazy `type=Class` on access
         self._algorithm = None
+        self._guard = NonFiniteGuard(max_consecutive_nonfinite)
         self.sft_loss_weight = float(sft_loss_weight)
         self._sft_iterator = None
+        self._empty_draws: dict[str, float] = {"data/empty_batches": 0.0}
         if sft_dataloader is not None:
             if isinstance(sft_dataloader, dict):
                 diff_rank_seed = runner._randomness_cfg.get("diff_rank_seed", False)
@@ -86,6 +105,7 @@ class GRPOLoop(IterBasedTrainLoop):
         """Build the algorithm, skip already-trained batches (resume), then iterate; returns the model."""
         self._algorithm = unwrap_model(self.runner.model).build_algorithm(self._algorithm_cfg)
         self._count_minibatches_for_accumulation()
+        self._guard.install(self.runner.optim_wrapper)
         # Skip before the hooks run: TrainStateHook restores the RNG streams in before_train_epoch, and
         # re-creating an exhausted DataLoader iterator here draws from them.
         self._skip_trained_batches()
@@ -93,7 +113,7 @@ class GRPOLoop(IterBasedTrainLoop):
         self.runner.call_hook("before_train_epoch")
         while self._iter < self._max_iters and not self.stop_training:
             self.runner.model.train()
-            self.run_iter(next(self.dataloader_iterator))
+            self.run_iter(self._next_batch())
             self._decide_current_val_interval()
             if (self.runner.val_loop is not None and self._iter >= self.val_begin
                     and (self._iter % self.val_interval == 0 or self._iter == self._max_iters)):
@@ -105,6 +125,7 @@ class GRPOLoop(IterBasedTrainLoop):
     def run_iter(self, data_batch) -> None:
         """One GRPO iteration on one batch of prompts (see the module docstring)."""
         runner, algo, timer = self.runner, self._algorithm, PhaseTimer()
+        self._guard.iteration = self._iter + 1
         runner.call_hook("before_train_iter", batch_idx=self._iter, data_batch=data_batch)
         with timer("encode"):
             features = algo.encode(data_batch)
@@ -118,7 +139,9 @@ class GRPOLoop(IterBasedTrainLoop):
         with timer("update"):
             step_logs = self._update(algo, rollouts)
             algo.after_optimizer_step()
-        outputs = reduce_across_ranks({**step_logs, **rollout_metrics(rollouts), **timer.seconds})
+        outputs = reduce_across_ranks({**step_logs, **rollout_metrics(rollouts), **timer.seconds,
+                                       **self._guard.end_iteration(), **self._empty_draws})
+        self._check_finite(outputs)
         runner.call_hook("after_train_iter", batch_idx=self._iter, data_batch=data_batch, outputs=outputs)
         self._iter += 1
 
@@ -136,6 +159,37 @@ class GRPOLoop(IterBasedTrainLoop):
                              f"{self._iter}; it must yield at least one minibatch per iteration.")
         return mean_of_logs(logs)
 
+    def _check_finite(self, outputs: dict[str, float]) -> None:
+        """Log an iteration whose steps were skipped; raise after too many in a row (``NonFiniteGuard.check``)."""
+        scalars = self.runner.message_hub.log_scalars  # OptimWrapper logs the clipped norm there
+        if "train/grad_norm" in scalars:
+            outputs = {**outputs, "grad_norm": scalars["train/grad_norm"].current()}
+        warning = self._guard.check(outputs, read_pointer(self.runner.work_dir))
+        if warning is not None:
+            print_log(f"GRPOLoop: {warning}.", logger="current", level=logging.WARNING)
+
+    def _next_batch(self):
+        """The next prompt batch. A batch that skipped bad samples left empty, on any rank, is replaced by the next
+        one on every rank (ranks stay in step); the replaced batches' skipped samples ride along for counting."""
+        hub, carried, empty = self.runner.message_hub, [], 0
+        for _ in range(_batches_per_epoch(self.dataloader)):
+            batch = next(self.dataloader_iterator)
+            hub.update_info(BATCHES_DRAWN, hub.get_info(BATCHES_DRAWN, self._iter) + 1)
+            if not _is_empty_on_any_rank(batch):
+                if carried and hasattr(batch, "skipped"):
+                    batch.skipped = carried + list(batch.skipped)
+                self._empty_draws = {"data/empty_batches": float(empty)}
+                return batch
+            carried += list(getattr(batch, "skipped", ()))
+            empty += 1
+            hub.update_info(EMPTY_BATCHES, hub.get_info(EMPTY_BATCHES, 0) + 1)
+            print_log(f"GRPOLoop: iteration {self._iter + 1}: a prompt batch is empty (every sample skipped as bad "
+                      f"on some rank); drawing the next one ({hub.get_info(EMPTY_BATCHES)} replaced in this run).",
+                      logger="current", level=logging.WARNING)
+        raise ValueError(f"GRPOLoop: {empty} prompt batches in a row were empty (a whole epoch of the dataloader): "
+                         "every sample was skipped as bad. Inspect the dataset (tools/inspect_dataset.py) and its "
+                         "skipped-sample report; fix the data or its paths.")
+
     def _count_minibatches_for_accumulation(self) -> None:
         """The runner sized the accumulation counter for one ``train_step`` per iteration; GRPO makes several
         and their number is not known ahead, so count without an end (MMEngine's max_counts=-1)."""
@@ -144,11 +198,27 @@ class GRPOLoop(IterBasedTrainLoop):
             optim_wrapper.initialize_count_status(unwrap_model(self.runner.model), 0, -1)
 
     def _skip_trained_batches(self) -> None:
+        """Advance the dataloaders past what the resumed run consumed (empty batches it replaced included)."""
         if self._iter == 0:
             return
-        print_log(f"GRPOLoop: resumed at iteration {self._iter}; skipping the {self._iter} batches already "
-                  "trained.", logger="current")
-        for _ in range(self._iter):
+        drawn = self.runner.message_hub.get_info(BATCHES_DRAWN, self._iter)
+        print_log(f"GRPOLoop: resumed at iteration {self._iter}; skipping the {drawn} prompt batches already "
+                  "drawn.", logger="current")
+        for _ in range(drawn):
             next(self.dataloader_iterator)
-            if self._sft_iterator is not None:
-                next(self._sft_iterator)
+        for _ in range(self._iter if self._sft_iterator is not None else 0):
+            next(self._sft_iterator)
+
+
+def _batches_per_epoch(dataloader) -> int:
+    """How many empty batches in a row ``_next_batch`` tolerates: one epoch (1000 for unsized loaders)."""
+    try:
+        return max(1, len(dataloader))
+    except TypeError:
+        return 1000
+
+
+def _is_empty_on_any_rank(batch) -> bool:
+    """True if ``batch`` (a sized batch; other types count as non-empty) is empty here or on another rank."""
+    is_empty = float(hasattr(batch, "__len__") and len(batch) == 0)
+    return bool(sum_across_ranks(torch.tensor([is_empty]))[0] > 0)

@@ -1,8 +1,13 @@
-"""Per-iteration training statistics: phase timers, rollout metrics, and the one cross-rank reduction.
+"""Per-iteration training statistics: phase timers, rollout metrics, and the cross-rank reductions.
 
 Everything here returns plain ``{name: float}`` dicts that ``GRPOLoop`` puts into ``after_train_iter``'s
 ``outputs``; MMEngine's ``RuntimeInfoHook`` copies them into the message hub (``train/<name>``) and
 ``LoggerHook`` prints them and forwards them to the visualizer backends (TensorBoard, W&B).
+
+Cross-rank statistics are global, so a run on W processes logs what one process with the whole batch would:
+the per-loop reward metrics come from sums over ranks (``rollout_metrics``), counts (reward failures, missing
+values) are summed and other values averaged (``reduce_across_ranks``), and ``sum_across_ranks`` is the reducer
+the engine injects into the algorithm (dapo's token count, the batch std of ``scale_rewards='batch'``).
 """
 from __future__ import annotations
 
@@ -12,9 +17,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 import torch
-from mmengine.dist import all_reduce, get_world_size
+from mmengine.dist import all_gather_object, all_reduce, get_world_size
+from torch import Tensor
 
-from ..grpo.advantages import group_advantages
+from ..grpo.advantages import group_advantages, reward_moments, std_from_moments
 from ..grpo.rollout import CaptionReplay, MaskReplay, Rollout
 
 # Metric prefix of each loop, looked up by the type of the rollout's replay inputs (DESIGN §3).
@@ -47,16 +53,42 @@ def loop_names(rollouts: Sequence[Rollout]) -> list[str]:
     return names
 
 
+def sum_across_ranks(values: Tensor) -> Tensor:
+    """Element-wise float64 sum of ``values`` over the ranks (the values themselves on one process)."""
+    total = values.detach().to(device="cpu", dtype=torch.float64).clone()
+    if get_world_size() > 1:
+        all_reduce(total, op="sum")
+    return total
+
+
+def _rollout_sums(rollout: Rollout) -> Tensor:
+    """``[8]`` float64 sums that add up over ranks: reward count / sum / sum of squares, zero-std groups,
+    groups, unscored rollouts, rollouts, action elements, truncated rollouts."""
+    rewards = rollout.rewards.detach().float().cpu()  # [B, G]
+    _, stats = group_advantages(rewards, "group")
+    moments = reward_moments(rewards)  # [3]
+    B, N = rewards.shape[0], rollout.num_rollouts
+    return torch.cat([moments, torch.tensor(
+        [round(stats["frac_reward_zero_std"] * B), B, N - float(moments[0]), N,
+         float(rollout.action_mask.sum()), float(rollout.is_truncated.sum())], dtype=torch.float64)])
+
+
 def rollout_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
-    """Per loop (``<loop>/``): the reward statistics of ``group_advantages`` (mean/std over scored rollouts,
-    zero-std group and unscored fractions), the action length (caption tokens in loop 1), the truncated
-    fraction and the reward terms' own stats (``rollout.reward_stats``)."""
+    """Per loop (``<loop>/``) over the global batch: reward mean / std over scored rollouts, zero-std group and
+    unscored fractions (as ``group_advantages`` defines them), the action length (caption tokens in loop 1) and
+    the truncated fraction; plus the reward terms' own stats (``rollout.reward_stats``, local to the rank)."""
+    if not rollouts:
+        return {}
+    sums = sum_across_ranks(torch.stack([_rollout_sums(r) for r in rollouts]))  # [R, 8]
     stats: dict[str, float] = {}
-    for name, rollout in zip(loop_names(rollouts), rollouts):
-        _, reward_stats = group_advantages(rollout.rewards.detach().float().cpu(), "group")
-        stats.update({f"{name}/{key}": value for key, value in reward_stats.items()})
-        stats[f"{name}/completion_length"] = rollout.action_mask.sum(dim=-1).float().mean().item()
-        stats[f"{name}/truncated_frac"] = rollout.is_truncated.float().mean().item()
+    for name, rollout, row in zip(loop_names(rollouts), rollouts, sums):
+        count, total, _, zero_std, groups, unscored, num, elements, truncated = row[0], row[1], *row[2:].tolist()
+        stats[f"{name}/reward_mean"] = float(total / count) if count > 0 else float("nan")
+        stats[f"{name}/reward_std"] = float(std_from_moments(row[:3]))
+        stats[f"{name}/frac_reward_zero_std"] = zero_std / groups
+        stats[f"{name}/frac_unscored"] = unscored / num
+        stats[f"{name}/completion_length"] = elements / num
+        stats[f"{name}/truncated_frac"] = truncated / num
         stats.update({f"{name}/{key}": float(value) for key, value in rollout.reward_stats.items()})
     return stats
 
@@ -70,18 +102,25 @@ def mean_of_logs(logs: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, float]
     return {key: sum(v) / len(v) for key, v in values.items()}
 
 
-def reduce_across_ranks(stats: Mapping[str, float]) -> dict[str, float]:
-    """NaN-aware mean of every stat over ranks (the only cross-rank reduction of logged values).
+def is_count_key(key: str) -> bool:
+    """Stats that count events (reward failures, missing reward values, fallbacks): summed over ranks."""
+    return "/failures/" in key or key.endswith(("/missing", "/fallback", "/invalid"))
 
-    Keys are sorted so every rank packs the same order; every rank must report the same key set. A stat that is
-    NaN on a rank (nothing scored there) is left out of that key's mean.
+
+def reduce_across_ranks(stats: Mapping[str, float]) -> dict[str, float]:
+    """Every logged stat over ranks: the sum for counts (``is_count_key``), else the NaN-aware mean.
+
+    Ranks may report different key sets (a reward failure seen on one rank only): the union is gathered first and
+    a key a rank lacks counts as absent there. A stat that is NaN or inf on a rank is left out of that key's
+    reduction (NaN where no rank had a finite value).
     """
     if get_world_size() == 1:
         return dict(stats)
-    keys = sorted(stats)
-    values = torch.tensor([float(stats[k]) for k in keys], dtype=torch.float64)  # [K]
+    keys = sorted(set().union(*all_gather_object(sorted(stats))))
+    values = torch.tensor([float(stats.get(k, float("nan"))) for k in keys], dtype=torch.float64)  # [K]
     is_finite = torch.isfinite(values)
     packed = torch.stack([values.nan_to_num(0.0, posinf=0.0, neginf=0.0), is_finite.double()])  # [2, K]
     all_reduce(packed, op="sum")
     means = packed[0] / packed[1]  # [K], NaN where no rank had a value
-    return dict(zip(keys, means.tolist()))
+    sums = torch.where(packed[1] > 0, packed[0], means)  # [K]
+    return {key: float(sums[i] if is_count_key(key) else means[i]) for i, key in enumerate(keys)}

@@ -35,6 +35,7 @@ from .builders import build_tokenizer, check_model_source, model_config
 from .checkpointing import keep_trainable_state
 from .upstream_sft import build_upstream_sft_model
 from .registry import ALGORITHMS, build_component
+from .stats import sum_across_ranks
 
 # Upstream Sa2VA SFT LoRA (reference/sa2va.md §6).
 DEFAULT_LORA = dict(r=128, lora_alpha=256, lora_dropout=0.05)
@@ -126,7 +127,8 @@ class Sa2VATrainModel(BaseModel):
         """Build the GRPO algorithm (``train_cfg.algorithm``) with this model's live pieces.
 
         ``cfg['config']`` (a ``GRPOConfig`` or its dict) also sizes the weight sets: the EMA partner decays at
-        ``ema_decay`` and a reference snapshot is kept when ``beta > 0``.
+        ``ema_decay`` and a reference snapshot is kept when ``beta > 0``. The algorithm gets the engine's
+        ``sum_across_ranks`` for its global statistics (dapo's token count, the batch std).
         """
         args = dict(cfg.items())
         config = args.get("config")
@@ -137,7 +139,8 @@ class Sa2VATrainModel(BaseModel):
         adapter = {"is_adapter": lambda name: False} if self.is_lora_from_sft else {}
         self.weights = WeightSets.from_model(self.sa2va, ema_decay=config.ema_decay, use_reference=config.beta > 0,
                                              storage_device=self.weights_storage_device, **adapter)
-        return build_component(ALGORITHMS, args, model=self.sa2va, processor=self.processor, weights=self.weights)
+        return build_component(ALGORITHMS, args, model=self.sa2va, processor=self.processor, weights=self.weights,
+                               cross_rank_sum=sum_across_ranks)
 
     def forward(self, data: dict | None = None, data_samples=None, mode: str = "loss", grpo_batch=None,
                 sft_loss_weight: float = 1.0) -> dict[str, torch.Tensor]:

@@ -15,8 +15,13 @@ with ``s`` chosen by ``scale_rewards`` (TRL's vocabulary and semantics, ``GRPOCo
   prompts).
 
 Means and stds skip NaN (std with Bessel's correction, as ``torch.std``); a NaN reward gets advantage 0,
-so an unscorable rollout neither moves the baseline nor the policy. A group whose valid rewards are all
-equal has no learning signal: its advantages are exactly 0 (not ``0 / eps`` noise).
+so an unscorable rollout neither moves the baseline nor the policy. A reward of +-inf is treated as NaN
+(unscored) rather than poisoning its group's mean. A group whose valid rewards are all equal has no
+learning signal: its advantages are exactly 0 (not ``0 / eps`` noise).
+
+Under data parallelism the "batch" of ``scale_rewards='batch'`` is the global batch (TRL gathers the rewards
+of every process before normalising): the caller sums :func:`reward_moments` over ranks and passes
+``batch_std=std_from_moments(summed)``; groups never span ranks, so ``group`` and ``none`` need nothing global.
 """
 from __future__ import annotations
 
@@ -41,15 +46,30 @@ def _nan_std(x: Tensor, dim: int | None = None) -> Tensor:
     return torch.where(count > 1, var.sqrt(), torch.zeros_like(var))
 
 
-def _group_divisor(rewards: Tensor, eps: float) -> Tensor:
+def reward_moments(rewards: Tensor) -> Tensor:
+    """``[3]`` float64: count, sum and sum of squares of the finite rewards (sum them over ranks for global stats)."""
+    values = rewards.detach().double().reshape(-1)
+    values = values[torch.isfinite(values)]  # [n_scored]
+    return torch.stack([values.new_tensor(float(values.numel())), values.sum(), (values * values).sum()])
+
+
+def std_from_moments(moments: Tensor) -> Tensor:
+    """Unbiased std from ``reward_moments`` (summed over ranks): sqrt((S2 - S1^2 / n) / (n - 1)); 0 if n < 2."""
+    n, s1, s2 = moments.double().unbind()
+    var = (s2 - s1 * s1 / n.clamp(min=1.0)).clamp(min=0.0) / (n - 1.0).clamp(min=1.0)
+    return torch.where(n > 1, var.sqrt(), torch.zeros_like(var))
+
+
+def _group_divisor(rewards: Tensor, eps: float, batch_std: Tensor | None) -> Tensor:
     return _nan_std(rewards, dim=1)[:, None] + eps  # [B, 1]
 
 
-def _batch_divisor(rewards: Tensor, eps: float) -> Tensor:
-    return (_nan_std(rewards) + eps).expand(rewards.shape[0], 1)  # [B, 1]
+def _batch_divisor(rewards: Tensor, eps: float, batch_std: Tensor | None) -> Tensor:
+    std = _nan_std(rewards) if batch_std is None else torch.as_tensor(batch_std).to(rewards)
+    return (std + eps).expand(rewards.shape[0], 1)  # [B, 1]
 
 
-def _no_divisor(rewards: Tensor, eps: float) -> Tensor:
+def _no_divisor(rewards: Tensor, eps: float, batch_std: Tensor | None) -> Tensor:
     return torch.ones_like(rewards[:, :1])  # [B, 1]
 
 
@@ -69,7 +89,7 @@ def rewards_to_tensor(values: Sequence[float | None], group_size: int) -> Tensor
 
 
 def group_advantages(
-    rewards: Tensor, scale_rewards: str = "group", eps: float = ADVANTAGE_EPS
+    rewards: Tensor, scale_rewards: str = "group", eps: float = ADVANTAGE_EPS, batch_std: Tensor | None = None
 ) -> tuple[Tensor, dict[str, float]]:
     """A = (r - nanmean_group(r)) / (s + eps), flattened to ``[N]``; NaN rewards and constant groups get 0.
 
@@ -77,6 +97,7 @@ def group_advantages(
         rewards: ``[B, G]`` float, NaN where the rollout could not be scored.
         scale_rewards: key of ``SCALE_REWARDS`` (``group`` | ``batch`` | ``none``).
         eps: added to the divisor (TRL uses 1e-4).
+        batch_std: std of the whole (global) batch for ``scale_rewards='batch'``; None: of ``rewards``.
 
     Returns:
         advantages ``[N]`` (N = B * G, row-major so ``n = b * G + g``) and detached stats:
@@ -96,12 +117,13 @@ def group_advantages(
             "reshape the N rewards with rewards_to_tensor(values, num_generations)."
         )
     rewards = rewards.detach().float()
+    rewards = torch.where(torch.isfinite(rewards), rewards, torch.full_like(rewards, float("nan")))  # inf -> NaN
     is_scored = ~torch.isnan(rewards)  # [B, G]
     group_mean = torch.nanmean(rewards, dim=1, keepdim=True)  # [B, 1]; NaN if the whole group is unscored
     group_std = _nan_std(rewards, dim=1)  # [B]
     is_std_zero = torch.isclose(group_std, torch.zeros_like(group_std))  # [B]
 
-    advantages = (rewards - group_mean) / SCALE_REWARDS[scale_rewards](rewards, eps)  # [B, G]
+    advantages = (rewards - group_mean) / SCALE_REWARDS[scale_rewards](rewards, eps, batch_std)  # [B, G]
     has_signal = is_scored & ~is_std_zero[:, None]  # [B, G]
     advantages = torch.where(has_signal, advantages, torch.zeros_like(advantages))
 

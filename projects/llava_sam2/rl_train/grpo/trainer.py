@@ -17,9 +17,11 @@ Minibatches: every minibatch holds the same prompt range of each active loop (wh
 ``minibatch_size`` rollouts per loop. With several minibatches per rollout batch (or ``num_iterations > 1``) the
 later ones are off-policy, so the rollout stores ``old_logp`` from a teacher-forced no-grad pass; with one
 minibatch and one iteration ``old_logp`` is None and the loss uses ``logp.detach()`` (ratio exactly 1, same
-gradient, one forward fewer). ``dapo``'s normaliser is the loop's active elements over all chunks divided by the
-number of chunks, so gradient accumulation over the chunks (MMEngine ``accumulative_counts``) averages to the
-token mean of the whole batch (TRL's ``num_items_in_batch``).
+gradient, one forward fewer). ``dapo``'s normaliser is the loop's active elements of the global batch (all chunks,
+all ranks) divided by the number of chunks and by the world size, so gradient accumulation over the chunks
+(MMEngine ``accumulative_counts``) and DDP's gradient average give the token mean of the whole global batch (TRL's
+``num_items_in_batch / num_processes``). The cross-rank sums come from ``cross_rank_sum``, injected by the engine
+(``grpo/`` never imports ``torch.distributed``); ``scale_rewards='batch'`` uses it for the global batch std too.
 
 Dropout: ``disable_dropout=True`` (TRL GRPOConfig's knob; False there, True here) sets p = 0 in every dropout
 module of the model at build time (LoRA's 0.05 included), so rollouts (eval mode), ``old_logp`` / ``ref_logp`` and
@@ -29,7 +31,7 @@ around the forward because checkpointed layers re-run their forward during ``bac
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +41,7 @@ from torch import Tensor, nn
 from ..model.decoding import TextDecoding, group_chunks
 from ..model.pipeline import SEG_ANSWER, seg_answer_ids
 from ..rewards import RewardComposer
-from .advantages import group_advantages
+from .advantages import group_advantages, reward_moments, std_from_moments
 from .config import GRPOConfig
 from .cycle import CaptionToMaskLoop, CycleContext, MaskToCaptionLoop
 from .features import StepFeatures, encode_step
@@ -67,7 +69,7 @@ class LoopBatch:
         loop: the loop object (``name``, ``weight``, ``action_logp``).
         rollout: the loop's rollout restricted to whole groups ``samples`` (rows ``b * G + g``).
         samples: the prompt indices ``b`` of those groups.
-        num_active_tokens: dapo's normaliser (None: the rows' own count, i.e. a single minibatch).
+        num_active_tokens: dapo's normaliser (global active elements / chunks / world size).
     """
 
     loop: Any
@@ -84,6 +86,11 @@ class PolicyMinibatch:
     features: StepFeatures
     parts: list[LoopBatch]
     iteration: int
+
+
+def _single_process_sum(values: Tensor) -> Tensor:
+    """``cross_rank_sum`` of a single process: the values themselves."""
+    return values
 
 
 def zero_dropout(model: nn.Module) -> int:
@@ -146,12 +153,15 @@ class CycleGRPO:
             global RNG (seeded by the runner).
         disable_dropout: set every dropout probability of the model to 0 (module docstring); False keeps dropout
             in the loss pass only (rollouts run in eval mode), so ratios start off 1 by the dropout noise.
+        cross_rank_sum: element-wise sum of a float64 tensor over the data-parallel ranks (the engine passes
+            ``engine.stats.sum_across_ranks``); None: a single process.
     """
 
     def __init__(self, model, processor, weights, rewards: Mapping[str, Any] | None = None,
                  config: GRPOConfig | Mapping[str, Any] | None = None, *, minibatch_size: int | None = None,
                  seg_answer: str = SEG_ANSWER, seg_answer_max_tokens: int = 16,
-                 use_partner_captions: bool = True, seed: int | None = None, disable_dropout: bool = True):
+                 use_partner_captions: bool = True, seed: int | None = None, disable_dropout: bool = True,
+                 cross_rank_sum: Callable[[Tensor], Tensor] | None = None):
         config = config if isinstance(config, GRPOConfig) else GRPOConfig(**dict(config or {}))
         G = config.num_generations
         if minibatch_size is not None and (minibatch_size <= 0 or minibatch_size % G):
@@ -170,6 +180,7 @@ class CycleGRPO:
         self.num_dropouts_disabled = zero_dropout(model) if disable_dropout else 0
         self.model, self.processor, self.weights, self.config = model, processor, weights, config
         self.minibatch_size = minibatch_size
+        self.cross_rank_sum = cross_rank_sum or _single_process_sum
         self.loss_fn = PolicyLoss.from_config(config)
         answer_ids, seg_position = seg_answer_ids(processor.tokenizer, seg_answer, model.seg_token_id,
                                                   where="CycleGRPO: seg_answer")
@@ -233,7 +244,8 @@ class CycleGRPO:
     def compute_advantages(self, rollouts: list[Rollout]) -> None:
         """Replace each rollout by its copy with group advantages (``config.scale_rewards``), on the loss device."""
         for index, rollout in enumerate(rollouts):
-            advantages, _ = group_advantages(rollout.rewards, self.config.scale_rewards)  # [N]
+            batch_std = std_from_moments(self.cross_rank_sum(reward_moments(rollout.rewards)))  # global batch
+            advantages, _ = group_advantages(rollout.rewards, self.config.scale_rewards, batch_std=batch_std)  # [N]
             rollouts[index] = rollout.with_advantages(advantages.to(rollout.action_mask.device))
 
     def _loop_of(self, rollout: Rollout):
@@ -248,8 +260,9 @@ class CycleGRPO:
             raise ValueError("CycleGRPO.minibatches: call encode() and rollout() first.")
         B = self._features.num_samples
         chunks = group_chunks(B, self.config.num_generations, self.minibatch_size)
-        loops = [(self._loop_of(r), r, self._active_tokens(r) / len(chunks) if len(chunks) > 1 else None)
-                 for r in rollouts]
+        local = torch.tensor([[self._active_tokens(r), 1.0] for r in rollouts], dtype=torch.float64)  # [R, 2]
+        counts = self.cross_rank_sum(local).tolist()  # per loop: [global active elements, world size]
+        loops = [(self._loop_of(r), r, total / world / len(chunks)) for r, (total, world) in zip(rollouts, counts)]
         for iteration in range(self.config.num_iterations):
             for b0, b1 in chunks:
                 parts = [LoopBatch(loop, slice_groups(r, b0, b1), range(b0, b1), n) for loop, r, n in loops]

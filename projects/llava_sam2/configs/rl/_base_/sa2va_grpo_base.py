@@ -72,8 +72,9 @@ train_dataloader = dict(batch_size=2, num_workers=2, persistent_workers=True, da
 # priority, as custom_hooks would.
 default_hooks.update(  # noqa: F405
     logger=dict(type=LoggerHook, log_metric_by_epoch=False, interval=1),  # noqa: F405
-    # exact resume needs the optimizer state (train_state and ema_partner save the RNG state and the partner)
-    checkpoint=dict(type=CheckpointHook, save_optimizer=True, by_epoch=False, interval=100,  # noqa: F405
+    # exact resume needs the optimizer state (train_state and ema_partner save the RNG state and the partner);
+    # AtomicCheckpointHook takes CheckpointHook's arguments and saves crash-safely (docs/failure_behaviour.md)
+    checkpoint=dict(type=AtomicCheckpointHook, save_optimizer=True, by_epoch=False, interval=100,  # noqa: F405
                     max_keep_ckpts=2),
     ema_partner=dict(type=EMAPartnerHook),  # EMA partner update after every optimizer step, and its checkpoint
     train_state=dict(type=TrainStateHook),  # RNG streams and sampler position in checkpoints (exact resume)

@@ -12,11 +12,11 @@
 # (`optim_wrapper.optimizer.update(lr=1e-5)`, `model.update(preset='tiny')`); values computed from another variable
 # (param_scheduler from max_iters) are written again by a child that changes that variable. Configs hold data
 # only: a function defined here would break MMEngine's config dump.
-from mmengine.hooks import (CheckpointHook, DistSamplerSeedHook, IterTimerHook, LoggerHook,
-                            ParamSchedulerHook)
+from mmengine.hooks import DistSamplerSeedHook, IterTimerHook, LoggerHook, ParamSchedulerHook
 from mmengine.optim import AmpOptimWrapper, CosineAnnealingLR, LinearLR
 from torch.optim import AdamW
 
+from projects.llava_sam2.rl_train.engine.hooks import AtomicCheckpointHook
 from projects.llava_sam2.rl_train.engine.train_model import Sa2VATrainModel
 
 # ---- model --------------------------------------------------------------------------------------------------
@@ -63,8 +63,10 @@ default_hooks = dict(
     timer=dict(type=IterTimerHook),
     logger=dict(type=LoggerHook, log_metric_by_epoch=False, interval=10),
     param_scheduler=dict(type=ParamSchedulerHook),
-    # upstream: every 1000 iterations, keep the last 2, weights only
-    checkpoint=dict(type=CheckpointHook, save_optimizer=False, by_epoch=False, interval=1000, max_keep_ckpts=2),
+    # upstream: every 1000 iterations, keep the last 2, weights only. AtomicCheckpointHook takes CheckpointHook's
+    # arguments and saves crash-safely (temporary name, fsync, rename; the older checkpoint is pruned only after
+    # the new one is complete; docs/failure_behaviour.md)
+    checkpoint=dict(type=AtomicCheckpointHook, save_optimizer=False, by_epoch=False, interval=1000, max_keep_ckpts=2),
     sampler_seed=dict(type=DistSamplerSeedHook),
 )
 custom_hooks = []

@@ -9,6 +9,9 @@ facts 20-26).
 The train model provides ``weights`` (the ``WeightSets``, built with the algorithm) and ``policy`` (the module
 those weight sets pair with). Priority ``NORMAL``: the update runs before ``CheckpointHook`` (``VERY_LOW``), so a
 checkpoint saved at iteration k holds the partner after k updates.
+
+An iteration in which ``NonFiniteGuard`` skipped every optimizer step (``guard/applied_steps == 0`` in the loop's
+outputs) leaves the policy unchanged, and the partner is left unchanged too (no update is counted).
 """
 from __future__ import annotations
 
@@ -47,6 +50,8 @@ class EMAPartnerHook(StatefulHook):
             self._pending_state = None
 
     def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
+        if outputs is not None and outputs.get("guard/applied_steps", 1.0) == 0:
+            return  # no optimizer step ran (non-finite gradients): the partner stays as it was
         model, weights = self._weight_sets(runner)
         weights.update_partner(model.policy)
 

@@ -6,34 +6,25 @@ This hook saves each rank's Python / NumPy / torch RNG state with every checkpoi
 ``before_train_epoch``, the last point before ``GRPOLoop`` fetches the first resumed batch (the loop skips the
 already-trained batches before its ``before_train`` hooks, so skipping consumes nothing that counts).
 
-It also writes and reads side files for every :class:`StatefulHook` whose state the checkpoint dict cannot carry
-(FlexibleRunner / per-rank state; see ``engine/checkpointing.py``). Priority ``LOWEST``: in ``after_train_iter``
-and ``after_train`` it runs after ``CheckpointHook`` has saved, so the states it captures are those of the
-checkpoint just written.
+It also reads, on resume, the side files of every :class:`StatefulHook` whose state the checkpoint dict cannot
+carry (FlexibleRunner / per-rank state; see ``engine/checkpointing.py``). ``AtomicCheckpointHook`` writes them
+before it commits each checkpoint, so a committed checkpoint always has them; with side files in play that hook
+must replace MMEngine's ``CheckpointHook``, which moved ``last_checkpoint`` before they existed.
 """
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from mmengine.dist import all_gather_object, barrier, get_rank, get_world_size, is_main_process
-from mmengine.hooks import CheckpointHook
+from mmengine.dist import get_rank, get_world_size
 from mmengine.registry import HOOKS
 
-from ..checkpointing import (
-    StatefulHook,
-    capture_rng_state,
-    prune_side_files,
-    read_side_file,
-    restore_rng_state,
-    resumed_checkpoint,
-    write_side_file,
-)
+from ..checkpointing import StatefulHook, capture_rng_state, read_side_file, restore_rng_state, resumed_checkpoint
+from .checkpoint import AtomicCheckpointHook
 
 
 @HOOKS.register_module()
 class TrainStateHook(StatefulHook):
-    """Checkpoint the RNG state of every rank; write/read the side files of all stateful hooks."""
+    """Checkpoint the RNG state of every rank; read the side files of all stateful hooks on resume."""
 
     priority = "LOWEST"
     state_name = "rng_state"
@@ -41,7 +32,6 @@ class TrainStateHook(StatefulHook):
 
     def __init__(self) -> None:
         self._pending_rng: dict[str, Any] | None = None
-        self._flushed_checkpoint: str | None = None
 
     # ---- this hook's own state: the RNG streams -------------------------------------------------------------
 
@@ -67,36 +57,19 @@ class TrainStateHook(StatefulHook):
     # ---- side files -----------------------------------------------------------------------------------------
 
     def before_run(self, runner) -> None:
-        """Read the side files of a resumed checkpoint into their hooks (they apply them when ready)."""
+        """Check that side files will be written; read those of a resumed checkpoint into their hooks (they apply
+        them when ready)."""
+        hooks = self._side_file_hooks(runner)
+        if hooks and not any(isinstance(h, AtomicCheckpointHook) for h in runner.hooks):
+            raise ValueError(f"TrainStateHook: {[h.state_name for h in hooks]} must be saved in side files here "
+                             "(DeepSpeed or several processes), which AtomicCheckpointHook writes before it commits a "
+                             "checkpoint; set default_hooks.checkpoint=dict(type=AtomicCheckpointHook, ...) in place "
+                             "of MMEngine's CheckpointHook (same arguments).")
         checkpoint = resumed_checkpoint(runner)
         if checkpoint is None:
             return
-        for hook in self._side_file_hooks(runner):
+        for hook in hooks:
             hook.load_state_dict(runner, read_side_file(checkpoint, hook.state_name))
-
-    def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
-        self._flush(runner)
-
-    def after_train(self, runner) -> None:
-        self._flush(runner)  # CheckpointHook(save_last=True) may have saved in its after_train
 
     def _side_file_hooks(self, runner) -> list[StatefulHook]:
         return [h for h in runner.hooks if isinstance(h, StatefulHook) and h.uses_side_file(runner)]
-
-    def _flush(self, runner) -> None:
-        """Write side files for the checkpoint CheckpointHook saved since the last call, if any."""
-        # CheckpointHook.last_ckpt is None until it saves in this run (the message hub's copy would be the
-        # resumed run's path).
-        checkpoint = next((h.last_ckpt for h in runner.hooks if isinstance(h, CheckpointHook)), None)
-        if checkpoint is None or checkpoint == self._flushed_checkpoint:
-            return
-        self._flushed_checkpoint = checkpoint
-        for hook in self._side_file_hooks(runner):
-            state = hook.state_dict(runner)
-            if hook.is_per_rank:
-                state = all_gather_object(state)  # one entry per rank, every rank takes part
-            if is_main_process():
-                write_side_file(checkpoint, hook.state_name, state)
-        if is_main_process():
-            prune_side_files(os.path.dirname(checkpoint))
-        barrier()  # no rank may resume-read a side file before it exists
