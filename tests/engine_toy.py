@@ -5,23 +5,37 @@ sample G actions per prompt from the global torch RNG; the reward is 1 for the p
 small bonus from the EMA partner's probability of the action (so the partner matters); the loss is REINFORCE with
 a group-mean baseline. It follows the algorithm protocol of docs/architecture.md (encode / rollout / score /
 compute_advantages / minibatches / policy_loss / after_optimizer_step) with the real ``Rollout`` hand-off.
+
+Fault knobs for the failure tests (iterations are 1-based and read from the message hub, so they survive a
+resume): ``nan_loss_at`` multiplies the GRPO loss by NaN, ``ToyTrainModel(nan_sft_at=...)`` the SFT loss;
+``flaky_reward_at`` scores through the real ``RewardComposer`` with a second reward that returns None, NaN, inf
+for some rollouts, and advantages through ``group_advantages``; ``ToyPromptDataset(bad=...)`` returns
+``SkippedSample`` for those prompts and ``toy_region_collate`` drops them as ``region_collate`` does.
 """
 from __future__ import annotations
 
+import itertools
+import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from mmengine.config import Config
 from mmengine.hooks import Hook
+from mmengine.logging import MessageHub
 from mmengine.model import BaseModel
 from mmengine.registry import RUNNERS
 from torch import nn
 from torch.utils.data import Dataset
 
+from projects.llava_sam2.rl_train.data.bad_samples import SkippedSample
+from projects.llava_sam2.rl_train.data.collate import RegionBatch
 from projects.llava_sam2.rl_train.engine.checkpointing import keep_trainable_state
 from projects.llava_sam2.rl_train.engine.registry import ALGORITHMS, build_component
+from projects.llava_sam2.rl_train.grpo.advantages import group_advantages
 from projects.llava_sam2.rl_train.grpo.rollout import CaptionReplay, Rollout
+from projects.llava_sam2.rl_train.rewards import RewardComposer
+from projects.llava_sam2.rl_train.rewards.base import RewardInputs, RewardResult
 from projects.llava_sam2.rl_train.grpo.weights import WeightSets
 
 NUM_PROMPTS, NUM_ACTIONS = 8, 4
@@ -31,18 +45,45 @@ def target_action(prompt: torch.Tensor) -> torch.Tensor:
     return (3 * prompt + 1) % NUM_ACTIONS
 
 
+def current_iteration() -> int:
+    """1-based iteration being trained (RuntimeInfoHook keeps ``iter`` in the message hub; 0 outside a run)."""
+    return MessageHub.get_current_instance().get_info("iter", -1) + 1
+
+
 class ToyPromptDataset(Dataset):
-    """Prompt ids 0..P-1 (no randomness in loading)."""
+    """Prompt ids 0..P-1 (no randomness in loading); prompts in ``bad`` load as ``SkippedSample``."""
+
+    def __init__(self, bad: tuple[int, ...] = ()) -> None:
+        self.bad = set(bad)
 
     def __len__(self) -> int:
         return NUM_PROMPTS
 
-    def __getitem__(self, index: int) -> dict:
+    def __getitem__(self, index: int) -> dict | SkippedSample:
+        if index in self.bad:
+            return SkippedSample(f"toy/{index}", "toy.json", "bad_mask", "injected by the test")
         return {"prompt": index, "sample_id": f"toy/{index}"}
 
 
 def toy_collate(batch: list[dict]) -> list[dict]:
     return list(batch)
+
+
+def toy_region_collate(batch: list) -> RegionBatch:
+    """``region_collate`` for toy items: skipped samples leave the batch (which may end up empty)."""
+    return RegionBatch([b for b in batch if not isinstance(b, SkippedSample)],
+                       [b for b in batch if isinstance(b, SkippedSample)])
+
+
+class ValuesReward:
+    """A reward source that returns given values (None, NaN, inf included) and failure counts, whatever the
+    inputs (as a judge does: an invalid answer is None plus a counted failure)."""
+
+    def __init__(self, name: str, weight: float, values: list, failures: dict[str, int] | None = None) -> None:
+        self.name, self.weight, self.values, self.failures = name, weight, values, dict(failures or {})
+
+    def __call__(self, inputs) -> RewardResult:
+        return RewardResult(values=list(self.values), failures=dict(self.failures))
 
 
 def toy_sft_collate(batch: list[dict]) -> dict:
@@ -70,12 +111,16 @@ class ToyMinibatch:
 @ALGORITHMS.register_module()
 class ToyREINFORCE:
     def __init__(self, model: ToyPolicy, weights: WeightSets, num_generations: int = 4,
-                 partner_bonus: float = 0.1, fail_at_iter: int | None = None) -> None:
+                 partner_bonus: float = 0.1, fail_at_iter: int | None = None, nan_loss_at: tuple[int, ...] = (),
+                 flaky_reward_at: tuple[int, ...] = ()) -> None:
         self.model, self.weights = model, weights
         self.num_generations, self.partner_bonus = num_generations, partner_bonus
         self.fail_at_iter, self.calls = fail_at_iter, 0
+        self.nan_loss_at, self.flaky_reward_at = set(nan_loss_at), set(flaky_reward_at)
 
     def encode(self, batch: list[dict]) -> torch.Tensor:
+        if len(batch) == 0:  # as CycleGRPO.encode (grpo/features.py)
+            raise ValueError("ToyREINFORCE.encode: got an empty batch")
         return torch.tensor([sample["prompt"] for sample in batch])  # [B]
 
     @torch.no_grad()
@@ -104,11 +149,28 @@ class ToyREINFORCE:
                 partner_prob = self.model.logits(prompts).softmax(-1).gather(1, actions[:, None])[:, 0]  # [N]
             rollout.rewards = (is_hit + self.partner_bonus * partner_prob).reshape(rollout.rewards.shape)
             rollout.reward_stats = {"hit/mean": is_hit.mean().item(), "judge/failures/timeout": 1.0}
+            if current_iteration() in self.flaky_reward_at:
+                self._score_with_flaky_source(rollout)
+
+    @staticmethod
+    def _score_with_flaky_source(rollout: Rollout) -> None:
+        """Re-score through ``RewardComposer``: the toy reward (weight 1) plus a source (weight 0.5) that returns
+        None, NaN and inf for the first three rollouts and 0.5 for the others."""
+        N = rollout.num_rollouts
+        flaky = [None, float("nan"), float("inf")][:N] + [0.5] * max(0, N - 3)
+        composer = RewardComposer([ValuesReward("hit", 1.0, rollout.rewards.reshape(-1).tolist()),
+                                   ValuesReward("flaky", 0.5, flaky, failures={"invalid_answer": 1})])
+        total, stats = composer.compute(RewardInputs(sample_ids=[f"toy/{n}" for n in range(N)]))  # [N]
+        rollout.rewards = total.reshape(rollout.rewards.shape)
+        rollout.reward_stats = {**rollout.reward_stats, **stats}
 
     def compute_advantages(self, rollouts: list[Rollout]) -> None:
         for index, rollout in enumerate(rollouts):
-            advantages = rollout.rewards - rollout.rewards.mean(dim=1, keepdim=True)  # [B, G]
-            rollouts[index] = rollout.with_advantages(advantages.reshape(-1))
+            if current_iteration() in self.flaky_reward_at:  # the GRPO advantages: unscored rollouts get 0
+                advantages, _ = group_advantages(rollout.rewards, "none")  # [N]
+            else:
+                advantages = (rollout.rewards - rollout.rewards.mean(dim=1, keepdim=True)).reshape(-1)  # [N]
+            rollouts[index] = rollout.with_advantages(advantages)
 
     def minibatches(self, rollouts: list[Rollout]):
         for rollout in rollouts:
@@ -118,7 +180,10 @@ class ToyREINFORCE:
         rollout = minibatch.rollout
         logp = model.logits(rollout.replay.prompt_ids[:, 0]).log_softmax(-1)  # [N, K]
         logp = logp.gather(1, rollout.replay.completion_ids)[:, 0]  # [N]
-        return {"loss": -(rollout.advantages * logp).mean(), "logp_mean": logp.detach().mean()}
+        loss = -(rollout.advantages * logp).mean()
+        if current_iteration() in self.nan_loss_at:
+            loss = loss * float("nan")  # a NaN that reaches the gradients, as a real overflow does
+        return {"loss": loss, "logp_mean": logp.detach().mean()}
 
     def after_optimizer_step(self) -> None:
         pass
@@ -127,8 +192,9 @@ class ToyREINFORCE:
 class ToyTrainModel(BaseModel):
     """The train-model protocol GRPOLoop and EMAPartnerHook use: ``build_algorithm``, ``weights``, ``policy``."""
 
-    def __init__(self, ema_decay: float = 0.9) -> None:
+    def __init__(self, ema_decay: float = 0.9, nan_sft_at: tuple[int, ...] = ()) -> None:
         super().__init__()
+        self.nan_sft_at = set(nan_sft_at)
         self.policy = ToyPolicy()
         self.policy.encoder.requires_grad_(False)
         self.ema_decay = ema_decay
@@ -148,6 +214,8 @@ class ToyTrainModel(BaseModel):
         if data is not None:
             logits = self.policy.logits(data["prompt"])
             losses["sft_loss"] = sft_loss_weight * F.cross_entropy(logits, data["target"])
+            if current_iteration() in self.nan_sft_at:
+                losses["sft_loss"] = losses["sft_loss"] * float("nan")
         return losses
 
 
@@ -158,7 +226,7 @@ from mmengine.hooks import LoggerHook
 from mmengine.optim import CosineAnnealingLR, LinearLR, OptimWrapper
 from torch.optim import AdamW
 
-from engine_toy import ToyPromptDataset, ToyREINFORCE, ToyTrainModel, toy_collate, toy_sft_collate
+from engine_toy import ToyPromptDataset, ToyREINFORCE, ToyTrainModel, toy_collate, toy_region_collate, toy_sft_collate
 from projects.llava_sam2.rl_train.engine.hooks import AtomicCheckpointHook, EMAPartnerHook, TrainStateHook
 from projects.llava_sam2.rl_train.engine.loop import GRPOLoop
 
@@ -186,8 +254,6 @@ log_level = "WARNING"
 
 def write_toy_config(directory) -> str:
     """Write the toy config into ``directory`` and return its path (load it with ``Config.fromfile``)."""
-    import os
-
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(os.fspath(directory), "toy_grpo.py")
     with open(path, "w") as f:
@@ -216,19 +282,32 @@ class RecordHook(Hook):
                                        if not (k.startswith("time/") or k.endswith("/time_s"))}
 
 
+_RUNS = itertools.count()
+
+
 def run_config(config: str, work_dir, *, runner_type: str | None = None, resume_from: str | None = None,
-               **options):
-    """Train ``config`` in-process (``options``: ``--cfg-options`` style overrides); returns (runner, RecordHook)."""
+               extra_hooks=(), **options):
+    """Train ``config`` in-process (``options``: ``--cfg-options`` style overrides); returns (runner, RecordHook).
+
+    ``resume_from='auto'`` resumes as ``resume=True`` does (MMEngine follows ``last_checkpoint``). Each run gets its
+    own experiment name: MMEngine keys the message hub by it, and two runs started within the same second would
+    otherwise share one (and its runtime info). ``extra_hooks`` (hook objects) are registered beside the config's.
+    """
     cfg = Config.fromfile(str(config))
     cfg.work_dir = str(work_dir)
     cfg.log_level = "WARNING"
+    cfg.experiment_name = f"run{os.getpid()}_{next(_RUNS)}"
     if runner_type is not None:
         cfg.runner_type = runner_type
-    if resume_from is not None:
+    if resume_from == "auto":
+        cfg.resume, cfg.load_from = True, None
+    elif resume_from is not None:
         cfg.resume, cfg.load_from = True, resume_from
     cfg.merge_from_dict(options)
     runner = RUNNERS.build(cfg)  # Runner unless cfg.runner_type says otherwise
     record = RecordHook()
     runner.register_hook(record)
+    for hook in extra_hooks:
+        runner.register_hook(hook)
     runner.train()
     return runner, record

@@ -1,7 +1,7 @@
 """``sa2va-rl train CONFIG [xtuner train args]``: train a Sa2VA-RL (or SFT) config with XTuner's trainer.
 
 Same arguments as ``xtuner train`` (``--work-dir``, ``--deepspeed``, ``--resume``, ``--seed``, ``--cfg-options``,
-``--launcher``), with three differences that matter for scripts and CI:
+``--launcher``), with these differences that matter for scripts and CI:
 
 * XTuner's ``tools/train.py`` ``main()`` runs in this process, so a failed run exits non-zero (the ``xtuner train``
   CLI runs it in a child process and ignores the child's exit code; environment.md fact 10).
@@ -9,6 +9,8 @@ Same arguments as ``xtuner train`` (``--work-dir``, ``--deepspeed``, ``--resume`
   checkpoints (optimizer state, RNG state, EMA partner), which torch >= 2.6 refuses in weights-only mode (fact 18).
 * Without CUDA, the CPU fixes of ``engine/compat.py`` are applied first (gloo DDP, DeepSpeed on CPU; fact 15), and
   a CPU run uses one intra-op thread per process unless ``OMP_NUM_THREADS`` is set.
+* ``--resume auto`` resumes from the newest complete checkpoint of the work dir (none: a fresh start), and a
+  worker started by torchrun dies with it (``engine/launch.py``; docs/failure_behaviour.md).
 
 ``tools/train.py`` is the same command as a script (the launcher the Sa2VA workflow expects; it also stops with a
 clear message in an interpreter without the stack); multi-process: ``tools/dist_train.sh CONFIG NGPUS [args]`` runs
@@ -26,7 +28,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
     from projects.llava_sam2.rl_train.engine.compat import apply_cpu_compat
+    from projects.llava_sam2.rl_train.engine.launch import die_with_parent, resolve_resume
 
+    die_with_parent()
+    argv = resolve_resume(argv)
     apply_cpu_compat()
     from xtuner.tools import train as xtuner_train
 

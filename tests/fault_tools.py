@@ -1,0 +1,85 @@
+"""Helpers of the failure tests: toy training runs in forked children (a SIGKILL ends the child, not pytest), as one
+process or as gloo ranks, their recorded outputs, and checkpoint contents (tests only).
+
+Forking after the imports costs no start-up time (a fresh interpreter takes ~10 s to import the stack); the toy
+algorithm uses no background threads, so a fork is safe.
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import torch
+
+from engine_toy import run_config, write_toy_config
+
+KILLED = -signal.SIGKILL  # exit code of a child killed by SIGKILL
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child(target, rank: int, world: int, port: int, env: dict, kwargs: dict) -> None:
+    os.environ.update(env)
+    if world > 1:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                          WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    from projects.llava_sam2.rl_train.engine.compat import apply_cpu_compat
+
+    apply_cpu_compat()
+    target(**kwargs)
+
+
+def run_forked(target, *, world: int = 1, env: dict | None = None, timeout: float = 120, **kwargs) -> list[int]:
+    """Run ``target(**kwargs)`` in ``world`` forked processes (gloo ranks when > 1); returns their exit codes.
+
+    When one rank dies from SIGKILL the others are SIGKILLed too (they would wait in a collective forever), as when
+    a node dies or torchrun takes its workers down.
+    """
+    ctx = multiprocessing.get_context("fork")
+    port = free_port()
+    procs = [ctx.Process(target=_child, args=(target, rank, world, port, env or {}, kwargs)) for rank in range(world)]
+    for proc in procs:
+        proc.start()
+    deadline = time.monotonic() + timeout
+    while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
+        if any(p.exitcode is not None and p.exitcode != 0 for p in procs):
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+        time.sleep(0.05)
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+        proc.join()
+    return [p.exitcode for p in procs]
+
+
+def train_toy(work_dir: str, tag: str, resume_from: str | None = None, runner_type: str = "Runner",
+              **options) -> None:
+    """Child body: train the toy config in ``work_dir`` and write this rank's outputs to ``<tag>.<rank>.json``."""
+    from mmengine.dist import get_rank
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        options["launcher"] = "pytorch"
+    _, record = run_config(write_toy_config(work_dir), work_dir, runner_type=runner_type, resume_from=resume_from,
+                           **options)
+    Path(work_dir, f"{tag}.{get_rank()}.json").write_text(json.dumps(record.outputs))
+
+
+def outputs(work_dir, tag: str, rank: int = 0) -> dict[int, dict[str, float]]:
+    """Iteration -> logged outputs written by ``train_toy``."""
+    return {int(k): v for k, v in json.loads(Path(work_dir, f"{tag}.{rank}.json").read_text()).items()}
+
+
+def trainable_weights(checkpoint) -> dict[str, torch.Tensor]:
+    return torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"]
