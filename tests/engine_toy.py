@@ -65,10 +65,6 @@ class ToyPromptDataset(Dataset):
         return {"prompt": index, "sample_id": f"toy/{index}"}
 
 
-def toy_collate(batch: list[dict]) -> list[dict]:
-    return list(batch)
-
-
 def toy_region_collate(batch: list) -> RegionBatch:
     """``region_collate`` for toy items: skipped samples leave the batch (which may end up empty)."""
     return RegionBatch([b for b in batch if not isinstance(b, SkippedSample)],
@@ -226,14 +222,15 @@ from mmengine.hooks import LoggerHook
 from mmengine.optim import CosineAnnealingLR, LinearLR, OptimWrapper
 from torch.optim import AdamW
 
-from engine_toy import ToyPromptDataset, ToyREINFORCE, ToyTrainModel, toy_collate, toy_region_collate, toy_sft_collate
+from engine_toy import ToyPromptDataset, ToyREINFORCE, ToyTrainModel, toy_region_collate, toy_sft_collate
 from projects.llava_sam2.rl_train.engine.hooks import AtomicCheckpointHook, EMAPartnerHook, TrainStateHook
 from projects.llava_sam2.rl_train.engine.loop import GRPOLoop
 
 max_iters = 6
 model = dict(type=ToyTrainModel)
-train_dataloader = dict(batch_size=2, num_workers=0, dataset=dict(type=ToyPromptDataset),
-                        sampler=dict(type=DefaultSampler, shuffle=True), collate_fn=dict(type=toy_collate))
+# bad samples: train_dataloader.dataset.bad=(...) loads those prompts as SkippedSample, which the collate drops
+train_dataloader = dict(batch_size=2, num_workers=0, dataset=dict(type=ToyPromptDataset, bad=()),
+                        sampler=dict(type=DefaultSampler, shuffle=True), collate_fn=dict(type=toy_region_collate))
 sft_dataloader = dict(batch_size=2, num_workers=0, dataset=dict(type=ToyPromptDataset),
                       sampler=dict(type=DefaultSampler, shuffle=True), collate_fn=dict(type=toy_sft_collate))
 train_cfg = dict(type=GRPOLoop, max_iters=max_iters, algorithm=dict(type=ToyREINFORCE))

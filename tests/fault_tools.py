@@ -6,6 +6,8 @@ algorithm uses no background threads, so a fork is safe.
 """
 from __future__ import annotations
 
+import faulthandler
+import io
 import json
 import multiprocessing
 import os
@@ -27,7 +29,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _child(target, rank: int, world: int, port: int, env: dict, kwargs: dict) -> None:
+def _child(target, rank: int, world: int, port: int, env: dict, timeout: float, kwargs: dict) -> None:
+    faulthandler.dump_traceback_later(max(1.0, timeout - 5))  # a child about to be killed for time says where it is
     os.environ.update(env)
     if world > 1:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
@@ -39,7 +42,7 @@ def _child(target, rank: int, world: int, port: int, env: dict, kwargs: dict) ->
     target(**kwargs)
 
 
-def run_forked(target, *, world: int = 1, env: dict | None = None, timeout: float = 120, **kwargs) -> list[int]:
+def run_forked(target, *, world: int = 1, env: dict | None = None, timeout: float = 240, **kwargs) -> list[int]:
     """Run ``target(**kwargs)`` in ``world`` forked processes (gloo ranks when > 1); returns their exit codes.
 
     When one rank dies from SIGKILL the others are SIGKILLed too (they would wait in a collective forever), as when
@@ -47,7 +50,8 @@ def run_forked(target, *, world: int = 1, env: dict | None = None, timeout: floa
     """
     ctx = multiprocessing.get_context("fork")
     port = free_port()
-    procs = [ctx.Process(target=_child, args=(target, rank, world, port, env or {}, kwargs)) for rank in range(world)]
+    procs = [ctx.Process(target=_child, args=(target, rank, world, port, env or {}, timeout, kwargs))
+             for rank in range(world)]
     for proc in procs:
         proc.start()
     deadline = time.monotonic() + timeout
@@ -74,6 +78,35 @@ def train_toy(work_dir: str, tag: str, resume_from: str | None = None, runner_ty
     _, record = run_config(write_toy_config(work_dir), work_dir, runner_type=runner_type, resume_from=resume_from,
                            **options)
     Path(work_dir, f"{tag}.{get_rank()}.json").write_text(json.dumps(record.outputs))
+
+
+def train_toy_killed_in_write(work_dir: str, tag: str, path_part: str, fraction: float = 0.5, **options) -> None:
+    """``train_toy``, SIGKILLed while it writes the first file whose path contains ``path_part``, after writing
+    ``fraction`` of its bytes. Works for any save code: it patches the two writers checkpoints go through
+    (MMEngine's ``LocalBackend.put`` and ``torch.save`` to a path)."""
+    from mmengine.fileio.backends import local_backend
+
+    def die_writing(data: bytes, filepath) -> None:
+        with open(filepath, "wb") as f:
+            f.write(data[: int(len(data) * fraction)])
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    original_put, original_save = local_backend.LocalBackend.put, torch.save
+
+    def put(self, obj: bytes, filepath) -> None:
+        if path_part in str(filepath):
+            die_writing(obj, filepath)
+        original_put(self, obj, filepath)
+
+    def save(obj, f, *args, **kwargs) -> None:
+        if isinstance(f, (str, os.PathLike)) and path_part in str(f):
+            buffer = io.BytesIO()
+            original_save(obj, buffer, *args, **kwargs)
+            die_writing(buffer.getvalue(), f)
+        original_save(obj, f, *args, **kwargs)
+
+    local_backend.LocalBackend.put, torch.save = put, save
+    train_toy(work_dir, tag, **options)
 
 
 def outputs(work_dir, tag: str, rank: int = 0) -> dict[int, dict[str, float]]:
