@@ -1,17 +1,21 @@
 """Launch paths of `sa2va-rl train` (tools/train.py) and tools/dist_train.sh on CPU, with the toy algorithm
 (tests/engine_toy.py).
 
-Launches are slow by nature (each process imports the whole stack), so only two: a 2-process gloo DDP run and a
-2-process DeepSpeed ZeRO-2 run resumed from its checkpoint. The train command's exit status is checked in-process:
-its ``main`` runs XTuner's trainer in the calling process, so a failure propagates as an exception (exit status 1).
+Launches are slow by nature (each process imports the whole stack), so only three: a 2-process gloo DDP run, a
+2-process DeepSpeed ZeRO-2 run resumed from its checkpoint, and a 2-process run whose launcher is killed. The train
+command's exit status is checked in-process: its ``main`` runs XTuner's trainer in the calling process, so a failure
+propagates as an exception (exit status 1).
 """
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -88,3 +92,49 @@ def test_dist_train_deepspeed_zero2_resume_is_exact(tmp_path):
     for step in (3, 4):
         for key in ("loss", "logp_mean", "loop1/reward_mean", "lr"):
             assert resumed_logs[step][key] == full_logs[step][key], (step, key)
+
+
+def torchrun_workers(marker: str) -> list[int]:
+    """Live processes started by torchrun (``TORCHELASTIC_RUN_ID`` set) whose environment carries ``marker``."""
+    pids = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if f"TEST_MARKER={marker}".encode() in environ and state != "Z" and any(
+                item.startswith(b"TORCHELASTIC_RUN_ID=") for item in environ):
+            pids.append(int(entry))
+    return pids
+
+
+def test_kill_9_of_the_launcher_process_group_takes_the_workers_down(tmp_path):
+    """torchrun starts workers in sessions of their own: kill -9 of its process group used to leave them training
+    and writing checkpoints. tools/train.py arms PR_SET_PDEATHSIG in torchrun workers (engine/launch.py)."""
+    config, marker, work_dir = write_toy_config(tmp_path), uuid.uuid4().hex, tmp_path / "run"
+    environ = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{REPO}", "PYTHON": sys.executable,
+               "PORT": str(free_port()), "OMP_NUM_THREADS": "1", "TEST_MARKER": marker}
+    launcher = subprocess.Popen(
+        ["bash", "tools/dist_train.sh", config, "2", "--work-dir", str(work_dir), "--cfg-options",
+         "train_cfg.max_iters=1000000", "default_hooks.checkpoint.interval=1000000"],
+        cwd=REPO, env=environ, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers = []
+    try:
+        deadline = time.monotonic() + 240
+        while not list(work_dir.glob("*/vis_data/scalars.json")):  # both workers are training
+            assert launcher.poll() is None and time.monotonic() < deadline, "the run did not start"
+            time.sleep(0.5)
+        workers = torchrun_workers(marker)
+        assert len(workers) == 2
+        os.killpg(launcher.pid, signal.SIGKILL)  # the launcher's process group: bash exec'd torchrun
+        launcher.wait()
+        deadline = time.monotonic() + 30
+        while torchrun_workers(marker) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert torchrun_workers(marker) == [], "workers outlived their launcher"
+    finally:
+        for pid in torchrun_workers(marker):  # only processes this test started
+            os.kill(pid, signal.SIGKILL)
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
