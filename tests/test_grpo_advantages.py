@@ -1,11 +1,12 @@
-"""grpo/advantages.py: group-normalised advantages against hand-computed values, NaN rewards, constant groups."""
+"""grpo/advantages.py: group-normalised advantages against hand-computed values, NaN / inf rewards, constant groups,
+the global batch std."""
 import math
 
 import pytest
 import torch
 
 from projects.llava_sam2.rl_train.grpo.advantages import (
-    ADVANTAGE_EPS, SCALE_REWARDS, group_advantages, rewards_to_tensor)
+    ADVANTAGE_EPS, SCALE_REWARDS, group_advantages, reward_moments, rewards_to_tensor, std_from_moments)
 
 NAN = float("nan")
 
@@ -44,6 +45,29 @@ def test_nan_rewards_drop_out_of_the_baseline_and_get_zero_advantage():
     torch.testing.assert_close(advantages, torch.tensor([-2.0, 0.0, 0.0, 2.0]) / (2.0 + ADVANTAGE_EPS))
     assert stats["frac_unscored"] == 0.25
     assert stats["reward_mean"] == pytest.approx(3.0)
+
+
+def test_infinite_rewards_count_as_unscored():
+    # an inf reward (a broken reward source) must not poison the group mean: same as NaN above
+    rewards = torch.tensor([[1.0, float("inf"), 3.0, 5.0], [float("-inf"), 0.0, 1.0, 2.0]])
+    advantages, stats = group_advantages(rewards, "group")
+    assert torch.isfinite(advantages).all() and advantages[1] == 0 and advantages[4] == 0
+    torch.testing.assert_close(advantages[[0, 2, 3]], torch.tensor([-2.0, 0.0, 2.0]) / (2.0 + ADVANTAGE_EPS))
+    assert stats["frac_unscored"] == 0.25
+
+
+def test_batch_std_of_the_global_batch_is_passed_in():
+    # two ranks' halves of the batch of test_batch_scaling_uses_group_mean_and_batch_std: the sums of
+    # reward_moments over the halves give the whole batch's std sqrt(2/3), which each half then uses
+    halves = [torch.tensor([[1.0, 3.0]]), torch.tensor([[2.0, 2.0], [NAN, 7.0]])]
+    moments = reward_moments(halves[0]) + reward_moments(halves[1])  # count 5, sum 15, sum of squares 67
+    torch.testing.assert_close(moments, torch.tensor([5.0, 15.0, 67.0], dtype=torch.float64))
+    std = std_from_moments(moments)  # sqrt((67 - 225 / 5) / 4) = sqrt(5.5)
+    assert float(std) == pytest.approx(math.sqrt(5.5))
+    advantages, _ = group_advantages(halves[0], "batch", batch_std=std)
+    s = math.sqrt(5.5) + ADVANTAGE_EPS
+    torch.testing.assert_close(advantages, torch.tensor([-1.0 / s, 1.0 / s]))
+    assert float(std_from_moments(reward_moments(torch.tensor([[NAN, 1.0]])))) == 0.0  # fewer than 2 values
 
 
 @pytest.mark.parametrize("scale_rewards", sorted(SCALE_REWARDS))

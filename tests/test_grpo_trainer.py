@@ -85,6 +85,13 @@ def test_minibatches_chunk_groups_and_old_logp_makes_ratio_one():
         assert part.rollout.num_rollouts == 4 and part.rollout.rewards.shape == (1, 4)
         assert part.num_active_tokens == pytest.approx(float(rollouts[0 if part.loop.name == "loop1" else 1]
                                                              .action_mask.sum()) / 2)
+    # data parallel: dapo's normaliser is the global count / world size / chunks (cross_rank_sum comes from the
+    # engine); here a second rank with 10 active elements per loop
+    algo.cross_rank_sum = lambda values: values + torch.tensor([10.0, 1.0])
+    for part in next(algo.minibatches(rollouts)).parts:
+        local = float(rollouts[0 if part.loop.name == "loop1" else 1].action_mask.sum())
+        assert part.num_active_tokens == pytest.approx((local + 10.0) / 2 / 2)
+    algo.cross_rank_sum = lambda values: values
     with torch.no_grad():
         stats = algo.policy_loss(model, minibatches[0])
     for loop in ("loop1", "loop2"):  # the loss re-scores the action exactly as the sampling pass did
