@@ -116,3 +116,44 @@ def outputs(work_dir, tag: str, rank: int = 0) -> dict[int, dict[str, float]]:
 
 def trainable_weights(checkpoint) -> dict[str, torch.Tensor]:
     return torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"]
+
+
+# ---- crash tests: kill, resume, compare --------------------------------------------------------------------------
+
+# 6 iterations, a checkpoint every 2, one kept: the setting where MMEngine's CheckpointHook deleted the only
+# checkpoint before writing the next
+CRASH_OPTIONS = {"default_hooks.checkpoint.interval": 2, "default_hooks.checkpoint.max_keep_ckpts": 1}
+
+
+class ReferenceRuns:
+    """Outputs of uninterrupted runs (``CRASH_OPTIONS``), per runner type and world size, computed once."""
+
+    def __init__(self, tmp_path_factory) -> None:
+        self.factory, self.cache = tmp_path_factory, {}
+
+    def __call__(self, runner_type: str = "Runner", world: int = 1) -> dict[int, dict]:
+        if (runner_type, world) not in self.cache:
+            work_dir = self.factory.mktemp(f"ref_{runner_type}_{world}")
+            assert run_forked(train_toy, world=world, work_dir=str(work_dir), tag="ref", runner_type=runner_type,
+                              **CRASH_OPTIONS) == [0] * world
+            self.cache[runner_type, world] = outputs(work_dir, "ref")
+        return self.cache[runner_type, world]
+
+
+def resume_and_compare(work_dir: Path, expected_resume: str, reference: dict, runner_type: str = "Runner",
+                       world: int = 1) -> None:
+    """Resume with ``resume=True`` (MMEngine follows ``last_checkpoint``): it must start after
+    ``expected_resume``, which is also the newest complete checkpoint, and log what the uninterrupted run logged;
+    the killed save's leftovers are gone and ``max_keep_ckpts=1`` holds again."""
+    from projects.llava_sam2.rl_train.engine.atomic_files import checkpoint_steps, newest_complete_checkpoint
+
+    assert run_forked(train_toy, world=world, work_dir=str(work_dir), tag="resumed", resume_from="auto",
+                      runner_type=runner_type, **CRASH_OPTIONS) == [0] * world, "the resumed run failed"
+    resumed = outputs(work_dir, "resumed")
+    start = int(expected_resume.split("_")[1].split(".")[0])
+    assert sorted(resumed) == list(range(start + 1, 7))
+    for i in resumed:
+        assert resumed[i] == reference[i], f"iteration {i} differs after the resume"
+    assert not list(work_dir.glob("*.partial")), "leftovers of the killed save were not cleaned up"
+    assert sorted(checkpoint_steps(str(work_dir))) == [6]
+    assert newest_complete_checkpoint(str(work_dir)) == str(work_dir / "iter_6.pth")

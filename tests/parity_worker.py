@@ -8,7 +8,9 @@ gradient norm (after DDP's average) and each rank's active-token count to ``argv
 """
 from __future__ import annotations
 
+import faulthandler
 import json
+import os
 import sys
 from dataclasses import replace
 
@@ -57,6 +59,7 @@ CASES = [(loss_type, "group") for loss_type in ("grpo", "bnpo", "dr_grpo", "dapo
 
 
 def main(out_path: str) -> None:
+    faulthandler.dump_traceback_later(float(os.environ.get("PARITY_WATCHDOG_S", "600")))  # a stuck rank says where
     from projects.llava_sam2.rl_train.engine.compat import apply_cpu_compat
 
     apply_cpu_compat()

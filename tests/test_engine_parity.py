@@ -39,11 +39,12 @@ def results(tmp_path_factory) -> dict[int, dict]:
     out = {}
     for world in (1, 2):
         path = tmp_path_factory.mktemp("parity") / f"world{world}.json"
-        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-        run = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}",
-                              f"--master_port={free_port()}", str(REPO / "tests/parity_worker.py"), str(path)],
-                             cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-        assert run.returncode == 0, run.stderr[-3000:]
+        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PARITY_WATCHDOG_S": "500"}
+        with open(path.with_suffix(".log"), "w") as log:
+            code = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}",
+                                   f"--master_port={free_port()}", str(REPO / "tests/parity_worker.py"), str(path)],
+                                  cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=600).returncode
+        assert code == 0, path.with_suffix(".log").read_text()[-5000:]
         out[world] = json.loads(path.read_text())
     return out
 
