@@ -127,8 +127,9 @@ def test_nan_in_the_mixed_sft_loss_is_skipped_too(tmp_path):
 
 def test_reward_sources_returning_none_nan_inf_are_counted_and_training_goes_on(tmp_path):
     hooks = [dict(type="EMAPartnerHook"), dict(type="TrainStateHook"), dict(type="RewardFailureHook")]
-    runner, record = run_toy(tmp_path, **{"train_cfg.algorithm.flaky_reward_at": (2,), "train_cfg.max_iters": 3,
-                                          "custom_hooks": hooks})
+    options = {"train_cfg.algorithm.flaky_reward_at": (2,), "train_cfg.max_iters": 4, "custom_hooks": hooks,
+               "default_hooks.checkpoint.interval": 2}
+    runner, record = run_toy(tmp_path, **options)
     logged = record.outputs[2]
     assert logged["loop1/flaky/missing"] == 1  # None
     assert logged["loop1/flaky/failures/invalid_answer"] == 1
@@ -137,6 +138,8 @@ def test_reward_sources_returning_none_nan_inf_are_counted_and_training_goes_on(
     assert logged["guard/skipped_steps"] == 0 and logged["loss"] == logged["loss"]  # finite loss, step taken
     assert runner.message_hub.get_info("reward_failures")["loop1/flaky/failures/invalid_answer"] == 1
     assert_finite({k: v for k, v in unwrap_model(runner.model).state_dict().items()}, "policy")
+    _, resumed = run_toy(tmp_path, resume_from=str(tmp_path / "iter_2.pth"), **options)
+    assert resumed.outputs == {i: record.outputs[i] for i in (3, 4)}
 
 
 def test_guard_rejects_a_bad_limit(tmp_path):

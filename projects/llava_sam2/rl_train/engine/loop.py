@@ -15,16 +15,17 @@ One iteration (``run_iter``) reads as DESIGN §3 and the contract in docs/archit
     hook after_train_iter(batch_idx, data_batch, outputs)   # EMAPartnerHook updates the partner here
 
 Gradient-carrying work always runs inside ``runner.model.train_step`` so DDP / DeepSpeed wrappers see a normal
-forward and backward.
+forward and backward. ``outputs`` holds the mean ``train_step`` logs over the iteration's minibatches (loss, KL,
+clip fractions, ...), per-loop rollout metrics (``engine/stats.py``), the seconds per phase (``time/encode``,
+``time/rollout``, ``time/score``, ``time/update``) and the failure counts below, reduced over ranks; ``LoggerHook``
+prints them.
 
 Failure behaviour (docs/failure_behaviour.md): an optimizer step with a NaN / inf loss or gradient is skipped by
-``NonFiniteGuard`` (engine/guard.py; weights, optimizer state and EMA partner unchanged, counted in
-``guard/skipped_steps``) and ``max_consecutive_nonfinite`` such iterations in a row stop the run with
+``NonFiniteGuard`` (engine/guard.py; weights, optimizer state and EMA partner unchanged; ``guard/skipped_steps``,
+``guard/applied_steps``) and ``max_consecutive_nonfinite`` such iterations in a row stop the run with
 ``FloatingPointError``. A batch that ``on_bad_sample='skip'`` left empty (on any rank) is replaced by the next
 batch on every rank (``data/empty_batches``); the batches drawn are counted in the message hub, so a resume
-skips exactly those. ``outputs`` holds the mean ``train_step`` logs over the iteration's minibatches (loss, KL,
-clip fractions, ...), per-loop rollout metrics (``engine/stats.py``) and the seconds per phase (``time/encode``,
-``time/rollout``, ``time/score``, ``time/update``), each averaged over ranks; ``LoggerHook`` prints them.
+skips exactly those.
 
 The algorithm object is built at ``run()`` by the train model (``build_algorithm(cfg)``), after the runner has
 placed and wrapped the model, so it holds the live (unwrapped) module.
@@ -161,6 +162,8 @@ class GRPOLoop(IterBasedTrainLoop):
 
     def _check_finite(self, outputs: dict[str, float]) -> None:
         """Log an iteration whose steps were skipped; raise after too many in a row (``NonFiniteGuard.check``)."""
+        if not outputs.get("guard/skipped_steps"):
+            return
         scalars = self.runner.message_hub.log_scalars  # OptimWrapper logs the clipped norm there
         if "train/grad_norm" in scalars:
             outputs = {**outputs, "grad_norm": scalars["train/grad_norm"].current()}
