@@ -145,8 +145,6 @@ def resume_and_compare(work_dir: Path, expected_resume: str, reference: dict, ru
     """Resume with ``resume=True`` (MMEngine follows ``last_checkpoint``): it must start after
     ``expected_resume``, which is also the newest complete checkpoint, and log what the uninterrupted run logged;
     the killed save's leftovers are gone and ``max_keep_ckpts=1`` holds again."""
-    from projects.llava_sam2.rl_train.engine.atomic_files import checkpoint_steps, newest_complete_checkpoint
-
     assert run_forked(train_toy, world=world, work_dir=str(work_dir), tag="resumed", resume_from="auto",
                       runner_type=runner_type, **CRASH_OPTIONS) == [0] * world, "the resumed run failed"
     resumed = outputs(work_dir, "resumed")
@@ -154,6 +152,8 @@ def resume_and_compare(work_dir: Path, expected_resume: str, reference: dict, ru
     assert sorted(resumed) == list(range(start + 1, 7))
     for i in resumed:
         assert resumed[i] == reference[i], f"iteration {i} differs after the resume"
+    from projects.llava_sam2.rl_train.engine.atomic_files import checkpoint_steps, newest_complete_checkpoint
+
     assert not list(work_dir.glob("*.partial")), "leftovers of the killed save were not cleaned up"
     assert sorted(checkpoint_steps(str(work_dir))) == [6]
     assert newest_complete_checkpoint(str(work_dir)) == str(work_dir / "iter_6.pth")
