@@ -92,7 +92,7 @@ class NonFiniteGuard:
                 f"iteration {self.iteration}: the optimizer step made trainable weights NaN or inf although the "
                 "gradients were finite (learning rate far too high?). Weights cannot be restored in place; training "
                 "stopped before this iteration's EMA update and checkpoint. Lower optim_wrapper.optimizer.lr, then "
-                "resume from the newest complete checkpoint (tools/train.py CONFIG --resume auto).")
+                "resume from the newest complete checkpoint (sa2va-rl train CONFIG --resume auto).")
         return out
 
     def end_iteration(self) -> dict[str, float]:
@@ -115,6 +115,6 @@ class NonFiniteGuard:
             raise FloatingPointError(
                 f"{status}. Training stopped. The newest complete checkpoint is {last_checkpoint or '(none yet)'}. "
                 "Check the learning rate (optim_wrapper.optimizer.lr), clip_grad, the rewards and the data (an SFT "
-                "batch mixed in counts too), then resume with tools/train.py CONFIG --resume auto; raise "
+                "batch mixed in counts too), then resume with sa2va-rl train CONFIG --resume auto; raise "
                 "train_cfg.max_consecutive_nonfinite to tolerate longer runs of bad steps.")
         return status

@@ -1,9 +1,10 @@
-"""Launch behaviour of ``tools/train.py``: workers die with their launcher, and ``--resume auto``.
+"""Launch behaviour of ``sa2va-rl train`` (``tools/train.py`` runs it): workers die with their launcher;
+``--resume auto``.
 
 * ``die_with_parent``: torchrun starts every worker in a session of its own (``start_new_session=True`` in
   ``torch.distributed.elastic``), so ``kill -9`` of torchrun or of its process group leaves the workers running,
   still training and writing checkpoints into the work dir. A worker that torchrun started asks the kernel to
-  SIGKILL it when its parent dies (Linux ``prctl(PR_SET_PDEATHSIG)``). Plain ``python tools/train.py`` runs are left
+  SIGKILL it when its parent dies (Linux ``prctl(PR_SET_PDEATHSIG)``). Plain ``sa2va-rl train`` runs are left
   alone: a run started under ``nohup`` must outlive its shell.
 * ``resolve_resume``: ``--resume auto`` becomes ``--resume <the newest complete checkpoint of the work dir>``
   (``atomic_files.newest_complete_checkpoint``: ``last_checkpoint`` if it loads, else the highest step that
@@ -57,7 +58,7 @@ def _work_dir(argv: list[str]) -> str:
 
 
 def resolve_resume(argv: list[str], log=print) -> list[str]:
-    """``argv`` of ``tools/train.py`` with ``--resume auto`` replaced (module docstring); other argv unchanged."""
+    """``argv`` of ``sa2va-rl train`` with ``--resume auto`` replaced (module docstring); other argv unchanged."""
     argv = [part for arg in argv for part in (arg.split("=", 1) if arg.startswith("--resume=") else [arg])]
     index = argv.index("--resume") if "--resume" in argv else -1
     if index < 0 or index + 1 >= len(argv) or argv[index + 1] != "auto":

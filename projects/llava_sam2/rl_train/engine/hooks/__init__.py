@@ -7,4 +7,5 @@ from .reward_hooks import RewardFailureHook
 from .rollout_logging import RolloutLoggingHook
 from .train_state import TrainStateHook
 
-__all__ = ["AtomicCheckpointHook", "EMAPartnerHook", "RewardFailureHook", "RolloutLoggingHook", "SkippedSampleHook", "TrainStateHook"]
+__all__ = ["AtomicCheckpointHook", "EMAPartnerHook", "RewardFailureHook", "RolloutLoggingHook", "SkippedSampleHook",
+           "TrainStateHook"]

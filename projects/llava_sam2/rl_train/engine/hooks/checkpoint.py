@@ -15,7 +15,7 @@ a checkpoint whose RNG side file does not exist. This hook saves in an order whe
 
 A checkpoint under its final name is therefore complete; ``last_checkpoint`` always names one. Weights with a
 NaN or inf are never saved (the run keeps its last good checkpoint). Resume with ``resume=True`` (follows
-``last_checkpoint``) or ``tools/train.py CONFIG --resume auto`` (``engine/launch.py``: the pointer if it loads,
+``last_checkpoint``) or ``sa2va-rl train CONFIG --resume auto`` (``engine/launch.py``: the pointer if it loads,
 else the newest complete checkpoint). ``engine/faults.py`` can kill the process between the phases (tests).
 """
 from __future__ import annotations
