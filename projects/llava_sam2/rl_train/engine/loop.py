@@ -190,8 +190,8 @@ class GRPOLoop(IterBasedTrainLoop):
                       f"on some rank); drawing the next one ({hub.get_info(EMPTY_BATCHES)} replaced in this run).",
                       logger="current", level=logging.WARNING)
         raise ValueError(f"GRPOLoop: {empty} prompt batches in a row were empty (a whole epoch of the dataloader): "
-                         "every sample was skipped as bad. Inspect the dataset (tools/inspect_dataset.py) and its "
-                         "skipped-sample report; fix the data or its paths.")
+                         "every sample was skipped as bad. Check the dataset with `sa2va-rl inspect CONFIG` (counts and "
+                         "the skipped-sample report) and fix the data or its paths.")
 
     def _count_minibatches_for_accumulation(self) -> None:
         """The runner sized the accumulation counter for one ``train_step`` per iteration; GRPO makes several
