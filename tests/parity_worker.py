@@ -1,10 +1,12 @@
-"""Worker of test_engine_parity.py (run under torchrun): one GRPO update of tiny Sa2VA on a fixed global batch.
+"""Worker of test_engine_parity.py (run under torchrun, 2 processes): one GRPO update of tiny Sa2VA on a fixed
+global batch, as a single process and as two gloo ranks.
 
 Every rank builds the same seeded model and rolls out the same global batch of B = 4 shapes prompts (so the
 rollouts are identical whatever the world size), keeps its share of whole groups (B / W prompts), and takes one
-``train_step`` through MMEngine's DDP wrapper and ``OptimWrapper`` (SGD with lr 0, so the weights stay put between
-the cases), as ``GRPOLoop`` does. Rank 0 writes, per case, the logged loss and stats reduced over ranks, the
-gradient norm (after DDP's average) and each rank's active-token count to ``argv[1]`` as JSON.
+``train_step`` with MMEngine's ``OptimWrapper`` (SGD with lr 0, so the weights stay put between the cases), as
+``GRPOLoop`` does: directly on the model for the single process (rank 0, before the process group exists), through
+MMEngine's DDP wrapper for the two ranks. Rank 0 writes, per world size and case, the logged loss and stats reduced
+over ranks, the gradient norm (after DDP's average) and each rank's active-token count to ``argv[1]`` as JSON.
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ import sys
 from dataclasses import replace
 
 import torch
+
+from projects.llava_sam2.rl_train.grpo.losses import LOSS_AGGREGATIONS
 
 
 def caption_hash_reward():
@@ -55,43 +59,38 @@ def rank_share(rollout, b0: int, b1: int):
     return replace(part, replay=replace(part.replay, image_index=part.replay.image_index - b0))
 
 
-CASES = [(loss_type, "group") for loss_type in ("grpo", "bnpo", "dr_grpo", "dapo")] + [("grpo", "batch")]
+CASES = [(loss_type, "group") for loss_type in LOSS_AGGREGATIONS] + [("grpo", "batch")]
 
 
-def main(out_path: str) -> None:
-    faulthandler.dump_traceback_later(float(os.environ.get("PARITY_WATCHDOG_S", "600")))  # a stuck rank says where
-    from projects.llava_sam2.rl_train.engine.compat import apply_cpu_compat
-
-    apply_cpu_compat()
-    torch.set_num_threads(1)
-    import torch.distributed as dist
-    from mmengine.logging import MessageHub
-    from mmengine.model import MMDistributedDataParallel
-    from mmengine.optim import OptimWrapper
-
-    from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
-    from projects.llava_sam2.rl_train.engine.stats import mean_of_logs, reduce_across_ranks, rollout_metrics
+def build_model():
+    """Tiny Sa2VA (seed 0) with LoRA B off zero, so every LoRA tensor is on a gradient path, and early stops."""
     from projects.llava_sam2.rl_train.engine.train_model import Sa2VATrainModel
-    from projects.llava_sam2.rl_train.grpo.trainer import CycleGRPO
 
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    caption_hash_reward()
-    hub = MessageHub.get_instance("parity")
     torch.manual_seed(0)
     model = Sa2VATrainModel(preset="tiny", lora=dict(r=4, lora_alpha=8, lora_dropout=0.0),
                             processor_cfg=dict(empty_region="dilate_to_one_cell"))
-    with torch.no_grad():  # LoRA B off zero, so every LoRA tensor is on a gradient path
+    with torch.no_grad():
         for name, param in model.named_parameters():
             if "lora_B" in name:
                 param.normal_(0.0, 0.02)
     stop_early(model)
-    world_data = ShapesWorld("train", num_samples=4, seed=0, image_size=64)
-    batch = [world_data[i] for i in range(4)]
-    b0, b1 = rank * 4 // world, (rank + 1) * 4 // world
-    ddp = MMDistributedDataParallel(module=model, find_unused_parameters=True)
+    return model
+
+
+def run_cases(model, wrapped, batch: list, rank: int, world: int) -> dict[str, dict]:
+    """Per case: one train_step of ``wrapped`` (the model, or its DDP wrapper) on this rank's share of the global
+    batch; the stats reduced over ranks, the gradient norm, each rank's active-token count per loop."""
+    import torch.distributed as dist
+    from mmengine.logging import MessageHub
+    from mmengine.optim import OptimWrapper
+
+    from projects.llava_sam2.rl_train.engine.stats import mean_of_logs, reduce_across_ranks, rollout_metrics
+    from projects.llava_sam2.rl_train.grpo.trainer import CycleGRPO
+
+    hub = MessageHub.get_instance(f"parity_world{world}")
     optim_wrapper = OptimWrapper(torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0),
                                  clip_grad=dict(max_norm=1e9))
+    b0, b1 = rank * len(batch) // world, (rank + 1) * len(batch) // world
     results, full = {}, None
     for loss_type, scale_rewards in CASES:
         algo = model.build_algorithm(dict(
@@ -106,12 +105,42 @@ def main(out_path: str) -> None:
         algo.encode(batch[b0:b1])
         rollouts = [rank_share(r, b0, b1) for r in full]
         algo.compute_advantages(rollouts)
-        logs = [ddp.train_step({"grpo_batch": mb}, optim_wrapper=optim_wrapper) for mb in algo.minibatches(rollouts)]
+        logs = [wrapped.train_step({"grpo_batch": mb}, optim_wrapper=optim_wrapper)
+                for mb in algo.minibatches(rollouts)]
         stats = reduce_across_ranks({**mean_of_logs(logs), **rollout_metrics(rollouts)})
-        tokens = [None] * world
-        dist.all_gather_object(tokens, [int(r.action_mask.sum()) for r in rollouts])
+        tokens = [[int(r.action_mask.sum()) for r in rollouts]]
+        if world > 1:
+            tokens = [None] * world
+            dist.all_gather_object(tokens, [int(r.action_mask.sum()) for r in rollouts])
         stats.update(grad_norm=float(hub.get_scalar("train/grad_norm").current()), active_tokens=tokens)
         results[f"{loss_type}/{scale_rewards}"] = stats
+    return results
+
+
+def main(out_path: str) -> None:
+    """Rank 0 first trains as a single process (no process group, no DDP: as a 1-GPU run), then both ranks as
+    gloo DDP; rank 0 writes ``{"1": ..., "2": ...}``."""
+    faulthandler.dump_traceback_later(float(os.environ.get("PARITY_WATCHDOG_S", "600")))  # a stuck rank says where
+    from projects.llava_sam2.rl_train.engine.compat import apply_cpu_compat
+
+    apply_cpu_compat()
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+    from mmengine.model import MMDistributedDataParallel
+
+    from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
+
+    caption_hash_reward()
+    world_data = ShapesWorld("train", num_samples=4, seed=0, image_size=64)
+    batch = [world_data[i] for i in range(4)]
+    model = build_model()
+    results = {}
+    if int(os.environ["RANK"]) == 0:
+        results["1"] = run_cases(model, model, batch, rank=0, world=1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    results[str(world)] = run_cases(model, MMDistributedDataParallel(module=model, find_unused_parameters=True),
+                                    batch, rank, world)
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump(results, f)

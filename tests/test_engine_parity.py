@@ -5,7 +5,8 @@
 per-rank count makes the result depend on how the batch is split whenever ranks hold different token counts, which
 the fixed batch here does (asserted). ``scale_rewards='batch'`` uses the global batch std, and the logged reward
 metrics are global. ``bnpo`` normalises by each rank's own tokens by definition (TRL: "normalization is performed
-over the local batch only"), so it is expected to differ. Runs tests/parity_worker.py under torchrun.
+over the local batch only"), so it is expected to differ. Runs tests/parity_worker.py under torchrun (2 processes;
+rank 0 first trains alone, without a process group, as a 1-GPU run does).
 """
 from __future__ import annotations
 
@@ -35,18 +36,15 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict[int, dict]:
-    """World size -> case -> stats, from one torchrun launch per world size."""
-    out = {}
-    for world in (1, 2):
-        path = tmp_path_factory.mktemp("parity") / f"world{world}.json"
-        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PARITY_WATCHDOG_S": "500"}
-        with open(path.with_suffix(".log"), "w") as log:
-            code = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}",
-                                   f"--master_port={free_port()}", str(REPO / "tests/parity_worker.py"), str(path)],
-                                  cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=600).returncode
-        assert code == 0, path.with_suffix(".log").read_text()[-5000:]
-        out[world] = json.loads(path.read_text())
-    return out
+    """World size -> case -> stats, from one 2-process torchrun launch (rank 0 also runs the single process)."""
+    path = tmp_path_factory.mktemp("parity") / "results.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PARITY_WATCHDOG_S": "500"}
+    with open(path.with_suffix(".log"), "w") as log:
+        code = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                               f"--master_port={free_port()}", str(REPO / "tests/parity_worker.py"), str(path)],
+                              cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=600).returncode
+    assert code == 0, path.with_suffix(".log").read_text()[-5000:]
+    return {int(world): cases for world, cases in json.loads(path.read_text()).items()}
 
 
 @pytest.mark.parametrize("case", CASES)
