@@ -52,6 +52,6 @@ train_dataloader.update(batch_size=2, num_workers=0, persistent_workers=False,  
 optim_wrapper = dict(type=OptimWrapper, optimizer=optim_wrapper.optimizer,  # noqa: F405
                      clip_grad=optim_wrapper.clip_grad, accumulative_counts=1)  # noqa: F405
 default_hooks.checkpoint.update(interval=1)  # noqa: F405
-custom_hooks[-1].update(interval=1, max_prompts=2, max_rollouts=2)  # noqa: F405
+default_hooks.rollout_logging.update(interval=1, max_prompts=2, max_rollouts=2)  # noqa: F405
 env_cfg.update(dist_cfg=dict(backend='gloo'))  # noqa: F405
 randomness = dict(seed=0)
