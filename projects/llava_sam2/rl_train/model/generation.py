@@ -55,6 +55,35 @@ class Completions:
     hidden: torch.Tensor | None = None
 
 
+@dataclass
+class SharedPrefix:
+    """Prompt rows that begin with a shared block (e.g. the image block of rows about one image).
+
+    Row r's prompt is ``[prefix index[r] | the row's own tokens]``; a decoder that knows this prefills each distinct
+    prefix once (``fast_generation``), any other decoder is given :meth:`full_prompts`. Padding inside the joined
+    prompt is masked out and positions count only real tokens (``position_ids_from_attention``), so a joined row
+    scores as its plain left-padded prompt does, up to float reordering.
+
+    Attributes:
+        embeds: ``[U, P, D]`` the U distinct prefixes, LEFT padded; attention: ``[U, P]`` (last column all True).
+        index: ``[n]`` long, the prefix of each row.
+    """
+
+    embeds: torch.Tensor
+    attention: torch.Tensor
+    index: torch.Tensor
+
+    def full_prompts(self, embeds: torch.Tensor, attention: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[prefix | rest]`` of every row: ``[n, S, D]``, ``[n, S]`` → ``[n, P + S, D]``, ``[n, P + S]`` (long)."""
+        return (torch.cat([self.embeds[self.index].to(embeds.dtype), embeds], dim=1),
+                torch.cat([self.attention[self.index].long(), attention.long()], dim=1))
+
+    def rows(self, r0: int, r1: int) -> "SharedPrefix":
+        """The prefix of rows ``[r0, r1)`` alone (only the prefixes they use, re-indexed)."""
+        used, index = torch.unique(self.index[r0:r1], return_inverse=True)  # [u], [r1 - r0]
+        return SharedPrefix(self.embeds[used], self.attention[used], index)
+
+
 def position_ids_from_attention(attention_mask: torch.Tensor) -> torch.Tensor:
     """``position_ids = clamp(cumsum(attention_mask) - 1, min=0)`` per row; ``[N, L]`` → ``[N, L]``."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
