@@ -113,10 +113,9 @@ def prefill_shared(parts: DecoderParts, prefix: SharedPrefix, inputs_embeds: Ten
         cache.value_cache[layer] = cache.value_cache[layer].index_select(0, prefix.index)
     P = prefix.attention.shape[1]
     attention = torch.cat([prefix.attention[prefix.index].long(), attention_mask.long()], dim=1)  # [n, P + S]
-    hidden = parts.body(
-        inputs_embeds=inputs_embeds, attention_mask=attention, position_ids=position_ids_from_attention(attention)[:, P:],
-        past_key_values=cache, use_cache=True,
-    ).last_hidden_state[:, -1]  # [n, D]
+    positions = position_ids_from_attention(attention)[:, P:]  # [n, S]
+    hidden = parts.body(inputs_embeds=inputs_embeds, attention_mask=attention, position_ids=positions,
+                        past_key_values=cache, use_cache=True).last_hidden_state[:, -1]  # [n, D]
     if cache.get_seq_length() != attention.shape[1]:
         raise RuntimeError("fast_sample_completions: the LM did not extend the prefix cache; call lm.eval() first.")
     return hidden, cache, attention
