@@ -32,7 +32,7 @@ def test_bench_rl_step_runs_ours_and_both_baselines_on_cpu(tmp_path):
         tokens = variant["tokens_per_iteration"]
         assert tokens["partner_no_seg"] == 0  # the forced answer's [SEG] was fed back in every loop-1 rollout
         assert 2 * 4 <= tokens["policy_caption_tokens"] <= 3 * 4  # 4 captions of 2-3 tokens (naive: extrapolated)
-    sweep = result["sweep"]["num_generations=4"]
+    sweep = result["sweep"]["G=4"]
     assert sweep["num_generations"] == 4 and sweep["rollouts_per_s"] > 0
     assert sweep["tokens_per_iteration"]["policy_caption_tokens"] <= 3 * 8
     for variant in (result, *result["baselines"].values()):

@@ -195,6 +195,8 @@ def parse_args(argv=None):
     parser.add_argument("--sweep", default="", help="points after the main run: 'G=4 G=16 T=64 tiles=13 G=16,T=64'")
     parser.add_argument("--sweep-warmup", type=int, default=1)
     parser.add_argument("--sweep-iters", type=int, default=1)
+    parser.add_argument("--time-limit-s", type=float, default=None,
+                        help="start no sweep point once this many seconds have passed since the bench started")
     parser.add_argument("--profile", default=None, help="write a torch.profiler table of one step of ours here")
     parser.add_argument("--profile-top", type=int, default=40)
     parser.add_argument("--json", default=None)
@@ -208,7 +210,7 @@ def parse_args(argv=None):
             parser.error(f"--caption-lengths {args.caption_lengths}: need 1 <= LO <= HI")
         args.caption_lengths = (lo, hi)
     try:
-        args.sweep = [sweep_point(text) for text in args.sweep.split()]
+        args.sweep = [(text, sweep_point(text)) for text in args.sweep.split()]
     except ValueError as err:
         parser.error(str(err))
     return args
@@ -266,6 +268,7 @@ def forced_answers(args, processor, model, clock) -> ForcedAnswers | None:
 def run_benchmark(argv: list[str] | None = None) -> dict:
     """Run the benchmark; returns what ``--json`` writes."""
     args = parse_args(argv)
+    started = time.perf_counter()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     grad_ckpt = (args.grad_ckpt or ("on" if device.type == "cuda" else "off")) == "on"
@@ -293,37 +296,45 @@ def run_benchmark(argv: list[str] | None = None) -> dict:
               "partner_reference_device_gib": memory.device_bytes / 2**30,
               "partner_reference_fraction_of_model": memory.fraction_of(model),
               "partner_reference_device_fraction_of_model": memory.device_fraction_of(model)}
+    result.update(baselines={}, sweep={})
+
+    def save() -> None:  # after every stage: a run cut short by a time limit keeps what it measured
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=2)
+
     with instrumented(clock, weights, texts, forced_answers(args, processor, model, clock)):
         algo = make_algo(model, processor, weights, args, args.decode_backend)
         for loop in algo.loops:
             clock.wrap_loop(loop)
         result.update(run_variant(algo, model, optimizer, params, batch, clock, args.warmup, args.iters))
+        save()
+        run_baselines(args, algo, model, processor, weights, optimizer, params, batch, clock, texts,
+                      result["baselines"], save)
         if args.profile:
             def profiled() -> set[str]:
                 clock.take()
                 run_iteration(algo, model, optimizer, params, batch, clock)
                 return set(clock.take())
             profile_iteration(args.profile, args.profile_top, profiled)
-        result["baselines"] = run_baselines(args, algo, model, processor, weights, optimizer, params, batch, clock,
-                                            texts)
-        result["sweep"] = run_sweep(args, model, processor, weights, optimizer, params, clock)
+        deadline = None if args.time_limit_s is None else started + args.time_limit_s
+        run_sweep(args, model, processor, weights, optimizer, params, clock, result["sweep"], save, deadline)
     print(json.dumps(result, indent=2))
     print_table(result)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
     return result
 
 
-def run_baselines(args, algo, model, processor, weights, optimizer, params, batch, clock, texts) -> dict:
-    """The ``--baselines`` after ours, on the same model, batch and weight sets."""
-    out, names = {}, list(filter(None, args.baselines.split(",")))
+def run_baselines(args, algo, model, processor, weights, optimizer, params, batch, clock, texts, out: dict,
+                  save) -> None:
+    """The ``--baselines`` after ours, on the same model, batch and weight sets, into ``out``."""
+    names = list(filter(None, args.baselines.split(",")))
     if "generate" in names:
         generate = make_algo(model, processor, weights, args, HF_GENERATE)
         for loop in generate.loops:
             clock.wrap_loop(loop)
         out["generate"] = run_variant(generate, model, optimizer, params, batch, clock, args.baseline_warmup,
                                       args.baseline_iters)
+        save()
     if "naive" in names:
         clock.active = True
         naive = NaiveStep(algo, optimizer, params, clock, texts)
@@ -334,14 +345,16 @@ def run_baselines(args, algo, model, processor, weights, optimizer, params, batc
                         "extrapolated_from_rollouts": run["rollouts_measured"],
                         "seconds_measured": run["seconds_measured"]}
         del naive
-    return out
+        save()
 
 
-def run_sweep(args, model, processor, weights, optimizer, params, clock) -> dict:
-    """Ours at each ``--sweep`` point (same model and weight sets); an out-of-memory point is recorded, not fatal."""
-    out = {}
-    for point in args.sweep:
-        label = ",".join(f"{k}={v}" for k, v in point.items())
+def run_sweep(args, model, processor, weights, optimizer, params, clock, out: dict, save, deadline) -> None:
+    """Ours at each ``--sweep`` point (same model and weight sets) into ``out``; an out-of-memory point is recorded,
+    not fatal; no point starts after ``deadline`` (``time.perf_counter()`` value, None: no limit)."""
+    for label, point in args.sweep:
+        if deadline is not None and time.perf_counter() > deadline:
+            out[label] = {"error": "skipped: --time-limit-s reached"}
+            continue
         settings = argparse.Namespace(**{**vars(args), **point})
         width, height = TILE_IMAGES[point["tiles"]] if "tiles" in point else (args.image_size or 896,) * 2
         batch = make_batch(settings.batch, width, height)
@@ -360,7 +373,7 @@ def run_sweep(args, model, processor, weights, optimizer, params, clock) -> dict
             if clock.device.type == "cuda":
                 torch.cuda.empty_cache()
         print(f"sweep {label}: {json.dumps(out[label])[:300]}", flush=True)
-    return out
+        save()
 
 
 def print_table(result: dict) -> None:
