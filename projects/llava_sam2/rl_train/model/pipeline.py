@@ -130,9 +130,10 @@ def image_prefix_prompts(model, encoded: EncodedImages, tile_embeds: Tensor, pro
                          pad_id: int) -> tuple[SharedPrefix, Tensor, Tensor] | None:
     """Split prompt rows after their image's tokens, so that rows about one image share one prefilled prefix.
 
-    Row r (left-padded ids ``[n, L]``) is cut after its ``k_r``-th ``<IMG_CONTEXT>``, k_r = the image's tile tokens:
-    the prefix (template header, ``<img>``, image tokens) depends only on the image, the rest (``</img>``, region
-    tokens, question, assistant header) on the row. Rows with the same image and prefix ids share it.
+    Row r of the left-padded ids ``[n, L]`` (host tensors: the cut is found row by row) is cut after its k_r-th
+    ``<IMG_CONTEXT>``, k_r = its image's tile tokens: the prefix (template header, ``<img>``, image tokens) depends
+    only on the image, the rest (``</img>``, region tokens, question, assistant header) on the row. Rows with the
+    same image and prefix ids share one prefix.
 
     Returns ``(SharedPrefix over the U distinct prefixes [U, P, D], rest embeddings [n, S, D], rest attention
     [n, S])``, or None when a row has fewer ``<IMG_CONTEXT>`` tokens than its image's tiles (no image block to share).
@@ -153,10 +154,11 @@ def image_prefix_prompts(model, encoded: EncodedImages, tile_embeds: Tensor, pro
         index.append(keys[key])
         rests.append(row[cut:])
         rest_fills.append(fills[r][k:])
-    prefix_ids, prefix_attention = _left_pad([ids for ids, _ in prefixes], pad_id)  # [U, P]
-    rest_ids, rest_attention = _left_pad(rests, pad_id)  # [n, S]
+    device = model.device
+    prefix_ids, prefix_attention = (x.to(device) for x in _left_pad([ids for ids, _ in prefixes], pad_id))  # [U, P]
+    rest_ids, rest_attention = (x.to(device) for x in _left_pad(rests, pad_id))  # [n, S]
     prefix = SharedPrefix(model.embed_inputs(prefix_ids, [fill for _, fill in prefixes]), prefix_attention,
-                          torch.tensor(index, device=prompt_ids.device))
+                          torch.tensor(index, device=device))
     return prefix, model.embed_inputs(rest_ids, rest_fills), rest_attention
 
 
@@ -252,13 +254,14 @@ def greedy_answers(model, processor, encoded: EncodedImages, rows: Sequence[Prom
         for r0 in range(0, len(rows), step):
             chunk = rows[r0:r0 + step]
             images = [row.image for row in chunk]
-            ids, attention = processor.tokenize_prompts([row.text for row in chunk])
-            ids, attention = ids.to(model.device), attention.to(model.device)  # [n, L]
+            ids, attention = processor.tokenize_prompts([row.text for row in chunk])  # [n, L] on the host
             cells = [row.region_cells for row in chunk]
             split = image_prefix_prompts(model, encoded, tiles, ids, attention, images, cells,
                                          processor.pad_token_id) if prefill_by_image else None
-            prefix, embeds, attention = split or (None, prompt_embeds(model, encoded, tiles, ids, images, cells),
-                                                  attention)
+            if split is None:
+                ids, attention = ids.to(model.device), attention.to(model.device)
+                split = None, prompt_embeds(model, encoded, tiles, ids, images, cells), attention
+            prefix, embeds, attention = split
             out = sample_text(model, embeds, attention, decoding, max_new_tokens=max_new_tokens, do_sample=False,
                               return_hidden=seg_masks is not None and use_decoder_states, prefix=prefix)
             positions = fed_back_seg_positions(out, model.seg_token_id)
