@@ -80,6 +80,8 @@ class SharedPrefix:
 
     def rows(self, r0: int, r1: int) -> "SharedPrefix":
         """The prefix of rows ``[r0, r1)`` alone (only the prefixes they use, re-indexed)."""
+        if r0 == 0 and r1 >= len(self.index):
+            return self
         used, index = torch.unique(self.index[r0:r1], return_inverse=True)  # [u], [r1 - r0]
         return SharedPrefix(self.embeds[used], self.attention[used], index)
 
