@@ -28,7 +28,8 @@ REAL=${REAL:-"--batch 8 --num-generations 8 --max-new-tokens 128 --force-seg --c
 PRESET_A=${PRESET_A:-4b} PRESET_B=${PRESET_B:-8b} PRESET_C=${PRESET_C:-1b}
 MASK_ACTION_MODULE=projects/llava_sam2/rl_train/benchmarks/mask_action.py
 MASK_ACTION_S=${MASK_ACTION_S:-80}
-# >>> H7 slot: the 1b mask-action measurement's flags (after --preset 1b); the lead fills them in <<<
+# >>> H7 slot: the 1b mask-action measurement's flags (after --preset 1b); the lead fills them in. Write its files
+# under work_dirs/speed_run/ (relative to the repository root) so that they come back in speed_run.tgz <<<
 MASK_ACTION_ARGS=${MASK_ACTION_ARGS:-}
 
 left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
@@ -107,6 +108,9 @@ for stage in ("4b", "8b", "1b"):
               f"peak {r['peak_gib']:.1f} GiB (goal <= 60), "
               f"partner_no_seg {r['tokens_per_iteration'].get('partner_no_seg')}")
 PY
+if [ -f "$WORK/D_mask_action.log" ]; then
+  { echo "--- D_mask_action.log (last 20 lines)"; tail -n 20 "$WORK/D_mask_action.log"; } >> "$WORK/summary.txt"
+fi
 tar czf "$OUT/speed_run.tgz" -C "$PWD/work_dirs" speed_run
 cp "$WORK/summary.txt" "$OUT/summary.txt"
 cat "$WORK/summary.txt"
