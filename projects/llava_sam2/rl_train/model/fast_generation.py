@@ -9,7 +9,9 @@ How one call runs (issue #8, "rollout and step speed on GPU"):
 1. **Prefill once per prompt.** The B prompts go through the decoder body with a ``DynamicCache``, exactly
    as the reference prefills; their keys/values are then copied G times into a transformers
    ``StaticCache`` of N rows and ``S = L + max_new_tokens`` slots (rounded up to :data:`CACHE_ALIGN`).
-   The G samples of a prompt share its prefix, so prefill costs B rows, not N.
+   The G samples of a prompt share its prefix, so prefill costs B rows, not N. Rows that begin with a common
+   block (``prefix=SharedPrefix``: the image block of rows about one image) prefill each distinct block once
+   and continue every row from it (:func:`prefill_shared`).
 2. **One fixed-shape model step.** :func:`fast_decode_step.decode_logits` reads and writes only tensors
    allocated before the loop (:class:`fast_decode_step.DecodeState`: next input token, its position id
    and cache slot, an additive attention bias ``[N, 1, 1, S]``), so on CUDA it is captured once into a
@@ -42,7 +44,9 @@ Invariants:
   reference's per-step call for position-independent RoPE types; stateful ones (dynamic NTK, longrope)
   are accepted only while ``S`` stays below their original context length, where they do not rescale.
 
-Works for transformers Qwen2 / Llama / Phi3 ``*ForCausalLM`` (4.48 layer API), bare or peft-wrapped.
+Works for transformers Qwen2 / Llama / Phi3 ``*ForCausalLM`` (4.48 layer API), bare or peft-wrapped. The default
+backend (``'fast'``, :func:`fast_merged_completions`) decodes a peft LM on merged scratch copies of its LoRA-adapted
+weights (``adapter_merge.merged_adapters``); ``'fast_adapters'`` keeps the adapters.
 """
 from __future__ import annotations
 
