@@ -8,20 +8,33 @@ import pytest
 from grpo_tiny import one_thread
 from projects.llava_sam2.rl_train.benchmarks import rl_step as bench
 from projects.llava_sam2.rl_train.grpo import cycle
+from projects.llava_sam2.rl_train.model.fast_decode_step import TokenChooser
 from projects.llava_sam2.rl_train.model.fast_generation import DECODE_BACKENDS
 
 _one_thread = pytest.fixture(autouse=True)(one_thread)
 
 
 def test_bench_rl_step_runs_ours_and_both_baselines_on_cpu(tmp_path):
+    """The realistic mode: partner answers forced to 'Sure, [SEG].' + stop (every loop-1 rollout decodes a mask, in
+    ours and both baselines) and captions stopped at 2-3 tokens; a sweep point; everything patched is restored."""
     before = {name: getattr(cycle, name) for name in ("sample_text", "partner_segment", "completion_texts")}
-    backends = dict(DECODE_BACKENDS)
+    backends, choose = dict(DECODE_BACKENDS), TokenChooser.__call__
     out, prof = tmp_path / "rl.json", tmp_path / "prof.json"
     result = bench.run_benchmark(["--preset", "tiny", "--batch", "2", "--num-generations", "2",
                                   "--max-new-tokens", "4", "--warmup", "0", "--iters", "1", "--naive-samples", "1",
-                                  "--storage", "cpu", "--profile", str(prof), "--json", str(out)])
+                                  "--storage", "cpu", "--force-seg", "--caption-lengths", "2,3",
+                                  "--baseline-warmup", "0", "--sweep", "G=4", "--sweep-warmup", "0",
+                                  "--profile", str(prof), "--json", str(out)])
     assert {name: getattr(cycle, name) for name in before} == before and DECODE_BACKENDS == backends
+    assert TokenChooser.__call__ is choose
     assert set(result["baselines"]) == {"generate", "naive"}
+    for variant in (result, *result["baselines"].values()):
+        tokens = variant["tokens_per_iteration"]
+        assert tokens["partner_no_seg"] == 0  # the forced answer's [SEG] was fed back in every loop-1 rollout
+        assert 2 * 4 <= tokens["policy_caption_tokens"] <= 3 * 4  # 4 captions of 2-3 tokens (naive: extrapolated)
+    sweep = result["sweep"]["G=4"]
+    assert sweep["num_generations"] == 4 and sweep["rollouts_per_s"] > 0
+    assert sweep["tokens_per_iteration"]["policy_caption_tokens"] <= 3 * 8
     for variant in (result, *result["baselines"].values()):
         assert variant["rollouts_per_s"] > 0 and variant["tokens_per_iteration"]["policy_caption_tokens"] > 0
         assert {"encode", "rollout", "logprob_backward", "optimizer", "ema_partner"} <= set(variant["seconds"])
@@ -30,7 +43,7 @@ def test_bench_rl_step_runs_ours_and_both_baselines_on_cpu(tmp_path):
     # N / K = 4: per-rollout phases are scaled, per-iteration ones are not
     assert naive["seconds"]["encode"] == pytest.approx(4 * naive["seconds_measured"]["encode"])
     assert naive["seconds"]["optimizer"] == naive["seconds_measured"]["optimizer"]
-    assert naive["tokens_per_iteration"]["policy_caption_tokens"] == 4 * 4  # 4 tokens, extrapolated to 4 rollouts
+    assert naive["tokens_per_iteration"]["policy_caption_tokens"] in (4 * 2, 4 * 3)  # 1 caption, extrapolated to 4
     assert result["partner_reference_device_gib"] == 0.0 < result["partner_reference_swap_gib"]
     assert json.loads(out.read_text())["seconds_per_iteration"] == result["seconds_per_iteration"]
     table = json.loads(prof.read_text())

@@ -331,3 +331,39 @@ def test_bench_decode_tool_runs_on_cpu(tmp_path):
     assert report["check"]["greedy_rows_equal_reference"] == 1.0
     assert report["check"]["token_logp_max_abs_diff_teacher"] < 1e-5
     assert json.loads(out.read_text())["config"]["N"] == 4
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_shared_prefix_prefill_equals_the_joined_prompts(do_sample):
+    """prefix=SharedPrefix: the U distinct prefixes are prefilled once, the rows' own tokens continue from them; the
+    completions equal the reference decoding each row's plain left-padded prompt [prefix | own tokens]."""
+    from projects.llava_sam2.rl_train.model.generation import SharedPrefix
+
+    lm = tiny_lm()
+    g = torch.Generator().manual_seed(3)
+    heads = [torch.randint(1, VOCAB, (n,), generator=g) for n in (6, 4)]  # U = 2 prefixes
+    tails = [torch.randint(1, VOCAB, (n,), generator=g) for n in (3, 5, 2)]  # n = 3 rows
+    index = torch.tensor([0, 1, 0])
+
+    def left_padded(rows):
+        L = max(map(len, rows))
+        ids, attention = torch.zeros(len(rows), L, dtype=torch.long), torch.zeros(len(rows), L, dtype=torch.long)
+        for r, row in enumerate(rows):
+            ids[r, L - len(row):], attention[r, L - len(row):] = row, 1
+        with torch.no_grad():
+            return lm.get_input_embeddings()(ids), attention
+
+    prefix = SharedPrefix(*left_padded(heads), index)
+    rest = left_padded(tails)
+    whole = left_padded([torch.cat([heads[i], tail]) for i, tail in zip(index.tolist(), tails)])
+    seen = []
+    hook = lm.get_decoder().register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(tuple(kwargs["inputs_embeds"].shape[:2])), with_kwargs=True)
+    kw = dict(max_new_tokens=6, do_sample=do_sample, temperature=0.9, stop_token_ids=[NEVER])
+    fast = fast_sample_completions(lm, *rest, num_generations=2, prefix=prefix,
+                                   generator=torch.Generator().manual_seed(1), **kw)
+    hook.remove()
+    assert seen == [(2, 6), (3, 5)]  # U·P prefix tokens, then n·S: each prefix prefilled once
+    ref = sample_completions(lm, *per_row(*whole, 2), generator=torch.Generator().manual_seed(1), **kw)
+    assert_same_completions(fast, ref)
+    assert prefix.rows(1, 3).index.tolist() == [1, 0] and prefix.rows(1, 2).embeds.shape[0] == 1

@@ -4,8 +4,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from projects.llava_sam2.rl_train.model.generation import (
-    Completions, completion_hidden, completion_logprobs, grouped_completion_logprobs, position_ids_from_attention,
-    sample_completions)
+    Completions, completion_hidden, completion_logprobs, position_ids_from_attention, sample_completions)
 
 VOCAB, D = 96, 32
 
@@ -173,30 +172,6 @@ def test_vocabulary_chunks_equal_the_unchunked_pass_with_gradients(positions):
     with torch.no_grad():
         _, hidden = completion_logprobs(lm, embeds, attention, ids, completion_mask, return_hidden=True)
         assert torch.equal(completion_hidden(lm, embeds, attention, ids, completion_mask), hidden)
-
-
-@pytest.mark.parametrize("T", [1, 6])
-def test_grouped_scoring_runs_each_prompt_once_and_equals_the_one_pass_scoring(T):
-    lm = tiny_lm()
-    embeds, attention, _ = left_padded_prompts(lm, [4, 7, 5])
-    G = 3
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(1, VOCAB, (9, T), generator=g)
-    completion_mask = torch.arange(T)[None] < torch.randint(1, T + 1, (9,), generator=g)[:, None]  # [9, T] prefixes
-    rows_seen = []
-    hook = lm.get_decoder().register_forward_hook(lambda m, args, kwargs, out: rows_seen.append(
-        tuple(kwargs["inputs_embeds"].shape[:2])), with_kwargs=True)
-    grouped = grouped_completion_logprobs(lm, embeds, attention, ids, completion_mask, num_generations=G,
-                                          temperature=0.7)
-    hook.remove()
-    assert rows_seen == [(3, 7)] + ([(9, T - 1)] if T > 1 else [])  # B·L prompt tokens, then N·(T-1)
-    with torch.no_grad():
-        one_pass = completion_logprobs(lm, embeds.repeat_interleave(G, 0), attention.repeat_interleave(G, 0), ids,
-                                       completion_mask, temperature=0.7)
-    torch.testing.assert_close(grouped, one_pass, atol=1e-5, rtol=0)
-    assert bool((grouped[~completion_mask] == 0).all()) and bool((grouped[completion_mask] < 0).all())
-    with pytest.raises(ValueError, match=r"\[B\*G, T\] = \[6, T\]"):
-        grouped_completion_logprobs(lm, embeds, attention, ids, completion_mask, num_generations=2)
 
 
 def test_bad_inputs_are_rejected():

@@ -85,8 +85,9 @@ def test_scripted_answer_gives_one_mask_per_fed_back_seg(tiny, monkeypatch):
     for m in out[0]["prediction_masks"]:
         assert m.dtype == bool and m.shape == (36, 50)
 
-    # reference: HF forward over prompt + answer, hidden at the [SEG] input positions
-    embeds, attention = seen["embeds"], seen["attention"].long()
+    # reference: HF forward over prompt + answer, hidden at the [SEG] input positions; the decoder got each row's
+    # image block as a shared prefix and the rest of the prompt as its rows
+    embeds, attention = seen["kwargs"]["prefix"].full_prompts(seen["embeds"], seen["attention"])
     L = embeds.shape[1]
     with torch.no_grad():
         full_attention = torch.cat([attention[:1], completion_mask[:1].long()], 1)

@@ -123,7 +123,8 @@ def test_greedy_answers_keep_the_fed_back_seg_masks_of_each_rule(tiny, world, mo
     assert [a.num_tokens for a in got[None]] == [len(a) for a in answers]
     assert torch.equal(got["first"][0].seg_masks[0], got["all"][0].seg_masks[0])
 
-    embeds, attention = seen[0][0][:1], seen[0][1][:1].long()  # row 0's prompt as the decoder received it
+    embeds, attention = seen[0][2]["prefix"].full_prompts(seen[0][0], seen[0][1])  # [image block | rest] per row
+    embeds, attention = embeds[:1], attention[:1]  # row 0's prompt as the decoder received it
     ids = torch.tensor([answers[0]])
     full = torch.cat([attention, torch.ones_like(ids)], 1)
     with torch.no_grad():
@@ -188,6 +189,46 @@ def test_greedy_answers_fast_backend_equals_reference(tiny, world):
     assert [a.num_tokens for a in got["fast"]] == [a.num_tokens for a in got["reference"]] != [0, 0, 0]
     with pytest.raises(ValueError, match="decode_backend='hf'"):
         TextDecoding.from_processor(proc, "hf")
+
+
+@pytest.mark.parametrize("backend", ["fast", "reference"])
+def test_rows_about_one_image_share_its_prefilled_image_block(tiny, world, backend):
+    """prefill_by_image: each image's block (template header, <img>, image tokens) is prefilled once for all its rows
+    and each row's rest (</img>, region tokens, question) continues from it; same greedy answers and masks as
+    prefilling every row whole."""
+    model, proc = tiny
+    handle = seg_bias(model, 0.6)  # some answers hold [SEG], some do not
+    seen = []
+    hook = model.language_model.get_decoder().register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(tuple(kwargs["inputs_embeds"].shape[:2])), with_kwargs=True)
+    try:
+        encoded = encode_images(model, proc, [world[i].image for i in range(3)], ["a", "b", "c"])
+        cells = proc.region_cells(world[1].gt_mask, size=encoded.image_sizes[1])
+        rows = rows_of(proc, encoded, world) + [
+            PromptRow(0, proc.segment_prompt(encoded.n_tiles(0), "a red thing")),
+            PromptRow(2, proc.segment_prompt(encoded.n_tiles(2), "the dot")),
+            PromptRow(1, proc.caption_prompt(encoded.n_tiles(1), cells), cells)]  # images 0, 1, 2, 0, 2, 1
+        got, prefills = {}, {}
+        for by_image in (False, True):
+            seen.clear()
+            got[by_image] = greedy_answers(model, proc, encoded, rows, max_new_tokens=6, seg_masks="all",
+                                           decoding=TextDecoding.from_processor(proc, backend),
+                                           prefill_by_image=by_image)
+            prefills[by_image] = list(seen)
+    finally:
+        handle.remove()
+        hook.remove()
+    whole, shared = got[False], got[True]
+    assert [a.text for a in shared] == [a.text for a in whole] and sum(a.num_seg for a in whole) > 0
+    for a, b in zip(whole, shared):
+        assert len(a.seg_masks) == len(b.seg_masks) and all(torch.equal(x, y) for x, y in zip(a.seg_masks, b.seg_masks))
+    (n, L) = prefills[False][0]
+    image_tokens = encoded.n_tiles(0) * model.num_image_token
+    if backend == "fast":  # 3 image blocks, then the 6 rows' rests
+        (U, P), (n_rest, S) = prefills[True][:2]
+        assert (n, U, n_rest) == (6, 3, 6) and image_tokens < P < L and P + S == L
+    else:  # the reference decoder is given the joined prompts
+        assert prefills[True][0] == (6, L)
 
 
 def test_forced_seg_prompts_equal_a_plain_forward_and_carry_grad(tiny, world):

@@ -62,17 +62,20 @@ PER_ITERATION_PHASES = ("optimizer", "ema_partner")  # not scaled by N / K
 def hf_generate_completions(lm, inputs_embeds: Tensor, attention_mask: Tensor, *, num_generations: int = 1,
                             max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, do_sample: bool = True,
                             stop_token_ids, pad_token_id: int = 0, generator=None, return_hidden: bool = False,
-                            output_scores: bool = False) -> Completions:
+                            output_scores: bool = False, prefix=None, logits_processor=None) -> Completions:
     """``lm.generate`` on the B·G repeated rows, as ``Completions`` (``generator`` is unused: generate draws from
     torch's global RNG; ``return_hidden`` is ignored: ``hidden`` stays None, so the ``[SEG]`` passes re-run
-    prompt + answer teacher-forced, as the seeds' plan did). ``output_scores`` also returns the processed scores,
-    whose log-softmax fills ``token_logp`` (what the seeds' plan used as old log-probs); otherwise it is 0."""
+    prompt + answer teacher-forced, as the seeds' plan did; a ``prefix`` is joined to every row, each row prefilled
+    whole). ``output_scores`` also returns the processed scores, whose log-softmax fills ``token_logp`` (what the
+    seeds' plan used as old log-probs); otherwise it is 0. ``logits_processor``: extra transformers processors."""
+    if prefix is not None:
+        inputs_embeds, attention_mask = prefix.full_prompts(inputs_embeds, attention_mask)  # [B, P + S, ...]
     rows = inputs_embeds.repeat_interleave(num_generations, 0), attention_mask.repeat_interleave(num_generations, 0)
     sampling = (dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if do_sample
                 else dict(do_sample=False, temperature=None, top_p=None, top_k=None))
     out = lm.generate(inputs_embeds=rows[0], attention_mask=rows[1], max_new_tokens=max_new_tokens,
                       eos_token_id=list(stop_token_ids), pad_token_id=pad_token_id, output_scores=output_scores,
-                      return_dict_in_generate=True, **sampling)
+                      return_dict_in_generate=True, logits_processor=logits_processor, **sampling)
     ids = out.sequences  # [N, T]: only new tokens when prompted with inputs_embeds
     is_stop = torch.isin(ids, torch.as_tensor(list(stop_token_ids), device=ids.device))  # [N, T]
     has_stop = is_stop.any(-1)  # [N]

@@ -32,20 +32,32 @@ one adds its deep-copied EMA model.
 
 Random-weight caveats: the LM never emits a stop token (every caption runs to ``--max-new-tokens``: the worst case)
 and the partner practically never emits ``[SEG]`` in loop 1 (its SAM2 decode is skipped; ``partner_no_seg`` says how
-often). The project's tiny tokenizer stands in for the real one: sampled ids are folded into its 1,151 ids before
-decoding (``id % len(tokenizer)``), so captions have realistic lengths instead of decoding to nothing. Caption
-rewards: a token-overlap F1 stub (``--caption-reward stub``, default) or the configured METEOR + judge.
+often), which flatters the step. ``--force-seg`` forces the partner's loop-1 answers to ``Sure, [SEG].`` + stop, so
+every rollout runs the ``[SEG]`` path (mask from SAM2, IoU), and ``--caption-lengths LO,HI`` stops every caption
+(policy and partner) at a length drawn uniformly from [LO, HI] (``step_clock.ForcedAnswers``; our decoder and
+``generate`` alike). The project's tiny tokenizer stands in for the real one: sampled ids are folded into its 1,151
+ids before decoding (``id % len(tokenizer)``), so captions have realistic lengths instead of decoding to nothing.
+Caption rewards: a token-overlap F1 stub (``--caption-reward stub``, default) or the configured METEOR + judge.
+
+``--sweep 'G=4 G=16 T=64 tiles=13 G=16,T=64'`` then runs ours at each point (keys G, T, B, tiles ∈ {1, 5, 10, 13},
+backend = a decode backend) on the same model, ``--sweep-warmup`` + ``--sweep-iters`` iterations each; a point that
+runs out of memory is recorded as such and the sweep goes on.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
 from collections import defaultdict
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from functools import partial
 
+import numpy as np
 import torch
+from PIL import Image
+from transformers import LogitsProcessorList
 
 from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
 from projects.llava_sam2.rl_train.grpo import cycle
@@ -58,63 +70,16 @@ from projects.llava_sam2.rl_train.model.processor import Sa2VAProcessor
 from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
 from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer
 
+from projects.llava_sam2.rl_train.model.decoding import TextDecoding
+from projects.llava_sam2.rl_train.model.pipeline import SEG_ANSWER, seg_answer_ids
+
 from projects.llava_sam2.rl_train.benchmarks.rl_baselines import (
     HF_GENERATE, HF_GENERATE_SCORES, NaiveStep, StubCaptionReward, folded_texts, hf_generate_completions,
     hf_generate_with_scores)
+from projects.llava_sam2.rl_train.benchmarks.step_clock import (
+    ForcedAnswers, PhaseClock, peak_gib, profile_iteration, reset_peak, summarize, token_counts)
 
 PROG = "sa2va-rl bench rl-step"
-
-
-class PhaseClock:
-    """Seconds per phase, synchronising the GPU at every boundary (each phase is also a profiler range)."""
-
-    def __init__(self, device: torch.device):
-        self.device, self.seconds, self.active = device, defaultdict(float), True
-        self.loop = "loop"  # the loop whose rollout is running (set by ``wrap_loop``)
-
-    def sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def take(self) -> dict[str, float]:
-        """The seconds gathered so far, and a fresh start."""
-        seconds, self.seconds = dict(self.seconds), defaultdict(float)
-        return seconds
-
-    @contextmanager
-    def __call__(self, phase: str):
-        self.sync()
-        start = time.perf_counter()
-        try:
-            with torch.profiler.record_function(phase):
-                yield
-        finally:
-            self.sync()
-            if self.active:
-                self.seconds[phase] += time.perf_counter() - start
-
-    def wrap(self, fn, phase: str):
-        def timed(*args, **kwargs):
-            with self(phase):
-                return fn(*args, **kwargs)
-        return timed
-
-    def wrap_context(self, cm_fn, phase: str):
-        """Time the body of a context manager under ``rollout/<current loop>_<phase>``."""
-        @contextmanager
-        def timed(*args, **kwargs):
-            with self(f"rollout/{self.loop}_{phase}"), cm_fn(*args, **kwargs):
-                yield
-        return timed
-
-    def wrap_loop(self, loop) -> None:
-        rollout = loop.rollout
-
-        def timed(*args, **kwargs):
-            self.loop = loop.name
-            with self(f"rollout/{loop.name}_total"):
-                return rollout(*args, **kwargs)
-        loop.rollout = timed
 
 
 def build(preset: str, device: torch.device, dtype: torch.dtype, lora_r: int, grad_ckpt: bool):
@@ -132,10 +97,10 @@ def build(preset: str, device: torch.device, dtype: torch.dtype, lora_r: int, gr
 
 
 @contextmanager
-def instrumented(clock: PhaseClock, weights: WeightSets, texts):
+def instrumented(clock: PhaseClock, weights: WeightSets, texts, forced: ForcedAnswers | None = None):
     """Inside the block: the rollout's parts are timed (policy caption sampling, partner passes, reference passes),
-    captions decode with ``texts`` and the baselines' decoders are registered; all undone on exit (the bench may run
-    in-process, e.g. from a test)."""
+    captions decode with ``texts``, the baselines' decoders are registered and ``forced`` scripts the decoders'
+    choices; all undone on exit (the bench may run in-process, e.g. from a test)."""
     names = ("sample_text", "partner_segment", "partner_describe", "completion_texts")
     saved = {name: getattr(cycle, name) for name in names}
     added = [name for name in (HF_GENERATE, HF_GENERATE_SCORES) if name not in DECODE_BACKENDS]
@@ -144,9 +109,14 @@ def instrumented(clock: PhaseClock, weights: WeightSets, texts):
     cycle.partner_describe = clock.wrap(cycle.partner_describe, "rollout/loop2_partner_describe")
     cycle.completion_texts = texts
     weights.reference = clock.wrap_context(weights.reference, "reference_scoring")
-    DECODE_BACKENDS.update({HF_GENERATE: hf_generate_completions, HF_GENERATE_SCORES: hf_generate_with_scores})
+    extra = {} if forced is None else {"logits_processor": LogitsProcessorList([forced.processor()])}
+    DECODE_BACKENDS.update({HF_GENERATE: partial(hf_generate_completions, **extra),
+                            HF_GENERATE_SCORES: partial(hf_generate_with_scores, **extra)})
     try:
-        yield
+        with ExitStack() as stack:
+            if forced is not None:
+                stack.enter_context(forced.installed())
+            yield
     finally:
         for name, fn in saved.items():
             setattr(cycle, name, fn)
@@ -177,50 +147,6 @@ def run_iteration(algo, model, optimizer, params, batch, clock: PhaseClock) -> d
     return token_counts(rollouts)
 
 
-def token_counts(rollouts) -> dict:
-    """Generated tokens of one iteration: policy captions (loop 1), partner answers (loop 1), partner captions
-    (loop 2), and the partner's no-[SEG] count."""
-    counts = defaultdict(float)
-    for rollout in rollouts:
-        stats, N = rollout.reward_stats, rollout.num_rollouts
-        if "partner/no_seg" in stats:
-            counts["policy_caption_tokens"] += float(rollout.action_mask.sum())
-            counts["partner_answer_tokens"] += stats["partner/answer_tokens"] * (N - stats["partner/empty_caption"])
-            counts["partner_no_seg"] += stats["partner/no_seg"]
-        if "partner/caption_tokens" in stats:
-            counts["partner_caption_tokens"] += stats["partner/caption_tokens"] * (N - stats["partner/empty_mask"])
-    return counts
-
-
-def summarize(seconds: dict, tokens: dict, num_rollouts: int, peak_gib: float) -> dict:
-    """Per-phase seconds of one iteration → throughput: ``num_rollouts`` rollouts (both loops) per step."""
-    seconds = dict(sorted(seconds.items()))
-    for name in ("loop1", "loop2"):
-        total = seconds.get(f"rollout/{name}_total")
-        if total is not None:
-            parts = [v for k, v in seconds.items() if k.startswith(f"rollout/{name}_") and not k.endswith("_total")]
-            seconds[f"rollout/{name}_policy_rest"] = total - sum(parts)  # prompts, old_logp, mask sampling
-    step = sum(v for k, v in seconds.items() if "/" not in k)
-    generated = sum(v for k, v in tokens.items() if k.endswith("_tokens"))
-    return {
-        "seconds_per_iteration": step, "seconds": seconds, "tokens_per_iteration": tokens,
-        "rollout_tokens_per_s": generated / max(seconds.get("rollout", 0.0), 1e-9),
-        "policy_caption_tokens_per_s": tokens.get("policy_caption_tokens", 0.0) / max(
-            seconds.get("rollout/loop1_policy_sampling", 0.0), 1e-9),
-        "rollouts_per_s": num_rollouts / step,
-        "peak_gib": peak_gib,
-    }
-
-
-def reset_peak(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def peak_gib(device: torch.device) -> float:
-    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
-
-
 def run_variant(algo, model, optimizer, params, batch, clock, warmup: int, iters: int) -> dict:
     """Warm-up iterations, then ``iters`` timed ones of ``algo``; the summary of the mean iteration."""
     counts = defaultdict(float)
@@ -237,31 +163,6 @@ def run_variant(algo, model, optimizer, params, batch, clock, warmup: int, iters
     return summarize(seconds, {k: v / iters for k, v in counts.items()}, N, peak_gib(clock.device))
 
 
-def profile_iteration(path: str, top: int, run) -> None:
-    """One iteration of ``run()`` under torch.profiler → JSON: top ops/kernels by self device (else CPU) time, and
-    the phase ranges (host wall time of each ``PhaseClock`` range, device time of the kernels inside)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    on_cuda = torch.cuda.is_available()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
-    with profile(activities=activities) as prof:
-        phases = run()
-    events = prof.key_averages()
-    key = (lambda e: e.self_device_time_total) if on_cuda else (lambda e: e.self_cpu_time_total)
-
-    def row(e) -> dict:
-        return {"name": e.key[:160], "count": e.count, "self_device_ms": e.self_device_time_total / 1e3,
-                "device_ms": e.device_time_total / 1e3, "self_cpu_ms": e.self_cpu_time_total / 1e3,
-                "cpu_ms": e.cpu_time_total / 1e3}
-
-    table = {"sorted_by": "self_device_ms" if on_cuda else "self_cpu_ms",
-             "top": [row(e) for e in sorted(events, key=key, reverse=True) if e.key not in phases][:top],
-             "phases": [row(e) for e in events if e.key in phases],
-             "kernel_launches": sum(e.count for e in events if e.device_type == torch.autograd.DeviceType.CUDA)}
-    with open(path, "w") as f:
-        json.dump(table, f, indent=2)
-
-
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="tiny", choices=["tiny", "1b", "4b", "8b"])
@@ -275,17 +176,27 @@ def parse_args(argv=None):
     parser.add_argument("--beta", type=float, default=0.04, help="KL weight; 0 drops the reference pass")
     parser.add_argument("--generation-chunk-size", type=int, default=None)
     parser.add_argument("--minibatch-size", type=int, default=None)
-    parser.add_argument("--decode-backend", default="fast", choices=["fast", "fast_compiled", "reference"],
+    parser.add_argument("--decode-backend", default="fast", choices=["fast", "fast_compiled", "fast_adapters"],
                         help="ours: the decoder of every rollout pass (GRPOConfig.decode_backend)")
     parser.add_argument("--storage", default="cuda", choices=["cuda", "cpu"],
                         help="where partner/reference/swap values live: beside the parameters, or pinned host memory")
     parser.add_argument("--caption-reward", default="stub", choices=["stub", "default"])
     parser.add_argument("--grad-ckpt", default=None, choices=["on", "off"], help="default: on for CUDA")
+    parser.add_argument("--force-seg", action="store_true",
+                        help="the partner's loop-1 answers are forced to 'Sure, [SEG].' + stop (the [SEG] path runs)")
+    parser.add_argument("--caption-lengths", default=None, metavar="LO,HI",
+                        help="every caption stops at a length drawn uniformly from [LO, HI] (default: never)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--iters", type=int, default=2)
     parser.add_argument("--baselines", default="generate,naive", help="comma list of generate, naive ('' for none)")
+    parser.add_argument("--baseline-warmup", type=int, default=1, help="warm-up iterations of the generate baseline")
     parser.add_argument("--baseline-iters", type=int, default=1, help="timed iterations of the generate baseline")
     parser.add_argument("--naive-samples", type=int, default=2, help="K rollouts per loop run by the naive baseline")
+    parser.add_argument("--sweep", default="", help="points after the main run: 'G=4 G=16 T=64 tiles=13 G=16,T=64'")
+    parser.add_argument("--sweep-warmup", type=int, default=1)
+    parser.add_argument("--sweep-iters", type=int, default=1)
+    parser.add_argument("--time-limit-s", type=float, default=None,
+                        help="start no sweep point once this many seconds have passed since the bench started")
     parser.add_argument("--profile", default=None, help="write a torch.profiler table of one step of ours here")
     parser.add_argument("--profile-top", type=int, default=40)
     parser.add_argument("--json", default=None)
@@ -293,7 +204,46 @@ def parse_args(argv=None):
     unknown = set(filter(None, args.baselines.split(","))) - {"generate", "naive"}
     if unknown:
         parser.error(f"--baselines: unknown {sorted(unknown)}; use a comma list of generate, naive")
+    if args.caption_lengths is not None:
+        lo, hi = (int(x) for x in args.caption_lengths.split(","))
+        if not 1 <= lo <= hi:
+            parser.error(f"--caption-lengths {args.caption_lengths}: need 1 <= LO <= HI")
+        args.caption_lengths = (lo, hi)
+    try:
+        args.sweep = [(text, sweep_point(text)) for text in args.sweep.split()]
+    except ValueError as err:
+        parser.error(str(err))
     return args
+
+
+# sweep keys -> argument names; tiles -> image (width, height) on the 448 px presets (1..12 tiles + thumbnail)
+SWEEP_KEYS = {"G": "num_generations", "T": "max_new_tokens", "B": "batch", "backend": "decode_backend",
+              "tiles": "tiles"}
+TILE_IMAGES = {1: (448, 448), 5: (896, 896), 10: (1344, 1344), 13: (1792, 1344)}
+
+
+def sweep_point(text: str) -> dict:
+    """``'G=16,T=64'`` → ``{'num_generations': 16, 'max_new_tokens': 64}``."""
+    point = {}
+    for item in text.split(","):
+        key, _, value = item.partition("=")
+        if key not in SWEEP_KEYS or not value:
+            raise ValueError(f"--sweep: bad point item {item!r}; use KEY=VALUE with KEY in {sorted(SWEEP_KEYS)}")
+        point[SWEEP_KEYS[key]] = value if key == "backend" else int(value)
+    if point.get("tiles", 5) not in TILE_IMAGES:
+        raise ValueError(f"--sweep: tiles={point['tiles']}; use one of {sorted(TILE_IMAGES)}")
+    return point
+
+
+def make_batch(size: int, width: int, height: int):
+    """B shapes-world samples of ``width`` × ``height`` (non-square ones resized from the square world)."""
+    world = ShapesWorld("train", num_samples=size, seed=0, image_size=max(width, height))
+    batch = [world[i] for i in range(size)]
+    if width == height:
+        return batch
+    return [dataclasses.replace(s, image=s.image.resize((width, height)),
+                                gt_mask=np.asarray(Image.fromarray(np.asarray(s.gt_mask, dtype=np.uint8)).resize(
+                                    (width, height), Image.NEAREST)).astype(bool)) for s in batch]
 
 
 def make_algo(model, processor, weights, args, decode_backend: str) -> CycleGRPO:
@@ -307,9 +257,18 @@ def make_algo(model, processor, weights, args, decode_backend: str) -> CycleGRPO
                      seed=0)
 
 
+def forced_answers(args, processor, model, clock) -> ForcedAnswers | None:
+    if not args.force_seg and args.caption_lengths is None:
+        return None
+    seg = seg_answer_ids(processor.tokenizer, SEG_ANSWER, model.seg_token_id)[0].tolist() if args.force_seg else None
+    stop_id = TextDecoding.from_processor(processor).stop_token_ids[0]
+    return ForcedAnswers(clock, stop_id, seg_answer=seg, caption_lengths=args.caption_lengths)
+
+
 def run_benchmark(argv: list[str] | None = None) -> dict:
     """Run the benchmark; returns what ``--json`` writes."""
     args = parse_args(argv)
+    started = time.perf_counter()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     grad_ckpt = (args.grad_ckpt or ("on" if device.type == "cuda" else "off")) == "on"
@@ -321,8 +280,7 @@ def run_benchmark(argv: list[str] | None = None) -> dict:
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-6, weight_decay=0.0)
     image_size = args.image_size or (224 if args.preset == "tiny" else 896)
-    world = ShapesWorld("train", num_samples=args.batch, seed=0, image_size=image_size)
-    batch = [world[i] for i in range(args.batch)]
+    batch = make_batch(args.batch, image_size, image_size)
     clock = PhaseClock(device)
     clock.sync()
     build_s = time.perf_counter() - start
@@ -338,35 +296,45 @@ def run_benchmark(argv: list[str] | None = None) -> dict:
               "partner_reference_device_gib": memory.device_bytes / 2**30,
               "partner_reference_fraction_of_model": memory.fraction_of(model),
               "partner_reference_device_fraction_of_model": memory.device_fraction_of(model)}
-    with instrumented(clock, weights, texts):
+    result.update(baselines={}, sweep={})
+
+    def save() -> None:  # after every stage: a run cut short by a time limit keeps what it measured
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=2)
+
+    with instrumented(clock, weights, texts, forced_answers(args, processor, model, clock)):
         algo = make_algo(model, processor, weights, args, args.decode_backend)
         for loop in algo.loops:
             clock.wrap_loop(loop)
         result.update(run_variant(algo, model, optimizer, params, batch, clock, args.warmup, args.iters))
+        save()
+        run_baselines(args, algo, model, processor, weights, optimizer, params, batch, clock, texts,
+                      result["baselines"], save)
         if args.profile:
             def profiled() -> set[str]:
                 clock.take()
                 run_iteration(algo, model, optimizer, params, batch, clock)
                 return set(clock.take())
             profile_iteration(args.profile, args.profile_top, profiled)
-        result["baselines"] = run_baselines(args, algo, model, processor, weights, optimizer, params, batch, clock,
-                                            texts)
+        deadline = None if args.time_limit_s is None else started + args.time_limit_s
+        run_sweep(args, model, processor, weights, optimizer, params, clock, result["sweep"], save, deadline)
     print(json.dumps(result, indent=2))
     print_table(result)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
     return result
 
 
-def run_baselines(args, algo, model, processor, weights, optimizer, params, batch, clock, texts) -> dict:
-    """The ``--baselines`` after ours, on the same model, batch and weight sets."""
-    out, names = {}, list(filter(None, args.baselines.split(",")))
+def run_baselines(args, algo, model, processor, weights, optimizer, params, batch, clock, texts, out: dict,
+                  save) -> None:
+    """The ``--baselines`` after ours, on the same model, batch and weight sets, into ``out``."""
+    names = list(filter(None, args.baselines.split(",")))
     if "generate" in names:
         generate = make_algo(model, processor, weights, args, HF_GENERATE)
         for loop in generate.loops:
             clock.wrap_loop(loop)
-        out["generate"] = run_variant(generate, model, optimizer, params, batch, clock, 1, args.baseline_iters)
+        out["generate"] = run_variant(generate, model, optimizer, params, batch, clock, args.baseline_warmup,
+                                      args.baseline_iters)
+        save()
     if "naive" in names:
         clock.active = True
         naive = NaiveStep(algo, optimizer, params, clock, texts)
@@ -377,16 +345,48 @@ def run_baselines(args, algo, model, processor, weights, optimizer, params, batc
                         "extrapolated_from_rollouts": run["rollouts_measured"],
                         "seconds_measured": run["seconds_measured"]}
         del naive
-    return out
+        save()
+
+
+def run_sweep(args, model, processor, weights, optimizer, params, clock, out: dict, save, deadline) -> None:
+    """Ours at each ``--sweep`` point (same model and weight sets) into ``out``; an out-of-memory point is recorded,
+    not fatal; no point starts after ``deadline`` (``time.perf_counter()`` value, None: no limit)."""
+    for label, point in args.sweep:
+        if deadline is not None and time.perf_counter() > deadline:
+            out[label] = {"error": "skipped: --time-limit-s reached"}
+            continue
+        settings = argparse.Namespace(**{**vars(args), **point})
+        width, height = TILE_IMAGES[point["tiles"]] if "tiles" in point else (args.image_size or 896,) * 2
+        batch = make_batch(settings.batch, width, height)
+        try:
+            algo = make_algo(model, processor, weights, settings, settings.decode_backend)
+            for loop in algo.loops:
+                clock.wrap_loop(loop)
+            summary = run_variant(algo, model, optimizer, params, batch, clock, args.sweep_warmup, args.sweep_iters)
+            out[label] = {**summary, "batch": settings.batch, "num_generations": settings.num_generations,
+                          "max_new_tokens": settings.max_new_tokens, "decode_backend": settings.decode_backend,
+                          "n_tiles": processor.preprocess_image(batch[0].image).n_tiles}
+        except torch.cuda.OutOfMemoryError as err:
+            out[label] = {"error": f"out of memory: {str(err).splitlines()[0]}", "peak_gib": peak_gib(clock.device)}
+        finally:
+            optimizer.zero_grad(set_to_none=True)
+            if clock.device.type == "cuda":
+                torch.cuda.empty_cache()
+        print(f"sweep {label}: {json.dumps(out[label])[:300]}", flush=True)
+        save()
 
 
 def print_table(result: dict) -> None:
     rows = [("ours", result)] + [(f"{name}{' (extrapolated)' if 'extrapolated_from_rollouts' in r else ''}", r)
                                  for name, r in result["baselines"].items()]
-    print(f"{'variant':<24} {'step s':>9} {'rollouts/s':>11} {'policy tok/s':>13} {'rollout tok/s':>14} "
+    rows += [(f"sweep {label}", r) for label, r in result.get("sweep", {}).items()]
+    print(f"{'variant':<28} {'step s':>9} {'rollouts/s':>11} {'policy tok/s':>13} {'rollout tok/s':>14} "
           f"{'peak GiB':>9}")
     for name, r in rows:
-        print(f"{name:<24} {r['seconds_per_iteration']:>9.2f} {r['rollouts_per_s']:>11.2f} "
+        if "error" in r:
+            print(f"{name:<28} {r['error'][:80]}")
+            continue
+        print(f"{name:<28} {r['seconds_per_iteration']:>9.2f} {r['rollouts_per_s']:>11.2f} "
               f"{r['policy_caption_tokens_per_s']:>13.1f} {r['rollout_tokens_per_s']:>14.1f} {r['peak_gib']:>9.2f}")
 
 

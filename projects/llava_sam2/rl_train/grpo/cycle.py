@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from ..model.decoding import TextDecoding, completion_texts, eval_mode, group_chunks, sample_text
-from ..model.generation import completion_logprobs, grouped_completion_logprobs
+from ..model.grouped_scoring import grouped_completion_logprobs
 from ..model.pipeline import forced_seg_prompts, prompt_embeds
 from ..rewards.base import RewardInputs
 from .features import StepFeatures
@@ -92,25 +92,21 @@ def reward_inputs(features: StepFeatures, G: int, pred_masks=None, pred_captions
 
 
 def caption_logp(model, features: StepFeatures, tile_embeds: Tensor, replay: CaptionReplay, completion_mask: Tensor,
-                 samples: Sequence[int], group_size: int, temperature: float, *, share_prompt: bool = False) -> Tensor:
+                 samples: Sequence[int], group_size: int, temperature: float) -> Tensor:
     """log pi(c_t | region prompt, c_<t) of stored caption tokens under the weights in effect: ``[n, T]``.
 
     The n = b * G rows hold b prompts repeated G times; the prompt embeddings are built for the b distinct prompts
-    (image tokens + region tokens from ``tile_embeds``) and repeated, then one teacher-forced pass scores the tokens
-    at the sampling temperature (``completion_logprobs``). ``share_prompt`` (no-grad passes only) runs each prompt
-    once for its G rows instead (``grouped_completion_logprobs``: b·L + n·T tokens, not n·(L + T)); equal up to float
-    reordering, so it is used where bit-equality with the loss pass is not needed (the reference scoring).
+    (image tokens + region tokens from ``tile_embeds``), and each prompt runs once for its G captions
+    (``grouped_completion_logprobs``: b·L + n·T tokens, not n·(L + T), gradient through the shared prompt) at the
+    sampling temperature. ``old_logp``, ``ref_logp`` and the loss all score through here, so the first ratio is 1.
     """
     G = group_size
     cells = features.region_cells[list(samples)]  # [b, g, g]
     embeds = prompt_embeds(model, features, tile_embeds, replay.prompt_ids[::G],
                            [features.image_of(s) for s in samples], list(cells))  # [b, L, D]
-    if share_prompt:
-        return grouped_completion_logprobs(model.language_model, embeds, replay.prompt_attention[::G],
-                                           replay.completion_ids, completion_mask, num_generations=G,
-                                           temperature=temperature)  # [n, T]
-    return completion_logprobs(model.language_model, embeds.repeat_interleave(G, 0), replay.prompt_attention,
-                               replay.completion_ids, completion_mask, temperature=temperature)  # [n, T]
+    return grouped_completion_logprobs(model.language_model, embeds, replay.prompt_attention[::G],
+                                       replay.completion_ids, completion_mask, num_generations=G,
+                                       temperature=temperature)  # [n, T]
 
 
 class MaskToCaptionLoop:
@@ -150,18 +146,17 @@ class MaskToCaptionLoop:
                                    prompt_attention=attention.repeat_interleave(G, 0), completion_ids=completions.ids,
                                    image_index=features.image_index.repeat_interleave(G))
 
-            def score(tile_embeds: Tensor, share_prompt: bool) -> Callable[[int, int], Tensor]:
+            def score(tile_embeds: Tensor) -> Callable[[int, int], Tensor]:
                 return lambda b0, b1: caption_logp(
                     model, features, tile_embeds, slice_rows(replay, b0 * G, b1 * G),
-                    completions.completion_mask[b0 * G:b1 * G], range(b0, b1), G, cfg.temperature,
-                    share_prompt=share_prompt)
+                    completions.completion_mask[b0 * G:b1 * G], range(b0, b1), G, cfg.temperature)
 
-            # old_logp must equal the loss pass's values bit for bit (ratio 1): same one-pass scoring as the loss
-            old_logp = cat_chunks(score(tiles, False), B, G, chunk) if needs_old_logp else None
+            # old_logp must equal the loss pass's values bit for bit (ratio 1): the loss scores through caption_logp too
+            old_logp = cat_chunks(score(tiles), B, G, chunk) if needs_old_logp else None
             ref_logp = None
             if cfg.beta > 0:
                 with ctx.weights.reference(model):
-                    ref_logp = cat_chunks(score(model.project_vision(features.vit_tokens), True), B, G, chunk)
+                    ref_logp = cat_chunks(score(model.project_vision(features.vit_tokens)), B, G, chunk)
             captions = completion_texts(completions, ctx.decoding)
             with ctx.weights.partner(model):
                 pred_masks, stats = partner_segment(

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from .constants import IMAGE_PLACEHOLDER, INTERNVL_SPECIAL_TOKENS, SA2VA_SPECIAL_TOKENS
 from .fast_generation import DECODE_BACKENDS, decode_completions
-from .generation import Completions
+from .generation import Completions, SharedPrefix
 
 
 @contextmanager
@@ -144,19 +144,24 @@ def cut_at_stop_words(completions: Completions, decoding: TextDecoding) -> Compl
 def sample_text(model, embeds: Tensor, attention: Tensor, decoding: TextDecoding, *, max_new_tokens: int,
                 do_sample: bool, num_generations: int = 1, temperature: float = 1.0, top_p: float = 1.0,
                 chunk_size: int | None = None, generator: torch.Generator | None = None,
-                return_hidden: bool = False) -> Completions:
+                return_hidden: bool = False, prefix: SharedPrefix | None = None) -> Completions:
     """G = ``num_generations`` completions of each distinct prompt row ``[b, L, D]`` (left padded): ``b * G`` rows,
     row ``r * G + g`` the g-th of prompt r, decoded by ``decoding.decode_backend`` with at most ``chunk_size`` rows
     (whole groups) per call, then cut at the textual stop words. ``do_sample=False`` is the greedy answer.
     ``return_hidden`` asks the decoder for the fed-back tokens' states (``Completions.hidden``; a decoder may
-    leave it None)."""
+    leave it None). With ``prefix`` the rows are the prompts' own tokens after a shared prefix
+    (``generation.SharedPrefix``: the image block, prefilled once per image by the fast path)."""
     G = num_generations
-    extra = {"return_hidden": True} if return_hidden else {}
+
+    def extra(b0: int, b1: int) -> dict:
+        return {**({"return_hidden": True} if return_hidden else {}),
+                **({"prefix": prefix.rows(b0, b1)} if prefix is not None else {})}
+
     parts = [decode_completions(model.language_model, embeds[b0:b1], attention[b0:b1],
                                 decode_backend=decoding.decode_backend, num_generations=G,
                                 max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                 do_sample=do_sample, stop_token_ids=list(decoding.stop_token_ids),
-                                pad_token_id=decoding.pad_token_id, generator=generator, **extra)
+                                pad_token_id=decoding.pad_token_id, generator=generator, **extra(b0, b1))
              for b0, b1 in group_chunks(embeds.shape[0], G, chunk_size)]
     return cut_at_stop_words(_pad_cat(parts, decoding.pad_token_id), decoding)
 

@@ -9,7 +9,9 @@ How one call runs (issue #8, "rollout and step speed on GPU"):
 1. **Prefill once per prompt.** The B prompts go through the decoder body with a ``DynamicCache``, exactly
    as the reference prefills; their keys/values are then copied G times into a transformers
    ``StaticCache`` of N rows and ``S = L + max_new_tokens`` slots (rounded up to :data:`CACHE_ALIGN`).
-   The G samples of a prompt share its prefix, so prefill costs B rows, not N.
+   The G samples of a prompt share its prefix, so prefill costs B rows, not N. Rows that begin with a common
+   block (``prefix=SharedPrefix``: the image block of rows about one image) prefill each distinct block once
+   and continue every row from it (:func:`prefill_shared`).
 2. **One fixed-shape model step.** :func:`fast_decode_step.decode_logits` reads and writes only tensors
    allocated before the loop (:class:`fast_decode_step.DecodeState`: next input token, its position id
    and cache slot, an additive attention bias ``[N, 1, 1, S]``), so on CUDA it is captured once into a
@@ -42,7 +44,9 @@ Invariants:
   reference's per-step call for position-independent RoPE types; stateful ones (dynamic NTK, longrope)
   are accepted only while ``S`` stays below their original context length, where they do not rescale.
 
-Works for transformers Qwen2 / Llama / Phi3 ``*ForCausalLM`` (4.48 layer API), bare or peft-wrapped.
+Works for transformers Qwen2 / Llama / Phi3 ``*ForCausalLM`` (4.48 layer API), bare or peft-wrapped. The default
+backend (``'fast'``, :func:`fast_merged_completions`) decodes a peft LM on merged scratch copies of its LoRA-adapted
+weights (``adapter_merge.merged_adapters``); ``'fast_adapters'`` keeps the adapters.
 """
 from __future__ import annotations
 
@@ -53,10 +57,11 @@ from torch import Tensor, nn
 from transformers import DynamicCache, StaticCache, TopPLogitsWarper
 
 from . import fast_decode_step
+from .adapter_merge import merged_adapters
 from .fast_decode_step import (CACHE_ALIGN, GQA_DECODE_ATTENTION, DecodeState, DecoderParts, GraphedCall,
                                TokenChooser, attention_implementation, compiled_decode_logits, decode_logits,
                                rope_table)
-from .generation import Completions, _check_prompt, position_ids_from_attention, sample_completions
+from .generation import Completions, SharedPrefix, _check_prompt, position_ids_from_attention, sample_completions
 
 
 def _validate(*, num_generations, max_new_tokens, temperature, top_p, stop_token_ids, stop_check_interval,
@@ -96,6 +101,28 @@ def prefill(parts: DecoderParts, inputs_embeds: Tensor, attention_mask: Tensor) 
             "checkpointing in train mode); call lm.eval() before sampling."
         )
     return hidden, cache
+
+
+def prefill_shared(parts: DecoderParts, prefix: SharedPrefix, inputs_embeds: Tensor,
+                   attention_mask: Tensor) -> tuple[Tensor, DynamicCache, Tensor]:
+    """Prefill of n rows ``[prefix | own tokens]`` that runs each distinct prefix once.
+
+    The U prefixes ``[U, P, D]`` fill a cache, whose rows are gathered to the n rows (``prefix.index``); the rows' own
+    tokens ``[n, S, D]`` then run as a continuation of it (U·P + n·S tokens instead of n·(P + S)). Returns the
+    last position's final-norm hidden ``[n, D]``, the cache of ``P + S`` slots and the joined attention ``[n, P + S]``.
+    """
+    _, cache = prefill(parts, prefix.embeds, prefix.attention)  # cache rows [U, Hkv, P, hd]
+    for layer in range(len(cache.key_cache)):  # -> [n, Hkv, P, hd]
+        cache.key_cache[layer] = cache.key_cache[layer].index_select(0, prefix.index)
+        cache.value_cache[layer] = cache.value_cache[layer].index_select(0, prefix.index)
+    P = prefix.attention.shape[1]
+    attention = torch.cat([prefix.attention[prefix.index].long(), attention_mask.long()], dim=1)  # [n, P + S]
+    positions = position_ids_from_attention(attention)[:, P:]  # [n, S]
+    hidden = parts.body(inputs_embeds=inputs_embeds, attention_mask=attention, position_ids=positions,
+                        past_key_values=cache, use_cache=True).last_hidden_state[:, -1]  # [n, D]
+    if cache.get_seq_length() != attention.shape[1]:
+        raise RuntimeError("fast_sample_completions: the LM did not extend the prefix cache; call lm.eval() first.")
+    return hidden, cache, attention
 
 
 def replicate_prefix(prefix: DynamicCache, config, num_generations: int, num_slots: int) -> StaticCache:
@@ -162,6 +189,7 @@ def fast_sample_completions(
     compile_step: bool = False,
     return_step_probs: bool = False,
     return_hidden: bool = False,
+    prefix: SharedPrefix | None = None,
 ) -> Completions | tuple[Completions, Tensor]:
     """Decode G completions for each of B prompts: :func:`generation.sample_completions` semantics, fast.
 
@@ -179,6 +207,8 @@ def fast_sample_completions(
         return_step_probs: also return the sampling distribution of every step ``[N, T, V]`` float32
             (``softmax(top_p(logits / temperature))``; debug/tests, it costs N·T·V floats).
         return_hidden: keep each fed-back token's final-norm state (``Completions.hidden``, N·T·D values).
+        prefix: the prompts are ``[prefix | inputs_embeds]`` (``generation.SharedPrefix``); each distinct prefix is
+            prefilled once (:func:`prefill_shared`).
 
     Returns:
         :class:`Completions` with N = B·G rows (and ``step_probs`` if asked), trimmed to the longest row.
@@ -189,14 +219,17 @@ def fast_sample_completions(
               device=device, generator=generator, do_sample=do_sample, use_cuda_graph=use_cuda_graph)
     _check_prompt(inputs_embeds, attention_mask, "prompt")
     parts = DecoderParts.of(lm)
-    L, G, T = inputs_embeds.shape[1], num_generations, max_new_tokens
+    if prefix is None:
+        hidden, prompt_cache = prefill(parts, inputs_embeds, attention_mask)  # [B, D]
+    else:
+        _check_prompt(prefix.embeds, prefix.attention, "shared prefix")
+        hidden, prompt_cache, attention_mask = prefill_shared(parts, prefix, inputs_embeds, attention_mask)
+    L, G, T = attention_mask.shape[1], num_generations, max_new_tokens
     num_slots = -(-(L + T) // CACHE_ALIGN) * CACHE_ALIGN
     rope = rope_table(parts.rotary, num_slots, inputs_embeds[:1, :1])
-
-    hidden, prefix = prefill(parts, inputs_embeds, attention_mask)
     first_logits = parts.head(hidden).float() / temperature  # [B, V]
-    cache = replicate_prefix(prefix, parts.body.config, G, num_slots)
-    del prefix
+    cache = replicate_prefix(prompt_cache, parts.body.config, G, num_slots)
+    del prompt_cache
     state = init_state(attention_mask, G, T, num_slots, dtype=inputs_embeds.dtype,
                        vocab_size=first_logits.shape[-1], pad_token_id=pad_token_id, rope=rope,
                        return_step_probs=return_step_probs,
@@ -229,24 +262,36 @@ def _completions(state: DecodeState, return_step_probs: bool) -> Completions | t
     return (out, state.step_probs[:, :T]) if return_step_probs else out
 
 
+def fast_merged_completions(lm: nn.Module, inputs_embeds: Tensor, attention_mask: Tensor, **kwargs) -> Completions:
+    """:func:`fast_sample_completions` with every LoRA-adapted linear of ``lm`` on a merged scratch weight
+    ``W + s·BA`` (``adapter_merge.merged_adapters``): one GEMM per linear instead of five kernels, the live weights
+    untouched. Same completions up to float rounding; costs one scratch copy of the adapted weights per call."""
+    with merged_adapters(lm):
+        return fast_sample_completions(lm, inputs_embeds, attention_mask, **kwargs)
+
+
 def reference_completions(lm: nn.Module, inputs_embeds: Tensor, attention_mask: Tensor, *, num_generations: int = 1,
-                          **kwargs) -> Completions:
-    """:func:`generation.sample_completions` with the fast path's input layout: the B prompts are repeated into
-    N = B·G rows (``b·G + g``) and decoded row by row, prefill included (the reference the fast path is tested
-    against, and the switch back to it)."""
+                          prefix: SharedPrefix | None = None, **kwargs) -> Completions:
+    """:func:`generation.sample_completions` with the fast path's input layout: the B prompts (joined to their
+    ``prefix``) are repeated into N = B·G rows (``b·G + g``) and decoded row by row, prefill included (the reference
+    the fast path is tested against, and the switch back to it)."""
     if not isinstance(num_generations, int) or num_generations < 1:
         raise ValueError(f"reference_completions: num_generations must be an int >= 1; got {num_generations!r}.")
+    if prefix is not None:
+        inputs_embeds, attention_mask = prefix.full_prompts(inputs_embeds, attention_mask)  # [B, P + S, ...]
     rows = inputs_embeds.repeat_interleave(num_generations, 0), attention_mask.repeat_interleave(num_generations, 0)
     return sample_completions(lm, *rows, **kwargs)  # [N, L, D], [N, L]
 
 
 # decode_backend name -> decoder with the signature of fast_sample_completions' common arguments
 # (lm, embeds [B, L, D], attention [B, L], *, num_generations, max_new_tokens, temperature, top_p, do_sample,
-# stop_token_ids, pad_token_id, generator, return_hidden) -> Completions of N = B·G rows (a decoder may leave
-# Completions.hidden None; callers then recompute the states with generation.completion_hidden).
+# stop_token_ids, pad_token_id, generator, return_hidden, prefix) -> Completions of N = B·G rows (a decoder may leave
+# Completions.hidden None; callers then recompute the states with generation.completion_hidden; a decoder without
+# prefix sharing decodes prefix.full_prompts(embeds, attention)).
 DECODE_BACKENDS = {
-    "fast": fast_sample_completions,
-    "fast_compiled": partial(fast_sample_completions, compile_step=True),  # opt-in until measured on GPU
+    "fast": fast_merged_completions,  # LoRA merged into scratch weights for the call
+    "fast_compiled": partial(fast_merged_completions, compile_step=True),  # opt-in until measured on GPU
+    "fast_adapters": fast_sample_completions,  # LoRA kept as adapters: no scratch memory, ~2x the step's kernels
     "reference": reference_completions,
 }
 

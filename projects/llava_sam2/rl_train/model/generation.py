@@ -55,6 +55,37 @@ class Completions:
     hidden: torch.Tensor | None = None
 
 
+@dataclass
+class SharedPrefix:
+    """Prompt rows that begin with a shared block (e.g. the image block of rows about one image).
+
+    Row r's prompt is ``[prefix index[r] | the row's own tokens]``; a decoder that knows this prefills each distinct
+    prefix once (``fast_generation``), any other decoder is given :meth:`full_prompts`. Padding inside the joined
+    prompt is masked out and positions count only real tokens (``position_ids_from_attention``), so a joined row
+    scores as its plain left-padded prompt does, up to float reordering.
+
+    Attributes:
+        embeds: ``[U, P, D]`` the U distinct prefixes, LEFT padded; attention: ``[U, P]`` (last column all True).
+        index: ``[n]`` long, the prefix of each row.
+    """
+
+    embeds: torch.Tensor
+    attention: torch.Tensor
+    index: torch.Tensor
+
+    def full_prompts(self, embeds: torch.Tensor, attention: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[prefix | rest]`` of every row: ``[n, S, D]``, ``[n, S]`` → ``[n, P + S, D]``, ``[n, P + S]`` (long)."""
+        return (torch.cat([self.embeds[self.index].to(embeds.dtype), embeds], dim=1),
+                torch.cat([self.attention[self.index].long(), attention.long()], dim=1))
+
+    def rows(self, r0: int, r1: int) -> "SharedPrefix":
+        """The prefix of rows ``[r0, r1)`` alone (only the prefixes they use, re-indexed)."""
+        if r0 == 0 and r1 >= len(self.index):
+            return self
+        used, index = torch.unique(self.index[r0:r1], return_inverse=True)  # [u], [r1 - r0]
+        return SharedPrefix(self.embeds[used], self.attention[used], index)
+
+
 def position_ids_from_attention(attention_mask: torch.Tensor) -> torch.Tensor:
     """``position_ids = clamp(cumsum(attention_mask) - 1, min=0)`` per row; ``[N, L]`` → ``[N, L]``."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -314,63 +345,3 @@ def completion_hidden(lm: nn.Module, prompt_embeds: torch.Tensor, prompt_attenti
     _check_completion(prompt_embeds, prompt_attention, completion_ids, completion_mask, "completion_hidden")
     L, T = prompt_embeds.shape[1], completion_ids.shape[1]
     return _teacher_forced_hidden(lm, prompt_embeds, prompt_attention, completion_ids, completion_mask)[:, L:L + T]
-
-
-@torch.no_grad()
-def grouped_completion_logprobs(
-    lm: nn.Module,
-    prompt_embeds: torch.Tensor,
-    prompt_attention: torch.Tensor,
-    completion_ids: torch.Tensor,
-    completion_mask: torch.Tensor,
-    *,
-    num_generations: int,
-    temperature: float = 1.0,
-    max_logit_bytes: int | None = MAX_LOGIT_BYTES,
-) -> torch.Tensor:
-    """:func:`completion_logprobs` (no grad) of G completions per prompt, the prompt run once for its G rows.
-
-    The B prompts are prefilled once into a ``DynamicCache`` whose keys/values are repeated to N = B·G rows
-    (row ``b·G + g``); the completions then run as a T - 1 token continuation. Token t is scored from the prompt's
-    last state (t = 0) or from the continuation's state at ``c_{t-1}`` — the positions of the one-pass
-    version, so the values agree up to float reordering. Cost: B·L + N·T tokens instead of N·(L + T).
-
-    Args:
-        prompt_embeds: ``[B, L, D]``; prompt_attention: ``[B, L]`` LEFT padded.
-        completion_ids, completion_mask: ``[N, T]``, N = B·G, right padded.
-
-    Returns:
-        ``token_logp [N, T]`` float32, 0 where ``completion_mask`` is False.
-    """
-    G, (B, L) = num_generations, prompt_attention.shape
-    _check_prompt(prompt_embeds, prompt_attention, "prompt")
-    if completion_ids.dim() != 2 or completion_ids.shape != completion_mask.shape or completion_ids.shape[0] != B * G:
-        raise ValueError(
-            f"grouped_completion_logprobs: completion_ids and completion_mask must both be [B*G, T] = [{B * G}, T] "
-            f"for B={B} prompts and num_generations={G}; got {tuple(completion_ids.shape)} and "
-            f"{tuple(completion_mask.shape)}."
-        )
-    if temperature <= 0:
-        raise ValueError(f"grouped_completion_logprobs: temperature must be > 0, got {temperature}.")
-    body, head = decoder_and_head(lm)
-    T = completion_ids.shape[1]
-    cache = DynamicCache()
-    last = body(inputs_embeds=prompt_embeds, attention_mask=prompt_attention.long(),
-                position_ids=position_ids_from_attention(prompt_attention), past_key_values=cache,
-                use_cache=True).last_hidden_state[:, -1:]  # [B, 1, D]
-    if cache.get_seq_length() != L:
-        raise RuntimeError("grouped_completion_logprobs: the LM did not fill the KV cache; call lm.eval() first.")
-    hidden = last.repeat_interleave(G, 0)  # [N, 1, D], scores c_0
-    if T > 1:
-        for layer in range(len(cache.key_cache)):  # [B, Hkv, L, hd] -> [N, Hkv, L, hd]
-            cache.key_cache[layer] = cache.key_cache[layer].repeat_interleave(G, 0)
-            cache.value_cache[layer] = cache.value_cache[layer].repeat_interleave(G, 0)
-        attention = torch.cat([prompt_attention.long().repeat_interleave(G, 0), completion_mask.long()], 1)  # [N, L+T]
-        continuation = body(
-            inputs_embeds=lm.get_input_embeddings()(completion_ids[:, :-1]).to(prompt_embeds.dtype),
-            attention_mask=attention[:, :-1], position_ids=position_ids_from_attention(attention)[:, L:-1],
-            past_key_values=cache, use_cache=True,
-        ).last_hidden_state  # [N, T - 1, D], scores c_1 .. c_{T-1}
-        hidden = torch.cat([hidden, continuation], dim=1)  # [N, T, D]
-    token_logp = token_logprobs(head, hidden, completion_ids, temperature=temperature, max_logit_bytes=max_logit_bytes)
-    return token_logp.masked_fill(~completion_mask.bool(), 0.0)

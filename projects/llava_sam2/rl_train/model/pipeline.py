@@ -21,8 +21,8 @@ under the weights in effect and passes it in. Prompt rows name their image (``im
 so rows that share an image share its cached features.
 
 Every decode goes through ``decoding.sample_text`` (one call site of ``fast_generation.decode_completions``), and
-every greedy answer through :func:`greedy_answers`, which sees each row's image: the places where a decoder on
-merged LoRA weights, or a prefill of one image block shared by several rows, would plug in.
+every greedy answer through :func:`greedy_answers`, which sees each row's image: rows about one image share its
+prefilled image block (:func:`image_prefix_prompts`), and the fast decoder runs on merged LoRA weights.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from torch import Tensor
 
 from .decoding import (
     TextDecoding, answer_texts, completion_texts, eval_mode, fed_back_seg_positions, sample_text)
-from .generation import Completions, completion_hidden
+from .generation import Completions, SharedPrefix, completion_hidden
 from .grounding import GroundingFeatures
 
 SEG_ANSWER = "Sure, [SEG]."  # one of Sa2VA's five RES answers: the default teacher-forced answer
@@ -115,6 +115,53 @@ def prompt_embeds(model, encoded: EncodedImages, tile_embeds: Tensor, prompt_ids
     return model.embed_inputs(prompt_ids, image_fills(model, encoded, tile_embeds, images, region_cells))
 
 
+def _left_pad(rows: Sequence[Tensor], pad_id: int) -> tuple[Tensor, Tensor]:
+    """Token rows → left-padded ids ``[n, L]`` and attention ``[n, L]`` (bool)."""
+    length = max(len(row) for row in rows)
+    ids = rows[0].new_full((len(rows), length), pad_id)
+    attention = torch.zeros(len(rows), length, dtype=torch.bool, device=ids.device)
+    for r, row in enumerate(rows):
+        ids[r, length - len(row):], attention[r, length - len(row):] = row, True
+    return ids, attention
+
+
+def image_prefix_prompts(model, encoded: EncodedImages, tile_embeds: Tensor, prompt_ids: Tensor, attention: Tensor,
+                         images: Sequence[int], region_cells: Sequence[Tensor | None] | None,
+                         pad_id: int) -> tuple[SharedPrefix, Tensor, Tensor] | None:
+    """Split prompt rows after their image's tokens, so that rows about one image share one prefilled prefix.
+
+    Row r of the left-padded ids ``[n, L]`` (host tensors: the cut is found row by row) is cut after its k_r-th
+    ``<IMG_CONTEXT>``, k_r = its image's tile tokens: the prefix (template header, ``<img>``, image tokens) depends
+    only on the image, the rest (``</img>``, region tokens, question, assistant header) on the row. Rows with the
+    same image and prefix ids share one prefix.
+
+    Returns ``(SharedPrefix over the U distinct prefixes [U, P, D], rest embeddings [n, S, D], rest attention
+    [n, S])``, or None when a row has fewer ``<IMG_CONTEXT>`` tokens than its image's tiles (no image block to share).
+    """
+    fills = image_fills(model, encoded, tile_embeds, images, region_cells)  # per row [k_r + regions, D]
+    keys, prefixes, rests, rest_fills, index = {}, [], [], [], []
+    for r, image in enumerate(images):
+        row = prompt_ids[r][attention[r].bool()]  # [L_r] without padding
+        k = encoded.tiles(tile_embeds, image).shape[:2].numel()  # image tokens of the row's image
+        context = (row == model.img_context_token_id).nonzero().flatten()
+        if len(context) < k:
+            return None
+        cut = int(context[k - 1]) + 1
+        key = (image, tuple(row[:cut].tolist()))
+        if key not in keys:
+            keys[key] = len(prefixes)
+            prefixes.append((row[:cut], fills[r][:k]))
+        index.append(keys[key])
+        rests.append(row[cut:])
+        rest_fills.append(fills[r][k:])
+    device = model.device
+    prefix_ids, prefix_attention = (x.to(device) for x in _left_pad([ids for ids, _ in prefixes], pad_id))  # [U, P]
+    rest_ids, rest_attention = (x.to(device) for x in _left_pad(rests, pad_id))  # [n, S]
+    prefix = SharedPrefix(model.embed_inputs(prefix_ids, [fill for _, fill in prefixes]), prefix_attention,
+                          torch.tensor(index, device=device))
+    return prefix, model.embed_inputs(rest_ids, rest_fills), rest_attention
+
+
 @dataclass
 class PromptRow:
     """One question about one encoded image.
@@ -155,7 +202,8 @@ class Answer:
 
 
 def _answer_masks(model, encoded: EncodedImages, images: Sequence[int], embeds: Tensor, attention: Tensor,
-                  out: Completions, positions: list[list[int]], rule: str) -> list[list[Tensor]]:
+                  out: Completions, positions: list[list[int]], rule: str,
+                  prefix: SharedPrefix | None = None) -> list[list[Tensor]]:
     """Per row, one bool ``[H, W]`` mask per kept fed-back ``[SEG]``; the SAM2 decoder runs once for all of them."""
     kept = [(row, t) for row, row_positions in enumerate(positions) for t in SEG_MASK_RULES[rule](row_positions)]
     masks: list[list[Tensor]] = [[] for _ in positions]
@@ -163,6 +211,8 @@ def _answer_masks(model, encoded: EncodedImages, images: Sequence[int], embeds: 
         return masks
     hidden = out.hidden  # [n, T, D]: the decode's own states of the fed-back tokens (upstream reads them from generate)
     if hidden is None:  # a decoder without states: one teacher-forced pass over prompt + answer
+        if prefix is not None:
+            embeds, attention = prefix.full_prompts(embeds, attention)  # [n, P + S, D]
         hidden = completion_hidden(model.language_model, embeds, attention, out.ids, out.completion_mask)
     owner, t = (list(x) for x in zip(*kept))
     seg_prompt = model.seg_hidden_to_prompt(hidden[owner, t])  # [M, C_sam]
@@ -178,7 +228,7 @@ def _answer_masks(model, encoded: EncodedImages, images: Sequence[int], embeds: 
 def greedy_answers(model, processor, encoded: EncodedImages, rows: Sequence[PromptRow], *, max_new_tokens: int,
                    decoding: TextDecoding | None = None, seg_masks: str | None = None,
                    tile_embeds: Tensor | None = None, chunk_size: int | None = None,
-                   use_decoder_states: bool = True) -> list[Answer]:
+                   use_decoder_states: bool = True, prefill_by_image: bool = True) -> list[Answer]:
     """Greedy answers of prompt rows about encoded images (upstream ``predict_forward`` per row), batched.
 
     Per chunk of at most ``chunk_size`` rows: each ``row.text`` → left-padded ids → :func:`prompt_embeds` → greedy
@@ -190,6 +240,9 @@ def greedy_answers(model, processor, encoded: EncodedImages, rows: Sequence[Prom
         tile_embeds: ``model.project_vision(encoded.vit_tokens)`` under the weights in effect (default: computed).
         use_decoder_states: read ``[SEG]`` states from the decode (as upstream reads them from ``generate``);
             False recomputes them by one teacher-forced pass over prompt + answer (equal up to float reordering).
+        prefill_by_image: rows about one image share its prefilled image block (:func:`image_prefix_prompts`;
+            U·P + n·S prompt tokens instead of n·(P + S), equal up to float reordering); False prefills every row
+            whole.
     """
     if seg_masks is not None and seg_masks not in SEG_MASK_RULES:
         raise ValueError(f"greedy_answers: seg_masks={seg_masks!r}; expected None or one of {sorted(SEG_MASK_RULES)}")
@@ -201,14 +254,19 @@ def greedy_answers(model, processor, encoded: EncodedImages, rows: Sequence[Prom
         for r0 in range(0, len(rows), step):
             chunk = rows[r0:r0 + step]
             images = [row.image for row in chunk]
-            ids, attention = processor.tokenize_prompts([row.text for row in chunk])
-            ids, attention = ids.to(model.device), attention.to(model.device)  # [n, L]
-            embeds = prompt_embeds(model, encoded, tiles, ids, images, [row.region_cells for row in chunk])
+            ids, attention = processor.tokenize_prompts([row.text for row in chunk])  # [n, L] on the host
+            cells = [row.region_cells for row in chunk]
+            split = image_prefix_prompts(model, encoded, tiles, ids, attention, images, cells,
+                                         processor.pad_token_id) if prefill_by_image else None
+            if split is None:
+                ids, attention = ids.to(model.device), attention.to(model.device)
+                split = None, prompt_embeds(model, encoded, tiles, ids, images, cells), attention
+            prefix, embeds, attention = split
             out = sample_text(model, embeds, attention, decoding, max_new_tokens=max_new_tokens, do_sample=False,
-                              return_hidden=seg_masks is not None and use_decoder_states)
+                              return_hidden=seg_masks is not None and use_decoder_states, prefix=prefix)
             positions = fed_back_seg_positions(out, model.seg_token_id)
             masks = [[] for _ in chunk] if seg_masks is None else \
-                _answer_masks(model, encoded, images, embeds, attention, out, positions, seg_masks)
+                _answer_masks(model, encoded, images, embeds, attention, out, positions, seg_masks, prefix)
             lengths = out.completion_mask.sum(-1).tolist()
             answers += [Answer(text, plain, int(n), bool(truncated), len(p), m) for text, plain, n, truncated, p, m
                         in zip(answer_texts(out, decoding), completion_texts(out, decoding), lengths,

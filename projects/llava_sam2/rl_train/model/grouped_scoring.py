@@ -1,0 +1,184 @@
+"""Teacher-forced log-probs of G completions per prompt, each prompt run once for its group, with gradients.
+
+The GRPO loss scores the N = B·G completions of B prompts. Repeating every prompt G times (``completion_logprobs`` on
+N rows of ``[prompt | completion]``) costs N·(L + T) tokens forward, recompute and backward; at 896 px (L ≈ 1,350),
+B = 8, G = 8 and T = 128 the prompt is 91 % of them. Here each decoder layer runs on two blocks:
+
+* the prefix: the B prompts ``[B, L, D]`` (left padded), causal over their own tokens;
+* the continuation: the N completions ``[N, T', D]`` (inputs c_0 .. c_{T'-1}); row ``b·G + g`` attends to prompt b's
+  keys/values (repeated to its G rows inside the layer) and causally to its own completion tokens.
+
+Layer ℓ maps ``(h_prefix, h_cont)`` to the next pair; it is one function of its inputs and the layer's weights (the
+prompt keys/values live only inside it), so under activation checkpointing (``gradient_checkpointing_enable()``,
+train mode, grad enabled) it is checkpointed whole and its recompute in backward builds the same keys again. The
+gradient of a prompt token sums over the G completions that read it (the repeat's backward). Cost: B·L + N·T' tokens.
+
+Token t is scored from the state that predicts it, as in ``completion_logprobs``: c_0 from the prompt's last state,
+c_t from the continuation's state at input c_{t-1}; positions are ``cumsum(attention) - 1`` over
+``[prompt | completion]``. So the values equal the one-pass scoring up to float reordering, and since the rollout's
+``old_logp``, the reference's ``ref_logp`` and the loss all run this one function, the first ratio is exactly 1.
+
+Supported: transformers Qwen2 / Llama / Phi3 bodies (``layers``, ``norm``, ``rotary_emb``; the 4.48 layer API) with
+the ``sdpa`` or ``eager`` attention and no sliding window in reach; other LMs are scored by ``completion_logprobs`` on
+the N repeated rows (same values, the old cost).
+"""
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from .generation import MAX_LOGIT_BYTES, completion_logprobs, decoder_and_head, position_ids_from_attention, \
+    token_logprobs
+
+SUPPORTED_ATTENTION = ("sdpa", "eager")  # implementations that take a 4-D additive mask
+
+
+class GroupKV:
+    """The key/value store of ONE layer call on (prefix, continuation), in place of a transformers ``Cache``.
+
+    The attention calls ``update(key, value, ...)`` once per block: the first call (prefix, ``[B, Hkv, L, hd]``) is
+    kept and returned as is; the second (continuation, ``[N, Hkv, T', hd]``) returns the prefix repeated to the N rows
+    (row ``b·G + g`` ← prompt b) followed by the continuation's own: ``[N, Hkv, L + T', hd]``. Built inside the
+    (checkpointed) layer function, so a recompute starts from an empty store.
+    """
+
+    def __init__(self, num_generations: int):
+        self.num_generations = num_generations
+        self.prefix: tuple[Tensor, Tensor] | None = None
+
+    def update(self, key: Tensor, value: Tensor, layer_idx: int, cache_kwargs=None) -> tuple[Tensor, Tensor]:
+        if self.prefix is None:
+            self.prefix = (key, value)
+            return key, value
+        G = self.num_generations
+        prefix_key, prefix_value = (x.repeat_interleave(G, 0) for x in self.prefix)  # [N, Hkv, L, hd]
+        return torch.cat([prefix_key, key], dim=2), torch.cat([prefix_value, value], dim=2)  # [N, Hkv, L + T', hd]
+
+
+def additive_bias(is_visible: Tensor, dtype: torch.dtype) -> Tensor:
+    """``[n, 1, q, k]`` bool → additive bias: 0 where visible, the dtype's minimum elsewhere. A query row that sees
+    nothing (a left-padding position) sees everything instead, as transformers' sdpa path does, so it stays finite."""
+    is_visible = is_visible | ~is_visible.any(-1, keepdim=True)
+    bias = torch.zeros(is_visible.shape, dtype=dtype, device=is_visible.device)
+    return bias.masked_fill_(~is_visible, torch.finfo(dtype).min)
+
+
+def group_biases(prompt_attention: Tensor, completion_mask: Tensor, num_generations: int,
+                 dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """Attention biases of the two blocks: prefix ``[B, 1, L, L]`` (causal, padded keys hidden) and continuation
+    ``[N, 1, T', L + T']`` (its prompt's real keys, then its own completion keys s <= t with ``completion_mask``)."""
+    (B, L), (N, T) = prompt_attention.shape, completion_mask.shape
+    prompt_keys = prompt_attention.bool()  # [B, L]
+    causal = torch.ones(L, L, dtype=torch.bool, device=prompt_keys.device).tril()  # [L, L]
+    prefix = causal[None, None] & prompt_keys[:, None, None, :]  # [B, 1, L, L]
+    own = torch.ones(T, T, dtype=torch.bool, device=prompt_keys.device).tril()[None] & completion_mask.bool()[:, None]
+    seen_prompt = prompt_keys.repeat_interleave(num_generations, 0)[:, None].expand(N, T, L)  # [N, T', L]
+    continuation = torch.cat([seen_prompt, own], dim=2)[:, None]  # [N, 1, T', L + T']
+    return additive_bias(prefix, dtype), additive_bias(continuation, dtype)
+
+
+def _layer_on_group(layer: nn.Module, num_generations: int, prefix_kwargs: dict, continuation_kwargs: dict,
+                    h_prefix: Tensor, h_continuation: Tensor) -> tuple[Tensor, Tensor]:
+    """One decoder layer on the prefix ``[B, L, D]`` then on the continuation ``[N, T', D]`` that reads its keys."""
+    store = GroupKV(num_generations)
+    h_prefix = layer(h_prefix, past_key_value=store, use_cache=True, **prefix_kwargs)[0]  # [B, L, D]
+    if h_continuation.shape[1] == 0:  # one-token completions: c_0 is scored from the prefix alone
+        return h_prefix, h_continuation
+    h_continuation = layer(h_continuation, past_key_value=store, use_cache=True, **continuation_kwargs)[0]  # [N, T', D]
+    return h_prefix, h_continuation
+
+
+def supports_grouping(lm: nn.Module, length: int) -> bool:
+    """True when :func:`grouped_hidden` can run ``lm`` over ``length`` = L + T positions (module docstring)."""
+    body, _ = decoder_and_head(lm)
+    config = getattr(body, "config", None)
+    if not all(hasattr(body, name) for name in ("layers", "norm", "rotary_emb")) or config is None:
+        return False
+    window = getattr(config, "sliding_window", None)
+    uses_window = window is not None and getattr(config, "use_sliding_window", True) and length > window
+    return config._attn_implementation in SUPPORTED_ATTENTION and not uses_window
+
+
+def grouped_hidden(lm: nn.Module, prompt_embeds: Tensor, prompt_attention: Tensor, continuation_ids: Tensor,
+                   completion_mask: Tensor, num_generations: int) -> tuple[Tensor, Tensor]:
+    """Final-norm states of the prompts' last position ``[B, D]`` and of the continuation inputs ``[N, T', D]``.
+
+    Args:
+        prompt_embeds: ``[B, L, D]``; prompt_attention: ``[B, L]`` LEFT padded.
+        continuation_ids: ``[N, T']`` long, the completion tokens fed as inputs (c_0 .. c_{T'-1}).
+        completion_mask: ``[N, T]`` bool, T >= T' (positions come from its first T' columns).
+    """
+    G, (B, L), T_in = num_generations, prompt_attention.shape, continuation_ids.shape[1]
+    body, _ = decoder_and_head(lm)
+    attention = torch.cat([prompt_attention.long().repeat_interleave(G, 0), completion_mask[:, :T_in].long()], 1)
+    prefix_bias, continuation_bias = group_biases(prompt_attention, completion_mask[:, :T_in], G, prompt_embeds.dtype)
+    prefix_positions = position_ids_from_attention(prompt_attention)  # [B, L]
+    continuation_positions = position_ids_from_attention(attention)[:, L:]  # [N, T']
+    h_prefix = prompt_embeds  # [B, L, D]
+    h_continuation = lm.get_input_embeddings()(continuation_ids).to(prompt_embeds.dtype)  # [N, T', D]
+    prefix_kwargs = dict(attention_mask=prefix_bias, position_ids=prefix_positions,
+                         cache_position=torch.arange(L, device=prompt_embeds.device),
+                         position_embeddings=body.rotary_emb(h_prefix, prefix_positions))
+    continuation_kwargs = dict(attention_mask=continuation_bias, position_ids=continuation_positions,
+                               cache_position=torch.arange(L, L + T_in, device=prompt_embeds.device),
+                               position_embeddings=body.rotary_emb(h_continuation, continuation_positions))
+    use_checkpoint = torch.is_grad_enabled() and body.training and getattr(body, "gradient_checkpointing", False)
+    for layer in body.layers[:body.config.num_hidden_layers]:
+        step = partial(_layer_on_group, layer, G, prefix_kwargs, continuation_kwargs)
+        if use_checkpoint:
+            h_prefix, h_continuation = checkpoint(step, h_prefix, h_continuation, use_reentrant=False)
+        else:
+            h_prefix, h_continuation = step(h_prefix, h_continuation)
+    return body.norm(h_prefix[:, -1]), body.norm(h_continuation)  # [B, D], [N, T', D]
+
+
+def grouped_completion_logprobs(
+    lm: nn.Module,
+    prompt_embeds: Tensor,
+    prompt_attention: Tensor,
+    completion_ids: Tensor,
+    completion_mask: Tensor,
+    *,
+    num_generations: int,
+    temperature: float = 1.0,
+    max_logit_bytes: int | None = MAX_LOGIT_BYTES,
+) -> Tensor:
+    """``completion_logprobs`` of G completions per prompt, each prompt run once (module docstring); differentiable.
+
+    ``token_logp[n, t] = log_softmax(head(h_t) / temperature)[c_t]`` with ``h_0`` the prompt's last state and ``h_t``
+    the continuation's state at input ``c_{t-1}``; 0 where ``completion_mask`` is False.
+
+    Args:
+        prompt_embeds: ``[B, L, D]``; prompt_attention: ``[B, L]`` LEFT padded.
+        completion_ids, completion_mask: ``[N, T]``, N = B·G (row ``b·G + g`` answers prompt b), right padded.
+        max_logit_bytes: bound on the fp32 logits of one head call (``generation.token_logprobs``).
+
+    Returns:
+        ``token_logp [N, T]`` float32.
+    """
+    G, (B, L) = num_generations, prompt_attention.shape
+    if prompt_embeds.dim() != 3 or prompt_embeds.shape[:2] != prompt_attention.shape or \
+            not bool(prompt_attention[:, -1].all()):
+        raise ValueError(f"grouped_completion_logprobs: prompts must be [B, L, D] embeddings with a LEFT padded "
+                         f"[B, L] attention; got {tuple(prompt_embeds.shape)} and {tuple(prompt_attention.shape)}.")
+    if completion_ids.dim() != 2 or completion_ids.shape != completion_mask.shape or completion_ids.shape[0] != B * G:
+        raise ValueError(
+            f"grouped_completion_logprobs: completion_ids and completion_mask must both be [B*G, T] = [{B * G}, T] "
+            f"for B={B} prompts and num_generations={G}; got {tuple(completion_ids.shape)} and "
+            f"{tuple(completion_mask.shape)}."
+        )
+    if temperature <= 0:
+        raise ValueError(f"grouped_completion_logprobs: temperature must be > 0, got {temperature}.")
+    T = completion_ids.shape[1]
+    if not supports_grouping(lm, L + T):
+        return completion_logprobs(lm, prompt_embeds.repeat_interleave(G, 0), prompt_attention.repeat_interleave(G, 0),
+                                   completion_ids, completion_mask, temperature=temperature,
+                                   max_logit_bytes=max_logit_bytes)
+    _, head = decoder_and_head(lm)
+    last, continuation = grouped_hidden(lm, prompt_embeds, prompt_attention, completion_ids[:, :-1], completion_mask, G)
+    hidden = torch.cat([last.repeat_interleave(G, 0)[:, None], continuation], dim=1)  # [N, T, D]
+    token_logp = token_logprobs(head, hidden, completion_ids, temperature=temperature, max_logit_bytes=max_logit_bytes)
+    return token_logp.masked_fill(~completion_mask.bool(), 0.0)  # [N, T]
