@@ -1,8 +1,9 @@
 """Helpers of the failure tests: toy training runs in forked children (a SIGKILL ends the child, not pytest), as one
 process or as gloo ranks, their recorded outputs, and checkpoint contents (tests only).
 
-Forking after the imports costs no start-up time (a fresh interpreter takes ~10 s to import the stack); the toy
-algorithm uses no background threads, so a fork is safe.
+Children come from a fork server that imported the stack once (a fresh interpreter takes ~10 s to import it), never
+from pytest itself: once any earlier test has run a backward pass, autograd refuses to run in a child forked from
+that process ("Unable to handle autograd's threading in combination with fork-based multiprocessing").
 """
 from __future__ import annotations
 
@@ -42,13 +43,19 @@ def _child(target, rank: int, world: int, port: int, env: dict, timeout: float, 
     target(**kwargs)
 
 
+def _fork_server():
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])  # the server imports torch and the engine once for all children
+    return ctx
+
+
 def run_forked(target, *, world: int = 1, env: dict | None = None, timeout: float = 240, **kwargs) -> list[int]:
     """Run ``target(**kwargs)`` in ``world`` forked processes (gloo ranks when > 1); returns their exit codes.
 
     When one rank dies from SIGKILL the others are SIGKILLed too (they would wait in a collective forever), as when
     a node dies or torchrun takes its workers down.
     """
-    ctx = multiprocessing.get_context("fork")
+    ctx = _fork_server()
     port = free_port()
     procs = [ctx.Process(target=_child, args=(target, rank, world, port, env or {}, timeout, kwargs))
              for rank in range(world)]
