@@ -1,5 +1,5 @@
-"""grpo/losses.py (+ config.py, rollout.py validation): clipped objective, k3 KL and the four normalisations
-against hand-computed values on 2-4 element tensors."""
+"""grpo/losses.py (+ config.py, rollout.py validation): clipped objective, k3 KL, the importance-sampling levels and
+the four normalisations against hand-computed values on 2-4 element tensors."""
 import math
 import subprocess
 import sys
@@ -9,7 +9,7 @@ import torch
 
 from projects.llava_sam2.rl_train.grpo.config import GRPOConfig
 from projects.llava_sam2.rl_train.grpo.losses import (
-    LOSS_AGGREGATIONS, PolicyLoss, clipped_objective, kl_k3)
+    IMPORTANCE_SAMPLING_LEVELS, LOSS_AGGREGATIONS, SEQUENCE_LENGTH_NORMS, PolicyLoss, clipped_objective, kl_k3)
 from projects.llava_sam2.rl_train.grpo.rollout import CaptionReplay, Rollout
 
 LN2 = math.log(2.0)
@@ -44,7 +44,7 @@ def test_clipping_on_both_sides_hand_values_and_gradients():
     ratios = torch.tensor([[1.5, 0.5], [0.5, 1.5]])
     old_logp = torch.full((2, 2), -1.0)
     logp = (old_logp + ratios.log()).requires_grad_(True)
-    pg_loss, ratio, clipped = clipped_objective(logp, old_logp, torch.tensor([1.0, -1.0]),
+    pg_loss, ratio, clipped = clipped_objective(logp - old_logp, torch.tensor([1.0, -1.0]),
                                                 epsilon=0.2, epsilon_high=0.28)
     torch.testing.assert_close(pg_loss, torch.tensor([[-1.28, -0.5], [0.8, 1.5]]))
     torch.testing.assert_close(clipped, torch.tensor([[1.28, 0.8], [0.8, 1.28]]))
@@ -157,6 +157,103 @@ def test_rollout_validates_shapes_and_dtypes():
     assert rollout.advantages.tolist() == [0.5, -0.5] and rollout.num_prompts == 1 and rollout.num_rollouts == 2
 
 
+# ---- importance-sampling levels (TRL's importance_sampling_level; GSPO) --------------------------------------
+# Hand example: N=2, T=3, epsilon 0.2 / 0.28, beta 0, advantages [+1, -1], loss_type grpo.
+#   log-ratios row 0: [0.4, -0.2, 0.1] (all active)        -> mean 0.1  -> s_0 = e^0.1 = 1.105171 (inside the clip)
+#   log-ratios row 1: [-0.6, -0.4, (5.0 masked)]           -> mean -0.5 -> s_1 = e^-0.5 = 0.606531 < 0.8, A < 0:
+#                                                              clipped low, min(-0.606531, -0.8) = -0.8
+#   pg: row 0 -1.105171, row 1 +0.8; grpo = mean of the row means of the broadcast terms = (-1.105171 + 0.8) / 2
+#   gradient: row 0 d/dlogp_t (-s_0 A) / 2 rows = -s_0 / 3 / 2 = -0.184195 per active element; row 1: 0 (clipped)
+S0, S1 = math.exp(0.1), math.exp(-0.5)
+
+
+def sequence_example():
+    old_logp = torch.full((2, 3), -1.0)
+    logp = (old_logp + torch.tensor([[0.4, -0.2, 0.1], [-0.6, -0.4, 5.0]])).requires_grad_(True)
+    rollout = make_rollout(old_logp, advantages=torch.tensor([1.0, -1.0]),
+                           action_mask=torch.tensor([[True, True, True], [True, True, False]]))
+    return logp, rollout
+
+
+def test_sequence_level_is_trl_gspo_hand_values():
+    logp, rollout = sequence_example()
+    config = GRPOConfig(loss_type="grpo", beta=0.0, epsilon=0.2, epsilon_high=0.28, importance_sampling_level="sequence")
+    loss, stats = PolicyLoss.from_config(config)(logp, rollout)
+    assert loss.item() == pytest.approx((-S0 + 0.8) / 2, abs=1e-6)
+    # per-rollout stats (TRL's masked_batch_mean of [N, 1]): row 1 is clipped low, row 0 is not clipped
+    assert (stats["clip_frac_low"].item(), stats["clip_frac_high"].item()) == (0.5, 0.0)
+    assert stats["clip_frac_region"].item() == 0.5
+    assert stats["ratio_mean"].item() == pytest.approx((S0 + S1) / 2, abs=1e-6)
+    loss.backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[-S0 / 6] * 3, [0.0, 0.0, 0.0]]))
+
+
+def test_sequence_level_dapo_weights_the_broadcast_term_by_length():
+    # dapo: (3 * -s_0 + 2 * 0.8) / 5 active elements = -0.343103 (TRL broadcasts the sequence term over its tokens)
+    logp, rollout = sequence_example()
+    config = GRPOConfig(loss_type="dapo", beta=0.0, epsilon=0.2, epsilon_high=0.28, importance_sampling_level="sequence")
+    loss, _ = PolicyLoss.from_config(config)(logp, rollout)
+    assert loss.item() == pytest.approx((3 * -S0 + 2 * 0.8) / 5, abs=1e-6)
+
+
+@pytest.mark.parametrize("norm, nu", [("mean", 2.0), ("sqrt", math.sqrt(2.0)), ("sum", 1.0)])
+def test_sequence_length_norm_hand_values(norm, nu):
+    # one rollout, T=2, log-ratios [0.4, -0.2] (sum 0.2), A=+1, beta 0.1, ref = logp + ln 2 (kl = 1 - ln 2 each):
+    #   log_w = 0.2 / nu; s = exp(0.2 / nu) stays inside [0.8, 1.28] for every nu (e^0.2 = 1.2214)
+    #   loss (grpo, one row) = -s + 0.1 * (T / nu) * mean_t kl = -s + 0.1 * 2 / nu * (1 - ln 2)
+    #   d loss / d logp_t = -s / nu  (policy term; the KL's own gradient is added below)
+    old_logp = torch.full((2, 2), -1.0)
+    logp = (old_logp + torch.tensor([[0.4, -0.2], [0.0, 0.0]])).requires_grad_(True)
+    rollout = make_rollout(old_logp, ref_logp=(logp + LN2).detach(), advantages=torch.tensor([1.0, 0.0]))
+    config = GRPOConfig(loss_type="grpo", beta=0.1, epsilon=0.2, epsilon_high=0.28)
+    loss_fn = PolicyLoss.from_config(config, "sequence", norm)
+    loss, _ = loss_fn(logp, rollout)
+    s = math.exp(0.2 / nu)
+    row1 = 0.1 * 2 / nu * KL  # A = 0: only the KL term
+    assert loss.item() == pytest.approx((-s + 0.1 * 2 / nu * KL + row1) / 2, abs=1e-6)
+    loss.backward()
+    # k3 gradient: d/dlogp [exp(ln 2) - ln 2 - 1] w.r.t. logp = -(exp(ref - logp) - 1) = -1 per element
+    kl_grad = 0.1 * (2 / nu) / 2 * -1.0  # beta * scale * (1 / T from the row mean) * dk3
+    expected = torch.tensor([[-s / nu, -s / nu], [0.0, 0.0]]) / 2 + kl_grad / 2
+    torch.testing.assert_close(logp.grad, expected)
+
+
+def test_a_small_logit_shift_on_many_cells_clips_the_mask_only_at_sequence_level():
+    # 256 Bernoulli cells at p = 0.5, each logit moved 0.05 towards its sampled value:
+    #   per-cell log-ratio = log sigmoid(0.05) - log 0.5 = 0.0246875 -> cell ratio 1.0250, inside [0.8, 1.2]
+    #   whole-mask log-ratio = 256 * 0.0246875 = 6.3200 (ratio ~556)
+    #   token: no element clipped; sequence/mean: s = e^0.0246875 = 1.0250, not clipped (GSPO needs epsilon ~1e-3)
+    #   sequence/sqrt: s = e^(6.3200 / 16) = 1.4844 > 1.2 -> clipped; sequence/sum: s = e^6.3200 -> clipped
+    T = 256
+    sampled = torch.rand(1, T, generator=torch.Generator().manual_seed(0)) < 0.5
+    shift = 0.05 * (sampled.float() * 2 - 1)  # towards the sampled value
+    z_old, z_new = torch.zeros(2, T), shift.expand(2, T)
+    m = sampled.expand(2, T).float()
+    cell_logp = lambda z: m * torch.nn.functional.logsigmoid(z) + (1 - m) * torch.nn.functional.logsigmoid(-z)
+    logp, old_logp = cell_logp(z_new), cell_logp(z_old)
+    assert torch.allclose(logp - old_logp, torch.full((2, T), 0.0246875), atol=1e-6)
+    rollout = make_rollout(old_logp, advantages=torch.tensor([1.0, -1.0]), max_action_length=T)
+    config = GRPOConfig(loss_type="grpo", beta=0.0, epsilon=0.2)
+    expected_clip = {("token", "mean"): 0.0, ("sequence", "mean"): 0.0, ("sequence", "sqrt"): 0.5,
+                     ("sequence", "sum"): 0.5}  # the A = +1 mask is clipped high; the A = -1 one is not clipped
+    for (level, norm), clip in expected_clip.items():
+        _, stats = PolicyLoss.from_config(config, level, norm)(logp, rollout)
+        assert stats["clip_frac_region"].item() == clip, (level, norm)
+        assert stats["clip_frac_high"].item() == clip, (level, norm)
+
+
+def test_every_level_and_norm_is_resolved_once_and_bad_names_are_rejected():
+    for level in IMPORTANCE_SAMPLING_LEVELS:
+        for norm in SEQUENCE_LENGTH_NORMS:
+            loss_fn = PolicyLoss.from_config(GRPOConfig(), level, norm)
+            assert loss_fn.log_weights.func is IMPORTANCE_SAMPLING_LEVELS[level]
+            assert loss_fn.log_weights.keywords["length_norm"] is SEQUENCE_LENGTH_NORMS[norm]
+    with pytest.raises(ValueError, match="importance_sampling_level='tokens'"):
+        PolicyLoss.from_config(GRPOConfig(), "tokens")
+    with pytest.raises(ValueError, match="length_norm='median'"):
+        PolicyLoss.from_config(GRPOConfig(), "sequence", "median")
+
+
 # ---- GRPOConfig --------------------------------------------------------------------------------------------
 
 def test_config_defaults_and_derived_epsilon_high():
@@ -165,6 +262,11 @@ def test_config_defaults_and_derived_epsilon_high():
                                                                                                    0.999)
     assert config.epsilon_high == config.epsilon == 0.2
     assert GRPOConfig(epsilon_high=0.28).epsilon_high == 0.28
+    assert (config.mask_policy, config.importance_sampling_level, config.mask_importance_sampling_level,
+            config.mask_length_norm) == ("region", "token", "sequence", "sqrt")
+    # loop 2's level: None reuses the global one (derived once, like epsilon_high)
+    assert GRPOConfig(importance_sampling_level="sequence",
+                      mask_importance_sampling_level=None).mask_importance_sampling_level == "sequence"
 
 
 @pytest.mark.parametrize("loss_type", sorted(LOSS_AGGREGATIONS))
@@ -187,6 +289,10 @@ def test_config_resolves_loss_type_once(loss_type):
     ({"num_iterations": 0}, "num_iterations=0"),
     ({"mask_pool": 0}, "mask_pool=0"),
     ({"multimask_score": "softmax"}, "multimask_score='softmax'"),
+    ({"importance_sampling_level": "seq"}, "importance_sampling_level='seq'"),
+    ({"importance_sampling_level": None}, "importance_sampling_level=None"),
+    ({"mask_importance_sampling_level": "mask"}, "mask_importance_sampling_level='mask'"),
+    ({"mask_length_norm": "log"}, "mask_length_norm='log'"),
     ({"reward_weights": {"judge": float("inf")}}, "reward_weights\\['judge'\\]"),
     ({"mask_to_caption_weight": 0.0, "caption_to_mask_weight": 0.0}, "at least one > 0"),
 ])

@@ -1,5 +1,5 @@
-"""grpo/mask_policy.py: exact log-probs vs torch.distributions, sample/re-score consistency, gradient reach, and a
-REINFORCE sanity check that GRPO steps raise a toy reward for every policy."""
+"""grpo/mask_policy.py: exact log-probs vs torch.distributions, sample/re-score consistency, gradient reach, the
+region policy's masks, and a REINFORCE sanity check that GRPO steps raise a toy reward for every policy."""
 from dataclasses import dataclass
 
 import pytest
@@ -11,8 +11,10 @@ from projects.llava_sam2.rl_train.grpo.advantages import group_advantages
 from projects.llava_sam2.rl_train.grpo.config import GRPOConfig
 from projects.llava_sam2.rl_train.grpo.losses import LOSS_AGGREGATIONS, PolicyLoss
 from projects.llava_sam2.rl_train.grpo.mask_policy import (
-    MASK_POLICIES, BernoulliMaskPolicy, GaussianSegPolicy, MaskHead, MultimaskPolicy, build_mask_policy)
+    MASK_POLICIES, BernoulliMaskPolicy, GaussianSegPolicy, MaskHead, MultimaskPolicy, RegionMaskPolicy,
+    build_mask_policy)
 from projects.llava_sam2.rl_train.grpo.rollout import MaskReplay, Rollout
+from projects.llava_sam2.rl_train.model.region_chain import MaskChain, region_sample_points
 
 N, E, H = 4, 256, 8  # rollouts, prompt width, low-res mask side
 
@@ -39,16 +41,34 @@ class ToyDecoder(nn.Module):
         return Decoded(low_res, iou, best)
 
 
+# Region chain of the toy heads: 8x8 low-res logits, SAM2 input 32 px, images of 20x28 px (non-square, sides not
+# multiples of g), region grid g = 4.
+CHAIN = MaskChain(sizes=((20, 28),) * N, sam_image_size=32, grid_size=4)
+
+
 def fixed_head(logits=None, iou=None, prompt=None):
     """A head whose decoder returns the given tensors (so tests can differentiate w.r.t. them)."""
     logits = torch.randn(N, 3, H, H) if logits is None else logits
     iou = torch.rand(N, 3) if iou is None else iou
     prompt = torch.randn(N, E) if prompt is None else prompt
-    return MaskHead(prompt, lambda p: Decoded(logits, iou, logits[:, 0]))
+    return MaskHead(prompt, lambda p: Decoded(logits, iou, logits[:, 0]), chain=CHAIN)
+
+
+def chain_at_points_fp64(best_logits, chain):
+    """Reference: the released chain in fp64 (bilinear h -> S -> (H, W)), read at the region sample points."""
+    out = []
+    for z, (h, w) in zip(best_logits.double(), chain.sizes):
+        up = nn.functional.interpolate(z[None, None], size=(chain.sam_image_size,) * 2, mode="bilinear",
+                                       align_corners=False)
+        up = nn.functional.interpolate(up, size=(h, w), mode="bilinear", align_corners=False)[0, 0]
+        out.append(up[region_sample_points(h, chain.grid_size)][:, region_sample_points(w, chain.grid_size)])
+    return torch.stack(out)  # [N, g, g]
 
 
 def test_registry_and_build_from_config():
-    assert set(MASK_POLICIES) == {"bernoulli", "gaussian_seg", "multimask"}
+    assert set(MASK_POLICIES) == {"region", "bernoulli", "gaussian_seg", "multimask"}
+    assert isinstance(build_mask_policy(GRPOConfig()), RegionMaskPolicy)  # the default
+    assert build_mask_policy(GRPOConfig(mask_policy="region", mask_temperature=0.5)).temperature == 0.5
     policy = build_mask_policy(GRPOConfig(mask_policy="bernoulli", mask_pool=2, mask_temperature=0.5))
     assert isinstance(policy, BernoulliMaskPolicy) and (policy.pool, policy.temperature) == (2, 0.5)
     assert isinstance(build_mask_policy(GRPOConfig(mask_policy="gaussian_seg", seg_noise_std=0.3)), GaussianSegPolicy)
@@ -66,6 +86,33 @@ def test_bernoulli_log_prob_matches_torch_distributions(pool):
     expected = D.Bernoulli(logits=cell_logits).log_prob(action.float()).flatten(1)
     torch.testing.assert_close(log_prob, expected)
     torch.testing.assert_close(policy.log_prob(head, action), log_prob)  # re-scoring = the sampling path
+
+
+def test_region_log_prob_is_the_bernoulli_of_the_chain_at_the_sample_points():
+    # each cell's logit = the fp64 released chain (8 -> 32 -> 20x28 bilinear) at that cell's sample point, / tau
+    policy = RegionMaskPolicy(mask_temperature=0.7)
+    head = fixed_head()
+    action, log_prob = policy.sample(head, torch.Generator().manual_seed(0))
+    assert action.shape == (N, 4, 4) and action.dtype == torch.bool and log_prob.shape == (N, 16)
+    assert log_prob.dtype == torch.float32
+    expected = D.Bernoulli(logits=chain_at_points_fp64(head.decoded.best_logits, CHAIN) / 0.7)
+    torch.testing.assert_close(log_prob.double(), expected.log_prob(action.double()).flatten(1), rtol=0, atol=1e-5)
+    torch.testing.assert_close(policy.log_prob(head, action), log_prob)  # re-scoring = the sampling path
+
+
+def test_region_pred_masks_hold_exactly_the_sampled_cells():
+    policy = RegionMaskPolicy()
+    head = fixed_head()
+    action, _ = policy.sample(head, torch.Generator().manual_seed(1))
+    masks = policy.pred_masks(head, action)
+    assert len(masks) == N and masks[0].shape == (20, 28) and masks[0].dtype == torch.bool
+    for mask, cells in zip(masks, action):  # the processor's rule: nearest sampling at (floor(r H/g), floor(c W/g))
+        sampled = nn.functional.interpolate(mask.float()[None, None], size=(4, 4), mode="nearest")[0, 0] > 0
+        assert torch.equal(sampled, cells)
+    with pytest.raises(NotImplementedError, match="pred_masks"):
+        policy.decision_logits(head, action)
+    with pytest.raises(ValueError, match="chain="):
+        policy.sample(MaskHead(head.seg_prompt, head.decode))
 
 
 def test_gaussian_log_prob_matches_torch_distributions():
@@ -107,7 +154,8 @@ def test_gradients_reach_logits_embedding_and_iou_inputs():
     iou = (torch.rand(N, 3) * 0.9 + 0.05).requires_grad_(True)
     prompt = torch.randn(N, E, requires_grad=True)
     for policy, leaf in [(BernoulliMaskPolicy(mask_pool=2), logits), (GaussianSegPolicy(0.1), prompt),
-                         (MultimaskPolicy(), iou)]:
+                         (MultimaskPolicy(), iou), (RegionMaskPolicy(), logits)]:
+        logits.grad = iou.grad = prompt.grad = None
         head = fixed_head(logits=logits, iou=iou, prompt=prompt)
         _, log_prob = policy.sample(head)
         log_prob.sum().backward()
@@ -121,10 +169,12 @@ def test_gradient_reach_through_a_decoder_matches_the_docstrings():
     def grads(policy):
         decoder.zero_grad(set_to_none=True)
         prompt.grad = None
-        policy.sample(MaskHead(prompt, decoder))[1].sum().backward()
+        policy.sample(MaskHead(prompt, decoder, chain=CHAIN))[1].sum().backward()
         return {n: p.grad is not None and p.grad.abs().sum() > 0 for n, p in decoder.named_parameters()}, prompt.grad
 
     reach, prompt_grad = grads(BernoulliMaskPolicy(mask_pool=2))
+    assert reach["masks.weight"] and not reach["iou_head.weight"] and prompt_grad.abs().sum() > 0
+    reach, prompt_grad = grads(RegionMaskPolicy())
     assert reach["masks.weight"] and not reach["iou_head.weight"] and prompt_grad.abs().sum() > 0
     reach, prompt_grad = grads(GaussianSegPolicy(0.1))  # decoder is the environment: no gradient at all
     assert not any(reach.values()) and prompt_grad.abs().sum() > 0
@@ -164,6 +214,13 @@ TARGET_PROMPT = torch.linspace(-1.0, 1.0, E)
 
 def toy_problem(name):
     """(policy, parameter, head builder, reward of sampled actions [G], expected reward of the policy)."""
+    if name == "region":  # the same 4x4 target through an identity chain (4 -> 4 -> 4x4 px, g = 4)
+        z = torch.zeros(1, 4, 4, requires_grad=True)
+        chain = MaskChain(sizes=((4, 4),) * G, sam_image_size=4, grid_size=4)
+        head = lambda: MaskHead(torch.zeros(G, E), lambda p: Decoded(None, None, z.expand(G, 4, 4)), chain=chain)
+        reward = lambda a: (a == TARGET).float().mean((1, 2))
+        expected = lambda: (torch.sigmoid(z) * TARGET + (1 - torch.sigmoid(z)) * ~TARGET).mean()
+        return RegionMaskPolicy(), z, head, reward, expected
     if name == "bernoulli":  # match a 4x4 target pattern; E[r] = mean(p t + (1 - p)(1 - t))
         z = torch.zeros(1, 4, 4, requires_grad=True)
         head = lambda: MaskHead(torch.zeros(G, E), lambda p: Decoded(None, None, z.expand(G, 4, 4)))
@@ -188,7 +245,8 @@ def toy_problem(name):
 @pytest.mark.parametrize("name", sorted(MASK_POLICIES))
 def test_grpo_steps_raise_the_expected_toy_reward(name):
     policy, param, head, reward, expected = toy_problem(name)
-    optimizer = torch.optim.SGD([param], lr={"bernoulli": 30.0, "gaussian_seg": 20.0, "multimask": 2.0}[name])
+    optimizer = torch.optim.SGD([param], lr={"region": 30.0, "bernoulli": 30.0, "gaussian_seg": 20.0,
+                                             "multimask": 2.0}[name])
     loss_fn = PolicyLoss(epsilon=0.2, epsilon_high=0.2, beta=0.0, aggregate=LOSS_AGGREGATIONS["grpo"])
     generator = torch.Generator().manual_seed(0)
     start = expected().item()

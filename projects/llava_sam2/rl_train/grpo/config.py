@@ -9,6 +9,9 @@ Defaults follow TRL ``GRPOConfig`` (huggingface/trl 1.10.0.dev0, ``trl/trainer/g
 * ``reward_weights`` maps reward *names* to weights (TRL: a list parallel to ``reward_funcs``), because the two
   loops score with different reward sets.
 * ``scale_rewards`` takes only the strings (TRL also accepts True/False for group/none).
+* ``importance_sampling_level`` has TRL's values and meaning (token | sequence, GSPO) and applies to both loops;
+  ``mask_importance_sampling_level`` overrides it for loop 2, whose action the reward scores as one unit (the
+  mask), with ``mask_length_norm`` choosing how loop 2's sequence term normalises its summed log-ratio.
 
 The remaining knobs are ours: the two loop weights, the EMA partner's decay and the mask policy.
 """
@@ -18,7 +21,7 @@ import math
 from dataclasses import dataclass
 
 from .advantages import SCALE_REWARDS
-from .losses import LOSS_AGGREGATIONS
+from .losses import IMPORTANCE_SAMPLING_LEVELS, LOSS_AGGREGATIONS, SEQUENCE_LENGTH_NORMS
 from .mask_policy import MASK_POLICIES, MultimaskPolicy
 
 
@@ -61,6 +64,17 @@ class GRPOConfig:
     """Upper clip range (ratio <= 1 + epsilon_high); None reuses epsilon, DAPO's clip-higher uses 0.28."""
     num_iterations: int = 1
     """mu, optimisation passes over each batch of rollouts; 1 keeps the ratio at 1 in value."""
+    importance_sampling_level: str = "token"
+    """Importance ratio per token (PPO/GRPO) | per sequence, exp(mean_t log-ratio) clipped per rollout (GSPO, arXiv
+    2507.18071; TRL's knob and default). Loop 1's captions; loop 2 too unless mask_importance_sampling_level is set."""
+    mask_importance_sampling_level: str | None = "sequence"
+    """Loop 2's level: sequence (default) clips one ratio per mask, the unit the reward scores (per element, a +-0.05
+    logit shift leaves every cell's ratio <= 1.05 while the mask's is ~1e25); token; None reuses
+    importance_sampling_level."""
+    mask_length_norm: str = "sqrt"
+    """Loop 2 at sequence level: nu(T) in log ratio = sum_t log-ratio / nu(T) over a mask's T elements: sqrt (default,
+    measured: loop-2 gradients on the shared trainables of loop 1's scale, docs/mask_action.md) | mean (TRL/GSPO) |
+    sum (the whole mask's ratio). The clip bounds |sum_t log-ratio| by about nu(T) * epsilon per mask."""
 
     # ---- rewards and advantages ----------------------------------------------------------------------------
     scale_rewards: str = "group"
@@ -78,10 +92,11 @@ class GRPOConfig:
     """EMA partner: partner = decay * partner + (1 - decay) * policy after each optimizer step."""
 
     # ---- mask policy (loop 2 action) -----------------------------------------------------------------------
-    mask_policy: str = "bernoulli"
-    """Stochastic mask policy, a key of MASK_POLICIES: bernoulli | gaussian_seg | multimask (mask_policy.py)."""
+    mask_policy: str = "region"
+    """Stochastic mask policy, a key of MASK_POLICIES: region (Bernoulli over the partner's region cells: every draw
+    can change the partner's input) | bernoulli (pooled low-res cells) | gaussian_seg | multimask (mask_policy.py)."""
     mask_temperature: float = 1.0
-    """tau of bernoulli (logits / tau) and multimask (scores / tau); < 1 is closer to greedy decoding."""
+    """tau of region / bernoulli (logits / tau) and multimask (scores / tau); < 1 is closer to greedy decoding."""
     mask_pool: int = 4
     """bernoulli: sample on the low-res grid pooled k x k (larger: coherent blocks, less variance, coarser)."""
     seg_noise_std: float = 0.1
@@ -96,9 +111,11 @@ class GRPOConfig:
         _require(0 < self.ema_decay < 1,
                  f"ema_decay={self.ema_decay}; it must lie in (0, 1), e.g. 0.999 (MMEngine momentum 0.001).")
         self._validate_mask_policy()
-        # Derived once (TRL): the upper clip range defaults to the lower one.
+        # Derived once (TRL): the upper clip range defaults to the lower one; loop 2's level to the global one.
         if self.epsilon_high is None:
             self.epsilon_high = self.epsilon
+        if self.mask_importance_sampling_level is None:
+            self.mask_importance_sampling_level = self.importance_sampling_level
 
     def _validate_rollout(self) -> None:
         G = self.num_generations
@@ -130,6 +147,16 @@ class GRPOConfig:
                  f"epsilon_high={self.epsilon_high}; it must be > 0 (DAPO uses 0.28) or None to reuse epsilon.")
         _require(isinstance(self.num_iterations, int) and self.num_iterations >= 1,
                  f"num_iterations={self.num_iterations!r}; it must be an integer >= 1.")
+        levels = sorted(IMPORTANCE_SAMPLING_LEVELS)
+        _require(self.importance_sampling_level in IMPORTANCE_SAMPLING_LEVELS,
+                 f"importance_sampling_level={self.importance_sampling_level!r} is not one of {levels} (TRL's values; "
+                 "'token' is TRL's default).")
+        _require(self.mask_importance_sampling_level in (*IMPORTANCE_SAMPLING_LEVELS, None),
+                 f"mask_importance_sampling_level={self.mask_importance_sampling_level!r} is not one of {levels} or "
+                 "None (None reuses importance_sampling_level).")
+        _require(self.mask_length_norm in SEQUENCE_LENGTH_NORMS,
+                 f"mask_length_norm={self.mask_length_norm!r} is not one of {sorted(SEQUENCE_LENGTH_NORMS)}; 'sqrt' is "
+                 "the default, 'mean' is TRL's sequence level.")
 
     def _validate_rewards(self) -> None:
         _require(self.scale_rewards in SCALE_REWARDS,

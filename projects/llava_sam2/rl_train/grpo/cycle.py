@@ -21,6 +21,7 @@ for ``ref_logp``; the loss calls it with grad. The sampling pass builds the same
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -31,8 +32,10 @@ from torch import Tensor
 from ..model.decoding import TextDecoding, completion_texts, eval_mode, group_chunks, sample_text
 from ..model.grouped_scoring import grouped_completion_logprobs
 from ..model.pipeline import forced_seg_prompts, prompt_embeds
+from ..model.region_chain import MaskChain
 from ..rewards.base import RewardInputs
 from .features import StepFeatures
+from .losses import PolicyLoss
 from .mask_policy import MaskHead
 from .passes import cat_chunks, partner_describe, partner_segment, slice_rows
 from .rollout import CaptionReplay, MaskReplay, Rollout
@@ -118,6 +121,7 @@ class MaskToCaptionLoop:
 
     def __init__(self, ctx: CycleContext, composer, weight: float):
         self.ctx, self.composer, self.weight = ctx, composer, weight
+        self.loss_fn = PolicyLoss.from_config(ctx.config)  # importance_sampling_level, TRL's meaning
 
     def action_logp(self, model, features: StepFeatures, tile_embeds: Tensor, rollout: Rollout,
                     samples: Sequence[int]) -> Tensor:
@@ -173,11 +177,13 @@ class MaskToCaptionLoop:
 
 @dataclass
 class GroupedMaskHead(MaskHead):
-    """A ``MaskHead`` whose N = B * G rows are B prompts repeated G times: ``decoded`` runs the SAM2 decoder on the
-    B distinct prompts only and repeats its outputs (a group's G rollouts share one deterministic ``[SEG]``).
+    """A ``MaskHead`` whose N = B * G rows are B prompts repeated G times: the SAM2 decoder and the released chain at
+    the region sample points run on the B distinct prompts only and their outputs are repeated (a group's G rollouts
+    share one deterministic ``[SEG]``).
 
-    Attributes (besides ``MaskHead``'s ``seg_prompt [N, C]`` and ``decode``, which stays N-row for perturbed
-    prompts): group_prompt ``[B, C]``, decode_groups (prompt ``[B, C]`` → decoder output of B rows), group_size G.
+    Attributes (besides ``MaskHead``'s ``seg_prompt [N, C]``, ``decode`` and ``chain``, which stay N-row for perturbed
+    prompts and painted masks): group_prompt ``[B, C]``, decode_groups (prompt ``[B, C]`` → decoder output of B rows),
+    group_size G.
     """
 
     group_prompt: Tensor | None = None
@@ -185,10 +191,20 @@ class GroupedMaskHead(MaskHead):
     group_size: int = 1
 
     @cached_property
+    def group_decoded(self):
+        """The decoder output of the B distinct prompts (fields ``[B, ...]``), computed once."""
+        return self.decode_groups(self.group_prompt)
+
+    @cached_property
     def decoded(self):
-        out = self.decode_groups(self.group_prompt)  # fields [B, ...]
+        out = self.group_decoded  # fields [B, ...]
         return replace(out, **{name: value.repeat_interleave(self.group_size, 0)  # [N, ...]
                                for name, value in vars(out).items() if torch.is_tensor(value)})
+
+    @cached_property
+    def region_logits(self) -> Tensor:
+        chain = self.require_chain("region logits").every(self.group_size)  # B rows
+        return chain.region_logits(self.group_decoded.best_logits).repeat_interleave(self.group_size, 0)  # [N, g, g]
 
 
 def seg_mask_head(model, features: StepFeatures, tile_embeds: Tensor, replay: MaskReplay, samples: Sequence[int],
@@ -197,7 +213,8 @@ def seg_mask_head(model, features: StepFeatures, tile_embeds: Tensor, replay: Ma
 
     Teacher-forced pass over (RES prompt, fixed answer) for the b distinct prompts → final-norm hidden at the
     answer's ``[SEG]`` ``[b, D]`` → ``text_hidden_fcs`` → seg prompt ``[b, C]``; the SAM2 decoder runs on the
-    step's cached image features when the mask policy asks for it.
+    step's cached image features when the mask policy asks for it. The head's ``chain`` holds the rows' image sizes,
+    the SAM2 input size and the region grid g (g^2 = ``model.num_image_token``, the processor's tokens per tile).
     """
     G = group_size
     embeds = prompt_embeds(model, features, tile_embeds, replay.prompt_ids[::G],
@@ -205,6 +222,8 @@ def seg_mask_head(model, features: StepFeatures, tile_embeds: Tensor, replay: Ma
     group_prompt = forced_seg_prompts(model, embeds, replay.prompt_attention[::G], replay.answer_ids[::G],
                                       replay.seg_index[::G])  # [b, C]
     image_index = replay.image_index  # [n]
+    chain = MaskChain(sizes=tuple(tuple(features.image_sizes[i]) for i in image_index.tolist()),
+                      sam_image_size=int(model.config.sam_image_size), grid_size=math.isqrt(model.num_image_token))
 
     def decode(prompt: Tensor):
         return model.decode_masks(prompt, features.grounding, image_index)
@@ -212,8 +231,8 @@ def seg_mask_head(model, features: StepFeatures, tile_embeds: Tensor, replay: Ma
     def decode_groups(prompt: Tensor):
         return model.decode_masks(prompt, features.grounding, image_index[::G])
 
-    return GroupedMaskHead(seg_prompt=group_prompt.repeat_interleave(G, 0), decode=decode, group_prompt=group_prompt,
-                           decode_groups=decode_groups, group_size=G)
+    return GroupedMaskHead(seg_prompt=group_prompt.repeat_interleave(G, 0), decode=decode, chain=chain,
+                           group_prompt=group_prompt, decode_groups=decode_groups, group_size=G)
 
 
 class CaptionToMaskLoop:
@@ -225,6 +244,8 @@ class CaptionToMaskLoop:
 
     def __init__(self, ctx: CycleContext, composer, weight: float):
         self.ctx, self.composer, self.weight = ctx, composer, weight
+        cfg = ctx.config  # one ratio per mask by default: the unit the reward scores
+        self.loss_fn = PolicyLoss.from_config(cfg, cfg.mask_importance_sampling_level, cfg.mask_length_norm)
 
     def action_logp(self, model, features: StepFeatures, tile_embeds: Tensor, rollout: Rollout,
                     samples: Sequence[int]) -> Tensor:
@@ -259,11 +280,11 @@ class CaptionToMaskLoop:
             for b0, b1 in group_chunks(B, G, chunk):
                 head = seg_mask_head(model, features, tiles, slice_rows(replay, b0 * G, b1 * G), range(b0, b1), G)
                 action, logp = policy.sample(head, generator=ctx.generator)
-                draws.append((action, logp, policy.decision_logits(head, action)))  # decision [n, h, w]
-            action, logp, decision = (torch.cat(parts) for parts in zip(*draws))
+                draws.append((action, logp, [m.cpu() for m in policy.pred_masks(head, action)]))  # n x bool [H, W]
+            actions, logps, masks = zip(*draws)
+            action, logp = torch.cat(actions), torch.cat(logps)  # [N, ...], [N, T]
+            pred_masks = [m for rows in masks for m in rows]  # N x bool [H, W]
             replay = replace(replay, action=action)
-            sizes = [features.image_sizes[i] for i in replay.image_index.tolist()]
-            pred_masks = [m.cpu() for m in model.logits_to_masks(decision, sizes)]  # N x bool [H, W]
             ref_logp = None
             if cfg.beta > 0:
                 with ctx.weights.reference(model):

@@ -11,7 +11,8 @@ The engine's ``GRPOLoop`` calls, per iteration::
     algo.after_optimizer_step()
 
 Loss of a minibatch: ``mask_to_caption_weight * L1 + caption_to_mask_weight * L2``, each ``L`` the clipped GRPO
-objective (``PolicyLoss``) of that loop's rows; a loop with weight 0 is not run at all.
+objective (the loop's ``PolicyLoss``: loop 1 at ``importance_sampling_level``, loop 2 at
+``mask_importance_sampling_level`` / ``mask_length_norm``) of that loop's rows; a loop with weight 0 is not run at all.
 
 Minibatches: every minibatch holds the same prompt range of each active loop (whole groups), at most
 ``minibatch_size`` rollouts per loop. With several minibatches per rollout batch (or ``num_iterations > 1``) the
@@ -45,7 +46,6 @@ from .advantages import group_advantages, reward_moments, std_from_moments
 from .config import GRPOConfig
 from .cycle import CaptionToMaskLoop, CycleContext, MaskToCaptionLoop
 from .features import StepFeatures, encode_step
-from .losses import PolicyLoss
 from .mask_policy import build_mask_policy
 from .passes import slice_rows
 from .rollout import Rollout
@@ -181,7 +181,6 @@ class CycleGRPO:
         self.model, self.processor, self.weights, self.config = model, processor, weights, config
         self.minibatch_size = minibatch_size
         self.cross_rank_sum = cross_rank_sum or _single_process_sum
-        self.loss_fn = PolicyLoss.from_config(config)
         answer_ids, seg_position = seg_answer_ids(processor.tokenizer, seg_answer, model.seg_token_id,
                                                   where="CycleGRPO: seg_answer")
         generator = None
@@ -285,7 +284,7 @@ class CycleGRPO:
         tile_embeds = model.project_vision(features.vit_tokens)  # [n_tiles, t, D], with grad through mlp1
         for part in minibatch.parts:
             logp = part.loop.action_logp(model, features, tile_embeds, part.rollout, part.samples)  # [n, T]
-            loss, loop_stats = self.loss_fn(logp, part.rollout, num_active_tokens=part.num_active_tokens)
+            loss, loop_stats = part.loop.loss_fn(logp, part.rollout, num_active_tokens=part.num_active_tokens)
             total = part.loop.weight * loss if total is None else total + part.loop.weight * loss
             stats.update({f"{part.loop.name}/{key}": value for key, value in loop_stats.items()})
         return {"loss": total, **stats}
