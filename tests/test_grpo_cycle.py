@@ -78,6 +78,9 @@ def test_loop1_gradients_reach_lora_and_mlp1_only():
 
 # Reach claimed by each mask policy's docstring (grpo/mask_policy.py), as (every tensor, some tensor, no tensor).
 POLICY_REACH = {
+    "region": ({"lora", "mlp1", "fcs", "decoder.output_upscaling", "decoder.conv_s0", "decoder.conv_s1"},
+               {"decoder.transformer", "decoder.output_hypernetworks_mlps"},
+               {"decoder.iou_prediction_head", "decoder.pred_obj_score_head"}),
     "bernoulli": ({"lora", "mlp1", "fcs", "decoder.output_upscaling", "decoder.conv_s0", "decoder.conv_s1"},
                   {"decoder.transformer", "decoder.output_hypernetworks_mlps"},
                   {"decoder.iou_prediction_head", "decoder.pred_obj_score_head"}),
