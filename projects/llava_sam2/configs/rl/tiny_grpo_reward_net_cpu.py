@@ -32,7 +32,9 @@ train_cfg.algorithm.config.update(  # noqa: F405
     mask_to_caption_weight=0.0,  # loop 1 off: this run studies the learned mask reward alone
     caption_to_mask_weight=1.0,
     beta=0.0,  # no KL term: the reference pass would double the cost of this short CPU run
-    mask_policy="bernoulli", mask_pool=4,
+    # the mask action docs/prompt_rl.md measured (pooled Bernoulli cells, per-cell ratio); the reward net scores the
+    # mask itself, not the partner's region cells, so the region policy's argument does not carry over unmeasured
+    mask_policy="bernoulli", mask_pool=4, mask_importance_sampling_level="token",
 )
 train_cfg.algorithm.update(  # noqa: F405
     rewards=dict(caption_to_mask=[dict(type=RewardNetDiceReward, checkpoint=reward_net_path, weight=1.0)]),

@@ -6,7 +6,9 @@ the EMA partner close the cycle, and hands back a ``Rollout`` plus the inputs of
   IoU(gt_mask, mask'). Action = caption tokens.
 * Loop 2, caption → mask → caption' (``CaptionToMaskLoop``): the policy grounds the gt caption; its ``[SEG]``
   state parametrises the configured stochastic mask policy, which samples G masks; the partner describes each
-  mask (region prompt, greedy caption); reward from the caption rewards (METEOR + judge). Action = the mask.
+  mask (region prompt, greedy caption); reward from the caption rewards (METEOR + judge). Action = the mask (by
+  default the partner's g x g region cells themselves, ``mask_policy='region'``), scored with one clipped ratio per
+  mask (``mask_importance_sampling_level='sequence'``).
 
 Loop 2's answer text is teacher-forced, not sampled: it is a fixed in-distribution SFT answer (``Sure, [SEG].``,
 one of Sa2VA's five RES answers). Sampling it would add a second, text action whose tokens only shift the ``[SEG]``
@@ -17,7 +19,8 @@ only source of randomness.
 
 Each loop's ``action_logp`` is the single function that scores a given action (CleanRL's
 ``get_action_and_value``): the rollout calls it (no grad) for ``old_logp`` and, inside ``WeightSets.reference``,
-for ``ref_logp``; the loss calls it with grad. The sampling pass builds the same prompt embeddings / mask head.
+for ``ref_logp``; the loss calls it with grad (through the loop's own ``loss_fn``). The sampling pass builds the same
+prompt embeddings / mask head.
 """
 from __future__ import annotations
 

@@ -44,8 +44,8 @@ class MaskReplay:
         seg_index: ``[N]`` long, position of ``[SEG]`` in ``answer_ids`` (its hidden state -> seg prompt).
         image_index: ``[N]`` long, row of the once-per-step image features.
         action: the mask policy's sampled action for ``MaskPolicy.log_prob`` (shape set by the policy:
-            ``[N, h', w']`` bool for ``bernoulli``, ``[N, 256]`` float for ``gaussian_seg``, ``[N]`` long for
-            ``multimask``).
+            ``[N, g, g]`` bool region cells for ``region``, ``[N, h', w']`` bool for ``bernoulli``, ``[N, 256]``
+            fp32 for ``gaussian_seg``, ``[N]`` long for ``multimask``).
     """
 
     prompt_ids: Tensor

@@ -39,8 +39,13 @@ train_cfg = dict(
             caption_to_mask_weight=1.0,  # loop 2 (caption -> mask -> caption', METEOR + judge)
             # partner
             ema_decay=0.999,  # EMA partner decay, applied by EMAPartnerHook after every iteration
-            # loop-2 mask action
-            mask_policy="bernoulli",  # bernoulli | gaussian_seg | multimask
+            # loop-2 mask action (docs/mask_action.md): Bernoulli over the partner's g x g region cells, one clipped
+            # ratio per mask (sequence level, sum of cell log-ratios / sqrt(T)); measured: every draw can change the
+            # partner's input and loop 2's gradient on the shared trainables is of loop 1's scale
+            mask_policy="region",  # region | bernoulli | gaussian_seg | multimask
+            importance_sampling_level="token",  # loop 1 (captions): token | sequence (GSPO), TRL's knob
+            mask_importance_sampling_level="sequence",  # loop 2: sequence | token | None (= the one above)
+            mask_length_norm="sqrt",  # loop 2 at sequence level: sqrt | mean (TRL/GSPO) | sum (whole-mask ratio)
         ),
         # per loop, combined by RewardComposer (a failed reward falls back onto the others, counted and logged)
         rewards=dict(

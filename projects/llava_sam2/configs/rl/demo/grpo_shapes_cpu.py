@@ -29,8 +29,11 @@ train_cfg.algorithm.config.update(  # noqa: F405
     beta=0.0,  # no KL term: the short demo run stays close to the SFT model anyway, and it saves the reference pass
     # partner
     ema_decay=0.99,  # the partner follows the policy over the run (0.999 would keep it at SFT)
-    # loop-2 mask action, chosen by measurement (docs/demo.md, "Mask policy")
+    # loop-2 mask action the demo's results were measured with (docs/demo.md, "Mask policy"): pooled Bernoulli cells,
+    # per-cell ratio. The GRPOConfig default (region cells, one ratio per mask, docs/mask_action.md) has no learning
+    # run on the demo yet: the controls compare them (mask_policy=region mask_importance_sampling_level=sequence)
     mask_policy="bernoulli",
+    mask_importance_sampling_level="token",
 )
 train_cfg.algorithm.update(seg_answer_max_tokens=16)  # noqa: F405  room for the longest SFT answer + stop
 max_iters = 60
