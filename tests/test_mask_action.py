@@ -82,13 +82,22 @@ class PredMasks:
         return [float(m.float().mean()) for m in inputs.pred_masks]
 
 
-@pytest.mark.parametrize("policy, visible", [("region", 1.0), ("bernoulli", None)])
-def test_mask_action_benchmark_runs_and_reports_both_loops(tmp_path, policy, visible):
+def test_mask_action_benchmark_runs_every_variant_from_the_same_weights(tmp_path):
     out = tmp_path / "result.json"
     argv = ["--preset", "tiny", "--batch", "2", "--num-generations", "2", "--max-completion-length", "4",
-            "--image-size", "64", "--mask-policy", policy, "--json", str(out)]
+            "--image-size", "64", "--variants", "before", "flags", "region_sum", "--json", str(out)]
     assert mask_action.main(argv) == 0
-    result = json.loads(out.read_text())
+    variants = json.loads(out.read_text())["variants"]
+    assert variants["before"]["grpo_config"]["mask_policy"] == "bernoulli"
+    for name, policy, visible in [("before", "bernoulli", None), ("flags", "region", 1.0)]:
+        check_result(variants[name], policy, visible)
+    # same weights, batch and draws: loop 1 is identical; region_sum's loop 2 gradient is sqrt(64) = 8 x region_sqrt's
+    assert variants["flags"]["loop1"]["grad_norm"] == variants["before"]["loop1"]["grad_norm"]
+    ratio = variants["region_sum"]["loop2"]["grad_norm"]["shared"] / variants["flags"]["loop2"]["grad_norm"]["shared"]
+    assert ratio == pytest.approx(8.0, rel=1e-3)
+
+
+def check_result(result, policy, visible):
     assert set(result["loop1"]["grad_norm"]) == {"llm_lora", "mlp1", "text_hidden_fcs", "sam2_mask_decoder", "shared"}
     for name in ("llm_lora", "mlp1", "text_hidden_fcs", "sam2_mask_decoder"):
         assert result["loop2"]["grad_norm"][name] > 0, name

@@ -2,13 +2,14 @@
 partner-visible share, and what one optimizer step does to the per-element and per-mask ratios (issue #12 item 2).
 
     python -m projects.llava_sam2.rl_train.benchmarks.mask_action --preset tiny                     # defaults
-    python -m projects.llava_sam2.rl_train.benchmarks.mask_action --preset tiny --mask-policy bernoulli \\
+    python -m projects.llava_sam2.rl_train.benchmarks.mask_action --preset tiny --mask-policy bernoulli \
         --mask-importance-sampling-level token                                                      # the old default
-    python -m projects.llava_sam2.rl_train.benchmarks.mask_action --preset 1b --dtype bfloat16 --batch 1 \\
-        --num-generations 2 --lora-r 128 --image-size 448                                           # a real preset
+    python -m projects.llava_sam2.rl_train.benchmarks.mask_action --preset 1b --device cuda --dtype bfloat16 \
+        --lora-r 128 --image-size 448 --variants before region_sqrt region_mean region_sum          # a real preset
 
 One ``CycleGRPO`` step on a shapes-world batch, with the GRPO knobs given as flags (``--mask-policy``,
-``--importance-sampling-level``, ``--mask-importance-sampling-level``, ``--mask-length-norm``, ...):
+``--importance-sampling-level``, ``--mask-importance-sampling-level``, ``--mask-length-norm``, ...) or as named
+``--variants`` laid over them (``VARIANTS``; each variant starts from the same weights, batch and draws):
 
 1. rollout of both loops (random weights unless ``--checkpoint``; ``num_iterations=2`` so ``old_logp`` is stored);
    the advantages are replaced by seeded N(0, 1) draws, so the loops are compared on the estimator's scale, not on
@@ -78,9 +79,9 @@ def build(args) -> tuple[Sa2VAModel, Sa2VAProcessor]:
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(args.seed)
     if args.checkpoint:
-        model = Sa2VAModel.from_pretrained(args.checkpoint, torch_dtype=dtype)
+        model = Sa2VAModel.from_pretrained(args.checkpoint, torch_dtype=dtype, device=args.device)
     else:
-        with default_dtype(dtype):
+        with default_dtype(dtype), torch.device(args.device):
             model = Sa2VAModel(build_preset(args.preset, vocab_size=len(tokenizer)))
     model.bind_tokenizer(tokenizer)
     model.language_model = apply_lora(model.language_model, r=args.lora_r, lora_alpha=2 * args.lora_r,
@@ -196,16 +197,18 @@ def after_one_step(algo, model, features, rollouts, lr: float) -> dict[str, dict
     return out
 
 
-def run(args) -> dict:
-    """Build, roll out once, measure; returns the result dict (also written to ``--json``)."""
-    torch.set_num_threads(args.threads)
-    start = time.time()
-    model, processor = build(args)
-    config = dict(num_generations=args.num_generations, max_completion_length=args.max_completion_length, beta=0.0,
-                  num_iterations=2, mask_policy=args.mask_policy, mask_pool=args.mask_pool,
-                  importance_sampling_level=args.importance_sampling_level,
-                  mask_importance_sampling_level=args.mask_importance_sampling_level,
-                  mask_length_norm=args.mask_length_norm)
+# variant name -> GRPO knobs laid over the flags' (the same weights, batch and draws for every variant)
+VARIANTS: dict[str, dict] = {
+    "flags": {},
+    "before": dict(mask_policy="bernoulli", mask_pool=4, mask_importance_sampling_level="token"),  # the old default
+    "region_mean": dict(mask_policy="region", mask_importance_sampling_level="sequence", mask_length_norm="mean"),
+    "region_sqrt": dict(mask_policy="region", mask_importance_sampling_level="sequence", mask_length_norm="sqrt"),
+    "region_sum": dict(mask_policy="region", mask_importance_sampling_level="sequence", mask_length_norm="sum"),
+}
+
+
+def measure(model, processor, args, config: dict) -> dict:
+    """One variant: roll out once with ``config``, then gradients per loop and one optimizer step."""
     weights = WeightSets.from_model(model, ema_decay=0.9, use_reference=False)
     rewards = {"mask_to_caption": [dict(type="iou")], "caption_to_mask": [dict(type="iou")]}
     algo = CycleGRPO(model, processor, weights, rewards=rewards, config=config, seed=args.seed,
@@ -215,13 +218,36 @@ def run(args) -> dict:
     rollouts = algo.rollout(features)
     algo.score(rollouts)
     generator = torch.Generator().manual_seed(args.seed)
-    rollouts = [r.with_advantages(torch.randn(r.num_rollouts, generator=generator)) for r in rollouts]
+    rollouts = [r.with_advantages(torch.randn(r.num_rollouts, generator=generator).to(r.action_mask.device))
+                for r in rollouts]
     loops = loop_gradients(algo, model, features, rollouts)
     for name, stats in after_one_step(algo, model, features, rollouts, args.lr).items():
         loops[name]["after_one_step"] = stats
     shared = [loops[name]["grad_norm"]["shared"] for name in ("loop1", "loop2")]
-    return {"settings": vars(args), "grpo_config": config, **loops,
-            "loop2_over_loop1_shared_grad": shared[1] / shared[0] if shared[0] else float("nan"),
+    return {"grpo_config": config, **loops,
+            "loop2_over_loop1_shared_grad": shared[1] / shared[0] if shared[0] else float("nan")}
+
+
+def run(args) -> dict:
+    """Build once, measure each of ``--variants`` from the same weights; returns the result dict."""
+    torch.set_num_threads(args.threads)
+    start = time.time()
+    model, processor = build(args)
+    base = dict(num_generations=args.num_generations, max_completion_length=args.max_completion_length, beta=0.0,
+                num_iterations=2, mask_policy=args.mask_policy, mask_pool=args.mask_pool,
+                importance_sampling_level=args.importance_sampling_level,
+                mask_importance_sampling_level=args.mask_importance_sampling_level,
+                mask_length_norm=args.mask_length_norm)
+    initial = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    variants = {}
+    for name in args.variants:
+        with torch.no_grad():  # every variant starts from the same trainable weights
+            for n, p in model.named_parameters():
+                if n in initial:
+                    p.copy_(initial[n])
+        variants[name] = measure(model, processor, args, {**base, **VARIANTS[name]})
+    peak = torch.cuda.max_memory_allocated() / 2**30 if model.device.type == "cuda" else None
+    return {"settings": vars(args), "variants": variants, "cuda_peak_gb": peak,
             "wall_s": round(time.time() - start, 1),
             "max_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}
 
@@ -251,6 +277,7 @@ def parser() -> argparse.ArgumentParser:
     add("--preset", default="tiny", help="size preset (tiny | 1b | 4b | 8b), random weights")
     add("--checkpoint", default=None, help="HF Sa2VA checkpoint directory instead of random weights")
     add("--dtype", default="float32", choices=["float32", "bfloat16"], help="model dtype")
+    add("--device", default="cpu", help="cpu | cuda: where the model is built and run")
     add("--mask-policy", default="region", help="GRPOConfig.mask_policy")
     add("--mask-pool", type=int, default=4, help="GRPOConfig.mask_pool (bernoulli)")
     add("--importance-sampling-level", default="token", help="GRPOConfig.importance_sampling_level")
@@ -264,6 +291,8 @@ def parser() -> argparse.ArgumentParser:
     add("--image-size", type=int, default=224, help="shapes-world image side in pixels")
     add("--seed", type=int, default=0, help="seed of the weights, the batch, the draws and the advantages")
     add("--threads", type=int, default=1, help="torch intra-op threads")
+    add("--variants", nargs="+", default=["flags"], choices=sorted(VARIANTS),
+        help="variants measured from the same weights: flags (the knobs above) or named knob sets over them")
     add("--json", default=None, help="write the result here")
     return p
 
@@ -271,9 +300,10 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     result = run(args)
-    print(table(result))
-    print(f"loop2 / loop1 shared grad norm: {result['loop2_over_loop1_shared_grad']:.3g}; "
-          f"wall {result['wall_s']} s; max RSS {result['max_rss_gb']} GB")
+    for name, variant in result["variants"].items():
+        print(f"\n{name}: {variant['grpo_config']}\n{table(variant)}")
+        print(f"loop2 / loop1 shared grad norm: {variant['loop2_over_loop1_shared_grad']:.3g}")
+    print(f"wall {result['wall_s']} s; max RSS {result['max_rss_gb']} GB; CUDA peak {result['cuda_peak_gb']} GB")
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(result, handle, indent=1)
