@@ -163,7 +163,7 @@ class NaiveStep:
             replay = self.mask_replay(features)
             head = seg_mask_head(model, features, model.project_vision(features.vit_tokens), replay, range(1), 1)
             action, _ = policy.sample(head)
-            pred_mask = model.logits_to_masks(policy.decision_logits(head, action), features.image_sizes)[0].cpu()
+            pred_mask = policy.pred_masks(head, action)[0].cpu()
         with self.algo.weights.reference(model), eval_mode(model), torch.no_grad():
             policy.log_prob(seg_mask_head(model, features, model.project_vision(features.vit_tokens), replay,
                                           range(1), 1), action)

@@ -61,6 +61,7 @@ from transformers import LogitsProcessorList
 
 from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
 from projects.llava_sam2.rl_train.grpo import cycle
+from projects.llava_sam2.rl_train.grpo.mask_policy import MASK_POLICIES
 from projects.llava_sam2.rl_train.grpo.trainer import CycleGRPO
 from projects.llava_sam2.rl_train.grpo.weights import WeightSets
 from projects.llava_sam2.rl_train.model.fast_generation import DECODE_BACKENDS
@@ -172,7 +173,8 @@ def parse_args(argv=None):
     parser.add_argument("--max-new-tokens", type=int, default=128, help="caption tokens (policy and partner)")
     parser.add_argument("--image-size", type=int, default=None, help="square image side (224 tiny, 896 otherwise)")
     parser.add_argument("--lora-r", type=int, default=128)
-    parser.add_argument("--mask-policy", default="bernoulli", choices=["bernoulli", "gaussian_seg", "multimask"])
+    parser.add_argument("--mask-policy", default="bernoulli", choices=sorted(MASK_POLICIES),
+                        help="loop-2 action (the timings in docs/benchmarks.md were taken with bernoulli)")
     parser.add_argument("--beta", type=float, default=0.04, help="KL weight; 0 drops the reference pass")
     parser.add_argument("--generation-chunk-size", type=int, default=None)
     parser.add_argument("--minibatch-size", type=int, default=None)
