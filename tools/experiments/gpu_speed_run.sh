@@ -31,9 +31,12 @@ MASK_ACTION_S=${MASK_ACTION_S:-80}
 # >>> H7 slot: the 1b mask-action measurement's flags (after --preset 1b); the lead fills them in. Write its files
 # under work_dirs/speed_run/ (relative to the repository root) so that they come back in speed_run.tgz <<<
 MASK_ACTION_ARGS=${MASK_ACTION_ARGS:-}
+STAGES=${STAGES:-ABCD}  # the stages to run (e.g. ACD: no 8b point, its time goes to the 4b run)
 
 left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
-reserve_d() { if [ -f "$MASK_ACTION_MODULE" ]; then echo "$MASK_ACTION_S"; else echo 0; fi; }
+reserve_d() { if [ -f "$MASK_ACTION_MODULE" ] && wants D; then echo "$MASK_ACTION_S"; else echo 0; fi; }
+wants() { [[ "$STAGES" == *"$1"* ]]; }
+budget_of() { if wants "$1"; then echo "$2"; else echo 0; fi; }
 # run_stage NAME CAP_S MIN_S CMD...: run CMD under timeout min(CAP_S, time left - what later stages keep)
 run_stage() {
   local name=$1 cap=$2 min=$3; shift 3
@@ -48,24 +51,24 @@ run_stage() {
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$WORK/gpu.txt" 2>&1
 
 # A: the acceptance run (priority a), then 4b scaling points while its time lasts (priority b)
-KEEP=$(( 80 + 35 + $(reserve_d) ))  # the least that stages B, C and D need
-run_stage A_4b 240 150 $BENCH --preset $PRESET_A $REAL --warmup 1 --iters 2 --baselines generate --baseline-warmup 0 \
+KEEP=$(( $(budget_of B 80) + $(budget_of C 35) + $(reserve_d) ))  # the least that stages B, C and D need
+wants A && run_stage A_4b 240 150 $BENCH --preset $PRESET_A $REAL --warmup 1 --iters 2 --baselines generate --baseline-warmup 0 \
   --baseline-iters 1 --profile "$WORK/rl_step_4b_profile.json" --profile-top 60 \
   --sweep "backend=fast_adapters G=16 T=256 tiles=13 G=4 T=64 tiles=1" --sweep-warmup 1 --sweep-iters 1 \
   --time-limit-s 160 --json "$WORK/rl_step_4b.json"
 cp "$WORK/rl_step_4b.json" "$OUT/rl_step_4b.json" 2>/dev/null
 
 # B: 8b with host-stored partner and reference (does it fit 80 GB?)
-KEEP=$(( 35 + $(reserve_d) ))
-run_stage B_8b 120 80 $BENCH --preset $PRESET_B $REAL --warmup 1 --iters 1 --baselines '' --json "$WORK/rl_step_8b.json"
+KEEP=$(( $(budget_of C 35) + $(reserve_d) ))
+wants B && run_stage B_8b 120 80 $BENCH --preset $PRESET_B $REAL --warmup 1 --iters 1 --baselines '' --json "$WORK/rl_step_8b.json"
 
 # C: 1b
 KEEP=$(reserve_d)
-run_stage C_1b 60 35 $BENCH --preset $PRESET_C $REAL --warmup 1 --iters 2 --baselines '' --json "$WORK/rl_step_1b.json"
+wants C && run_stage C_1b 60 35 $BENCH --preset $PRESET_C $REAL --warmup 1 --iters 2 --baselines '' --json "$WORK/rl_step_1b.json"
 
 # D: >>> H7 slot <<< the lead's 1b mask-action measurement (runs only if the module exists)
 KEEP=0
-if [ -f "$MASK_ACTION_MODULE" ]; then
+if [ -f "$MASK_ACTION_MODULE" ] && wants D; then
   run_stage D_mask_action "$MASK_ACTION_S" 30 python3 -m projects.llava_sam2.rl_train.benchmarks.mask_action \
     --preset 1b $MASK_ACTION_ARGS
 else
