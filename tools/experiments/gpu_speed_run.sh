@@ -72,7 +72,7 @@ if [ -f "$MASK_ACTION_MODULE" ] && wants D; then
   run_stage D_mask_action "$MASK_ACTION_S" 30 python3 -m projects.llava_sam2.rl_train.benchmarks.mask_action \
     --preset 1b $MASK_ACTION_ARGS
 else
-  echo "stage D_mask_action skipped: $MASK_ACTION_MODULE does not exist" | tee -a "$WORK/stages.txt"
+  echo "stage D_mask_action skipped: not in STAGES=$STAGES or $MASK_ACTION_MODULE missing" | tee -a "$WORK/stages.txt"
 fi
 
 python3 - "$WORK" > "$WORK/summary.txt" 2>&1 <<'PY'
