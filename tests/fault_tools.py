@@ -11,6 +11,7 @@ import faulthandler
 import io
 import json
 import multiprocessing
+from multiprocessing import forkserver
 import os
 import signal
 import socket
@@ -44,8 +45,20 @@ def _child(target, rank: int, world: int, port: int, env: dict, timeout: float, 
 
 
 def _fork_server():
+    """The fork server, started once with this module imported (so torch, MMEngine and the engine are imported once
+    for all children). Python 3.11's server ignores the parent's ``sys.path``: it finds this folder through
+    ``PYTHONPATH``, set only while it starts."""
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload([__name__])  # the server imports torch and the engine once for all children
+    ctx.set_forkserver_preload([__name__])
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent), saved]))
+    try:
+        forkserver.ensure_running()
+    finally:
+        if saved is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = saved
     return ctx
 
 
