@@ -118,9 +118,7 @@ def caption_logp(model, features: StepFeatures, tile_embeds: Tensor, replay: Cap
 class MaskToCaptionLoop:
     """Loop 1 (mask → caption → mask'), reward IoU(gt_mask, partner mask') by default."""
 
-    name = "loop1"
-    config_key = "mask_to_caption"
-    replay_type = CaptionReplay
+    name = "mask_to_caption"  # the loop's one name: config knobs (<name>_weight, rewards key), metrics (<name>/...)
 
     def __init__(self, ctx: CycleContext, composer, weight: float):
         self.ctx, self.composer, self.weight = ctx, composer, weight
@@ -171,7 +169,7 @@ class MaskToCaptionLoop:
                     ctx.decoding, max_new_tokens=ctx.seg_answer_max_tokens, chunk_size=chunk)
         rollout = Rollout(group_size=G, old_logp=old_logp, ref_logp=ref_logp, action_mask=completions.completion_mask,
                           rewards=torch.full((B, G), float("nan")), is_truncated=completions.is_truncated,
-                          max_action_length=cfg.max_completion_length, replay=replay)
+                          max_action_length=cfg.max_completion_length, replay=replay, loop=self.name)
         return LoopRollout(rollout, reward_inputs(features, G, pred_masks=pred_masks, pred_captions=captions), stats)
 
 
@@ -241,9 +239,7 @@ def seg_mask_head(model, features: StepFeatures, tile_embeds: Tensor, replay: Ma
 class CaptionToMaskLoop:
     """Loop 2 (caption → mask → caption'), reward 0.25 METEOR + 0.75 judge of the partner's caption by default."""
 
-    name = "loop2"
-    config_key = "caption_to_mask"
-    replay_type = MaskReplay
+    name = "caption_to_mask"  # as MaskToCaptionLoop.name
 
     def __init__(self, ctx: CycleContext, composer, weight: float):
         self.ctx, self.composer, self.weight = ctx, composer, weight
@@ -306,5 +302,5 @@ class CaptionToMaskLoop:
         rollout = Rollout(group_size=G, old_logp=logp if needs_old_logp else None, ref_logp=ref_logp,
                           action_mask=torch.ones_like(logp, dtype=torch.bool), rewards=torch.full((B, G), float("nan")),
                           is_truncated=torch.zeros(B * G, dtype=torch.bool, device=logp.device),
-                          max_action_length=logp.shape[1], replay=replay)
+                          max_action_length=logp.shape[1], replay=replay, loop=self.name)
         return LoopRollout(rollout, reward_inputs(features, G, pred_masks=pred_masks, pred_captions=captions), stats)
