@@ -1,4 +1,4 @@
-"""The engine <-> algorithm seam (grpo/protocol.py): who implements it, and what the loop does when a piece is missing."""
+"""The engine <-> algorithm seam (grpo/protocol.py): who implements it, what the loop does when a piece is missing."""
 from __future__ import annotations
 
 import pytest
