@@ -1,14 +1,17 @@
 """The two cycle loops of DESIGN §3: each samples its action with the policy, scores it under the reference, lets
 the EMA partner close the cycle, and hands back a ``Rollout`` plus the inputs of its rewards.
 
-* Loop 1, mask → caption → mask' (``MaskToCaptionLoop``): the policy captions the gt region G times (region
-  prompt, sampled tokens); the partner segments each caption (greedy RES answer, ``[SEG]`` → SAM2); reward
-  IoU(gt_mask, mask'). Action = caption tokens.
-* Loop 2, caption → mask → caption' (``CaptionToMaskLoop``): the policy grounds the gt caption; its ``[SEG]``
-  state parametrises the configured stochastic mask policy, which samples G masks; the partner describes each
-  mask (region prompt, greedy caption); reward from the caption rewards (METEOR + judge). Action = the mask (by
-  default the partner's g x g region cells themselves, ``mask_policy='region'``), scored with one clipped ratio per
-  mask (``mask_importance_sampling_level='sequence'``).
+* Loop 1, mask → caption → mask' (``MaskToCaptionLoop``, named ``mask_to_caption``): the policy captions the gt
+  region G times (region prompt, sampled tokens); the partner segments each caption (greedy RES answer, ``[SEG]`` →
+  SAM2); reward IoU(gt_mask, mask'). Action = caption tokens.
+* Loop 2, caption → mask → caption' (``CaptionToMaskLoop``, named ``caption_to_mask``): the policy grounds the gt
+  caption; its ``[SEG]`` state parametrises the configured stochastic mask policy, which samples G masks; the partner
+  describes each mask (region prompt, greedy caption); reward from the caption rewards (METEOR + judge). Action = the
+  mask (by default the partner's g x g region cells themselves, ``mask_policy='region'``), scored with one clipped
+  ratio per mask (``mask_importance_sampling_level='sequence'``).
+
+A loop's ``name`` is its one name everywhere: the config knobs (``<name>_weight``, the ``rewards`` key), its
+rollouts' ``Rollout.loop`` and its metrics (``<name>/reward_mean``).
 
 Loop 2's answer text is teacher-forced, not sampled: it is a fixed in-distribution SFT answer (``Sure, [SEG].``,
 one of Sa2VA's five RES answers). Sampling it would add a second, text action whose tokens only shift the ``[SEG]``
