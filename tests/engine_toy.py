@@ -3,8 +3,10 @@
 The policy picks one of K actions per prompt (a categorical over a linear head on a frozen embedding); rollouts
 sample G actions per prompt from the global torch RNG; the reward is 1 for the prompt's target action plus a
 small bonus from the EMA partner's probability of the action (so the partner matters); the loss is REINFORCE with
-a group-mean baseline. It follows the algorithm protocol of docs/architecture.md (encode / rollout / score /
-compute_advantages / minibatches / policy_loss / after_optimizer_step) with the real ``Rollout`` hand-off.
+a group-mean baseline. ``ToyREINFORCE`` implements ``grpo.protocol.GRPOAlgorithm`` (``model``, ``weights``; encode /
+rollout / score / compute_advantages / minibatches / policy_loss / after_optimizer_step) with the real ``Rollout``
+hand-off, its one loop named ``toy`` (metrics ``toy/reward_mean`` ...); ``ToyTrainModel`` implements
+``GRPOTrainModel``.
 
 Fault knobs for the failure tests (iterations are 1-based and read from the message hub, so they survive a
 resume): ``nan_loss_at`` multiplies the GRPO loss by NaN, ``ToyTrainModel(nan_sft_at=...)`` the SFT loss;
@@ -39,6 +41,7 @@ from projects.llava_sam2.rl_train.rewards.base import RewardInputs, RewardResult
 from projects.llava_sam2.rl_train.grpo.weights import WeightSets
 
 NUM_PROMPTS, NUM_ACTIONS = 8, 4
+TOY_LOOP = "toy"  # the toy's one loop name: Rollout.loop and the metric prefix
 
 
 def target_action(prompt: torch.Tensor) -> torch.Tensor:
@@ -100,7 +103,6 @@ class ToyPolicy(nn.Module):
 
 @dataclass
 class ToyMinibatch:
-    algo: "ToyREINFORCE"
     rollout: Rollout
 
 
@@ -134,7 +136,7 @@ class ToyREINFORCE:
         return [Rollout(group_size=G, old_logp=None, ref_logp=None,
                         action_mask=torch.ones(B * G, 1, dtype=torch.bool),
                         rewards=torch.full((B, G), float("nan")), is_truncated=torch.zeros(B * G, dtype=torch.bool),
-                        max_action_length=1, replay=replay)]
+                        max_action_length=1, replay=replay, loop=TOY_LOOP)]
 
     @torch.no_grad()
     def score(self, rollouts: list[Rollout]) -> None:
@@ -170,7 +172,7 @@ class ToyREINFORCE:
 
     def minibatches(self, rollouts: list[Rollout]):
         for rollout in rollouts:
-            yield ToyMinibatch(self, rollout)
+            yield ToyMinibatch(rollout)
 
     def policy_loss(self, model: ToyPolicy, minibatch: ToyMinibatch) -> dict[str, torch.Tensor]:
         rollout = minibatch.rollout
@@ -186,7 +188,7 @@ class ToyREINFORCE:
 
 
 class ToyTrainModel(BaseModel):
-    """The train-model protocol GRPOLoop and EMAPartnerHook use: ``build_algorithm``, ``weights``, ``policy``."""
+    """A ``grpo.protocol.GRPOTrainModel``: ``build_algorithm`` gives the algorithm new weight sets it owns."""
 
     def __init__(self, ema_decay: float = 0.9, nan_sft_at: tuple[int, ...] = ()) -> None:
         super().__init__()
@@ -194,17 +196,17 @@ class ToyTrainModel(BaseModel):
         self.policy = ToyPolicy()
         self.policy.encoder.requires_grad_(False)
         self.ema_decay = ema_decay
-        self.weights: WeightSets | None = None
         keep_trainable_state(self)
 
     def build_algorithm(self, cfg) -> ToyREINFORCE:
-        self.weights = WeightSets.from_model(self.policy, ema_decay=self.ema_decay, use_reference=False)
-        return build_component(ALGORITHMS, cfg, model=self.policy, weights=self.weights)
+        weights = WeightSets.from_model(self.policy, ema_decay=self.ema_decay, use_reference=False)
+        return build_component(ALGORITHMS, cfg, model=self.policy, weights=weights)
 
-    def forward(self, data=None, data_samples=None, mode: str = "loss", grpo_batch=None, sft_loss_weight=1.0):
+    def forward(self, data=None, data_samples=None, mode: str = "loss", grpo_batch=None, algorithm=None,
+                sft_loss_weight=1.0):
         losses = {}
         if grpo_batch is not None:
-            out = grpo_batch.algo.policy_loss(self.policy, grpo_batch)
+            out = algorithm.policy_loss(self.policy, grpo_batch)
             losses["grpo_loss"] = out.pop("loss")
             losses.update(out)
         if data is not None:

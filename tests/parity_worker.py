@@ -105,7 +105,7 @@ def run_cases(model, wrapped, batch: list, rank: int, world: int) -> dict[str, d
         algo.encode(batch[b0:b1])
         rollouts = [rank_share(r, b0, b1) for r in full]
         algo.compute_advantages(rollouts)
-        logs = [wrapped.train_step({"grpo_batch": mb}, optim_wrapper=optim_wrapper)
+        logs = [wrapped.train_step({"grpo_batch": mb, "algorithm": algo}, optim_wrapper=optim_wrapper)
                 for mb in algo.minibatches(rollouts)]
         stats = reduce_across_ranks({**mean_of_logs(logs), **rollout_metrics(rollouts)})
         tokens = [[int(r.action_mask.sum()) for r in rollouts]]

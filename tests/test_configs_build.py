@@ -107,7 +107,7 @@ def test_released_size_config_builds_on_the_meta_device(path):
     with torch.device("meta"):
         model = MODELS.build(model_cfg)
         algorithm = model.build_algorithm(cfg.train_cfg.algorithm)
-    assert [loop.name for loop in algorithm.loops] == ["loop1", "loop2"]
+    assert [loop.name for loop in algorithm.loops] == ["mask_to_caption", "caption_to_mask"]
     assert model.sa2va.language_model.peft_config["default"].r == cfg.model.lora.r
     hooks = {name: HOOKS.build(dict(hook)) for name, hook in cfg.default_hooks.items()}
     assert {name: type(hooks[name]).__name__ for name in GRPO_HOOKS} == GRPO_HOOKS

@@ -66,17 +66,17 @@ def test_tiny_grpo_config_trains_both_loops_and_resumes_exactly(tmp_path):
                                                    caption_to_mask=[dict(type="iou")])}
     runner, full = run("tiny_grpo_cycle_cpu.py", tmp_path, **options)
     logged = full.outputs[1]
-    for loop in ("loop1", "loop2"):
+    for loop in ("mask_to_caption", "caption_to_mask"):
         assert logged[f"{loop}/reward_std"] > 0, f"{loop}: constant rewards, no learning signal"
         assert f"{loop}/clip_frac_region" in logged and f"{loop}/kl" in logged
     assert logged["loss"] != 0
     grad_norms = runner.message_hub.get_scalar("train/grad_norm").data[0]  # OptimWrapper logs it there
     assert len(grad_norms) == 2 and min(grad_norms) > 0
-    assert unwrap_model(runner.model).weights.num_updates == 2  # EMA partner updated every iteration
+    assert runner.train_loop.algorithm.weights.num_updates == 2  # EMA partner updated every iteration
     log_dir = Path(runner.log_dir)
-    assert len(list((log_dir / "vis_data" / "vis_image").glob("rollouts_loop*_1.png"))) == 4
+    assert len(list((log_dir / "vis_data" / "vis_image").glob("rollouts_*_1.png"))) == 4
     rows = [json.loads(line) for line in (log_dir / "rollouts.jsonl").read_text().splitlines()]
-    assert {row["loop"] for row in rows} == {"loop1", "loop2"}
+    assert {row["loop"] for row in rows} == {"mask_to_caption", "caption_to_mask"}
 
     _, resumed = run("tiny_grpo_cycle_cpu.py", tmp_path, resume_from=str(tmp_path / "iter_1.pth"), **options)
     assert sorted(resumed.outputs) == [2]

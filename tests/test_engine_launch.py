@@ -69,7 +69,7 @@ def test_dist_train_two_process_gloo_ddp(tmp_path):
     # per-rank RNG streams cannot go through rank 0's checkpoint hook: one side file, one state per rank
     rng_states = torch.load(f"{work_dir}/iter_3.pth.rng_state.pth", weights_only=False)
     assert len(rng_states) == 2
-    assert logged_scalars(work_dir)[3]["loop1/reward_mean"] >= 0
+    assert logged_scalars(work_dir)[3]["toy/reward_mean"] >= 0
 
 
 def test_dist_train_deepspeed_zero2_resume_is_exact(tmp_path):
@@ -90,7 +90,7 @@ def test_dist_train_deepspeed_zero2_resume_is_exact(tmp_path):
     resumed_logs = logged_scalars(work_dir)
     assert sorted(resumed_logs) == [3, 4]
     for step in (3, 4):
-        for key in ("loss", "logp_mean", "loop1/reward_mean", "lr"):
+        for key in ("loss", "logp_mean", "toy/reward_mean", "lr"):
             assert resumed_logs[step][key] == full_logs[step][key], (step, key)
 
 

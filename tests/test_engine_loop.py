@@ -36,11 +36,11 @@ def test_loop_hook_points_metrics_and_checkpoint_content(tmp_path):
         (stage, i) for i in range(3) for stage in ("after_rollout", "after_reward")]
     assert [nan_frac for _, _, nan_frac in record.seen] == [1.0, 0.0] * 3
     logged = record.outputs[3]
-    for key in ("loss", "grpo_loss", "loop1/reward_mean", "loop1/reward_std", "loop1/frac_reward_zero_std",
-                "loop1/completion_length", "loop1/hit/mean", "loop1/judge/failures/timeout"):
+    for key in ("loss", "grpo_loss", "toy/reward_mean", "toy/reward_std", "toy/frac_reward_zero_std",
+                "toy/completion_length", "toy/hit/mean", "toy/judge/failures/timeout"):
         assert key in logged, key
     assert logged["loss"] == logged["grpo_loss"]
-    assert runner.message_hub.get_scalar("train/loop1/reward_mean").current() == logged["loop1/reward_mean"]
+    assert runner.message_hub.get_scalar("train/toy/reward_mean").current() == logged["toy/reward_mean"]
 
     checkpoint = torch.load(tmp_path / "iter_3.pth", weights_only=False)
     # only the trainable head is saved; the frozen encoder comes from the model build
@@ -50,7 +50,7 @@ def test_loop_hook_points_metrics_and_checkpoint_content(tmp_path):
     assert {"optimizer", "param_schedulers"} <= set(checkpoint)
 
     # RewardFailureHook: the toy reports one judge timeout per iteration; run totals live in the message hub
-    assert runner.message_hub.get_info("reward_failures") == {"loop1/judge/failures/timeout": 3.0}
+    assert runner.message_hub.get_info("reward_failures") == {"toy/judge/failures/timeout": 3.0}
     # RolloutLoggingHook: iterations 1 and 2 (interval 2), 2 prompts x 3 rollouts each, token ids without a tokenizer
     rows = [json.loads(line) for line in open(os.path.join(runner.log_dir, "rollouts.jsonl"))]
     assert [(r["iter"], r["sample_id"] is not None, r["rollout"]) for r in rows] == [
@@ -72,13 +72,13 @@ def test_reward_failure_hook_warns_standing_causes_never_per_iteration():
                                    logger=types.SimpleNamespace(warning=warnings.append))
 
     def rollout(stats):
-        return types.SimpleNamespace(replay=None, reward_stats=stats, num_rollouts=4)
+        return types.SimpleNamespace(loop="caption_to_mask", reward_stats=stats, num_rollouts=4)
 
     hook = RewardFailureHook()
     for i in range(3):
         hook.after_reward(runner, i, rollouts=[rollout({"dlc_judge/failures/no_endpoint": 4.0})])
     assert warnings == []
-    assert runner.message_hub.get_info("reward_failures") == {"rollout0/dlc_judge/failures/no_endpoint": 12.0}
+    assert runner.message_hub.get_info("reward_failures") == {"caption_to_mask/dlc_judge/failures/no_endpoint": 12.0}
     hook.after_reward(runner, 3, rollouts=[rollout({"dlc_judge/failures/no_endpoint": 3.0,
                                                     "dlc_judge/failures/timeout": 1.0})])
     assert len(warnings) == 1 and "iteration 4" in warnings[0]
@@ -88,7 +88,7 @@ def test_reward_failure_hook_warns_standing_causes_never_per_iteration():
 def test_ema_partner_follows_the_policy_at_the_configured_decay(tmp_path):
     runner, _ = run_toy(tmp_path, **{"train_cfg.max_iters": 1})
     model = unwrap_model(runner.model)
-    weights = model.weights
+    weights = runner.train_loop.algorithm.weights  # the algorithm owns the weight sets (grpo/protocol.py)
     policy = dict(model.policy.named_parameters())
     partner = weights.state_dict()["partner"]
     # one update from the starting weights W0: partner = 0.9 * W0 + 0.1 * W1, so it sits strictly between
@@ -118,8 +118,8 @@ def test_resume_after_iteration_3_reproduces_iterations_4_to_6(tmp_path, runner_
     full_weights, resumed_weights = trainable_state(full_runner), trainable_state(resumed_runner)
     for name, value in full_weights.items():
         assert torch.equal(value, resumed_weights[name]), name
-    full_partner = unwrap_model(full_runner.model).weights.state_dict()["partner"]
-    resumed_partner = unwrap_model(resumed_runner.model).weights.state_dict()["partner"]
+    full_partner = full_runner.train_loop.algorithm.weights.state_dict()["partner"]
+    resumed_partner = resumed_runner.train_loop.algorithm.weights.state_dict()["partner"]
     for name, value in full_partner.items():
         assert torch.equal(value, resumed_partner[name]), f"EMA partner {name}"
 

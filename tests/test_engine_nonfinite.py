@@ -31,7 +31,7 @@ class StateProbe(Hook):
     @staticmethod
     def _state(runner) -> dict:
         model = unwrap_model(runner.model)
-        weights = model.weights
+        weights = runner.train_loop.algorithm.weights
         return {"policy": {k: v.detach().clone() for k, v in model.state_dict().items()},
                 "optimizer": copy.deepcopy(runner.optim_wrapper.optimizer.state_dict()["state"]),
                 "partner": {k: v.clone() for k, v in weights.state_dict()["partner"].items()} if weights else {},
@@ -131,12 +131,12 @@ def test_reward_sources_returning_none_nan_inf_are_counted_and_training_goes_on(
                "default_hooks.checkpoint.interval": 2}
     runner, record = run_toy(tmp_path, **options)
     logged = record.outputs[2]
-    assert logged["loop1/flaky/missing"] == 1  # None
-    assert logged["loop1/flaky/failures/invalid_answer"] == 1
-    assert logged["loop1/total/invalid"] == 1  # the inf total
-    assert logged["loop1/frac_unscored"] == pytest.approx(1 / 8)  # inf counts as unscored: advantage 0
+    assert logged["toy/flaky/missing"] == 1  # None
+    assert logged["toy/flaky/failures/invalid_answer"] == 1
+    assert logged["toy/total/invalid"] == 1  # the inf total
+    assert logged["toy/frac_unscored"] == pytest.approx(1 / 8)  # inf counts as unscored: advantage 0
     assert logged["guard/skipped_steps"] == 0 and logged["loss"] == logged["loss"]  # finite loss, step taken
-    assert runner.message_hub.get_info("reward_failures")["loop1/flaky/failures/invalid_answer"] == 1
+    assert runner.message_hub.get_info("reward_failures")["toy/flaky/failures/invalid_answer"] == 1
     assert_finite({k: v for k, v in unwrap_model(runner.model).state_dict().items()}, "policy")
     _, resumed = run_toy(tmp_path, resume_from=str(tmp_path / "iter_2.pth"), **options)
     assert resumed.outputs == {i: record.outputs[i] for i in (3, 4)}

@@ -50,16 +50,16 @@ def results(tmp_path_factory) -> dict[int, dict]:
 @pytest.mark.parametrize("case", CASES)
 def test_one_and_two_processes_give_the_same_loss_and_grad_norm(results, case):
     one, two = results[1][case], results[2][case]
-    loop1_tokens = [rank[0] for rank in two["active_tokens"]]
-    assert loop1_tokens[0] != loop1_tokens[1], "the ranks must hold different token counts for the test to bite"
+    caption_tokens = [rank[0] for rank in two["active_tokens"]]  # mask_to_caption's, per rank
+    assert caption_tokens[0] != caption_tokens[1], "the ranks must hold different token counts for the test to bite"
     assert one["grad_norm"] > 0
-    for key in ("loss", "grad_norm", "loop1/pg_term", "loop2/pg_term"):
+    for key in ("loss", "grad_norm", "mask_to_caption/pg_term", "caption_to_mask/pg_term"):
         assert two[key] == pytest.approx(one[key], rel=2e-5, abs=1e-7), key
 
 
 def test_logged_rollout_metrics_are_those_of_the_global_batch(results):
     one, two = results[1]["grpo/group"], results[2]["grpo/group"]
-    for loop in ("loop1", "loop2"):
+    for loop in ("mask_to_caption", "caption_to_mask"):
         for stat in ("reward_mean", "reward_std", "frac_reward_zero_std", "frac_unscored", "completion_length"):
             key = f"{loop}/{stat}"
             assert two[key] == pytest.approx(one[key], rel=1e-6, abs=1e-9), key

@@ -17,9 +17,11 @@ def reduce_on_two_ranks(out_dir: str) -> None:
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    stats = {"loss": 1.0 + rank, "loop1/judge/failures/timeout": 3.0, "loop1/reward_mean": float("nan")}
+    stats = {"loss": 1.0 + rank, "mask_to_caption/judge/failures/timeout": 3.0,
+             "mask_to_caption/reward_mean": float("nan")}
     if rank == 1:
-        stats.update({"loop1/judge/failures/http_500": 2.0, "loop1/meteor/missing": 1.0, "extra": 4.0})
+        stats.update({"mask_to_caption/judge/failures/http_500": 2.0, "mask_to_caption/meteor/missing": 1.0,
+                      "extra": 4.0})
     summed = sum_across_ranks(torch.tensor([1.0, 2.0 * rank]))
     result = {"reduced": reduce_across_ranks(stats), "summed": summed.tolist()}
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
@@ -32,8 +34,9 @@ def test_reduce_across_ranks_takes_the_union_of_keys_sums_counts_and_averages_th
     assert results[0] == results[1]
     reduced = results[0]["reduced"]
     assert reduced["loss"] == 1.5  # mean of 1 and 2
-    assert reduced["loop1/judge/failures/timeout"] == 6.0  # counts add up
-    assert reduced["loop1/judge/failures/http_500"] == 2.0 and reduced["loop1/meteor/missing"] == 1.0
+    assert reduced["mask_to_caption/judge/failures/timeout"] == 6.0  # counts add up
+    assert reduced["mask_to_caption/judge/failures/http_500"] == 2.0
+    assert reduced["mask_to_caption/meteor/missing"] == 1.0
     assert reduced["extra"] == 4.0  # a value only one rank has: its mean over the ranks that have it
-    assert reduced["loop1/reward_mean"] != reduced["loop1/reward_mean"]  # NaN everywhere stays NaN
+    assert reduced["mask_to_caption/reward_mean"] != reduced["mask_to_caption/reward_mean"]  # NaN everywhere: NaN
     assert results[0]["summed"] == [2.0, 2.0]

@@ -71,18 +71,20 @@ def test_grpo_forward_returns_the_algorithm_loss_and_mixes_weighted_sft(sft_batc
     def policy_loss(policy, minibatch):
         seen["policy"] = policy
         head = policy.text_hidden_fcs[0].weight
-        return {"loss": head.sum() * 0 + 2.0, "loop1/pg_loss": torch.tensor(5.0), "loop1/kl": torch.tensor(0.1)}
+        return {"loss": head.sum() * 0 + 2.0, "mask_to_caption/pg_loss": torch.tensor(5.0),
+                "mask_to_caption/kl": torch.tensor(0.1)}
 
-    minibatch = SimpleNamespace(algo=SimpleNamespace(policy_loss=policy_loss))
-    losses = model(grpo_batch=minibatch, **sft_batch, sft_loss_weight=0.5)
+    minibatch = SimpleNamespace()
+    losses = model(grpo_batch=minibatch, algorithm=SimpleNamespace(policy_loss=policy_loss), **sft_batch,
+                   sft_loss_weight=0.5)
     assert seen["policy"] is model.sa2va
     sft_only = model(**sft_batch)  # the LM loss is deterministic (the mask losses sample points at random)
     assert losses["llm_loss"].item() == pytest.approx(0.5 * sft_only["llm_loss"].item(), rel=1e-5)
     loss, log_vars = model.parse_losses(losses)
-    # namespaced diagnostics are logged, never summed (MMEngine's default would add loop1/pg_loss)
+    # namespaced diagnostics are logged, never summed (MMEngine's default would add mask_to_caption/pg_loss)
     expected = 2.0 + sum(losses[k].item() for k in ("llm_loss", "loss_mask", "loss_dice"))
     assert loss.item() == pytest.approx(expected, rel=1e-5)
-    assert log_vars["loop1/pg_loss"].item() == 5.0 and log_vars["grpo_loss"].item() == 2.0
+    assert log_vars["mask_to_caption/pg_loss"].item() == 5.0 and log_vars["grpo_loss"].item() == 2.0
 
 
 def test_missing_pretrained_path_is_reported_as_such(tmp_path):
@@ -104,6 +106,8 @@ def test_bad_arguments_are_rejected_with_the_fix():
         model(mode="predict")
     with pytest.raises(ValueError, match="neither an SFT batch"):
         model()
+    with pytest.raises(ValueError, match="grpo_batch= and algorithm= go together"):
+        model(grpo_batch=object())
 
 
 @pytest.mark.parametrize("storage", [None, "cpu"])
@@ -111,8 +115,8 @@ def test_weights_storage_device_reaches_the_weight_sets(storage):
     from projects.llava_sam2.rl_train.grpo.trainer import CycleGRPO
 
     model = Sa2VATrainModel(**TINY, weights_storage_device=storage)
-    model.build_algorithm(dict(type=CycleGRPO, config=dict(num_generations=2, beta=0.04)))
-    memory = model.weights.memory()
+    algorithm = model.build_algorithm(dict(type=CycleGRPO, config=dict(num_generations=2, beta=0.04)))
+    memory = algorithm.weights.memory()
     assert memory.storage_device == storage
     # host storage: the partner and reference hold no bytes beside the parameters
     assert (memory.device_bytes == 0) == (storage == "cpu")

@@ -66,9 +66,10 @@ def fake_scalars(work_dir) -> str:
     rng = np.random.default_rng(0)
     with open(path, "w") as handle:
         for step in range(1, 61):
-            loop1 = 0.2 + 0.5 * step / 60 + 0.05 * rng.standard_normal()
-            handle.write(json.dumps({"lr": 1e-5, "loop1/reward_mean": loop1,
-                                     "train/loop2/reward_mean": 0.1 + 0.3 * step / 60, "step": step}) + "\n")
+            caption_reward = 0.2 + 0.5 * step / 60 + 0.05 * rng.standard_normal()
+            handle.write(json.dumps({"lr": 1e-5, "mask_to_caption/reward_mean": caption_reward,
+                                     "train/caption_to_mask/reward_mean": 0.1 + 0.3 * step / 60,
+                                     "step": step}) + "\n")
         handle.write(json.dumps({"val/accuracy": 0.5, "step": 60}) + "\n")  # a line without the keys
     return str(path)
 
@@ -117,13 +118,13 @@ def test_report_tables_differences_and_pngs(runs, tmp_path):
         assert f"({name})" in text
         width, height = _is_png(tmp_path / name)
         assert width > 300 and height > 200
-    assert read_scalars(scalars)[0]["loop2/reward_mean"] == pytest.approx(0.1 + 0.3 / 60)  # 'train/' stripped
+    assert read_scalars(scalars)[0]["caption_to_mask/reward_mean"] == pytest.approx(0.1 + 0.3 / 60)  # no 'train/'
 
 
 def test_curves_name_missing_keys(runs, tmp_path):
     root, _ = runs
     scalars = fake_scalars(tmp_path / "wd")
-    with pytest.raises(ValueError, match=r"no values for scalar keys \['loop3/reward'\].*loop1/reward_mean"):
+    with pytest.raises(ValueError, match=r"no values for scalar keys \['loop3/reward'\].*mask_to_caption/reward"):
         plot_curves(scalars, str(tmp_path / "c.png"), {"loop 3": "loop3/reward"})
     with pytest.raises(ValueError, match="no <timestamp>/vis_data/scalars.json"):
         plot_curves(str(tmp_path / "empty"), str(tmp_path / "c.png"))

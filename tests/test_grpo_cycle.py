@@ -156,7 +156,7 @@ def ids_as_text(completions, decoding):
             for ids, row in zip(completions.ids.tolist(), completions.completion_mask.tolist())]
 
 
-@pytest.mark.parametrize("loop", ["loop1", "loop2"])
+@pytest.mark.parametrize("loop", ["mask_to_caption", "caption_to_mask"])
 def test_grpo_steps_raise_the_expected_reward(loop, monkeypatch):
     """The estimator points the right way: a few Adam steps on one fixed batch raise the policy's mean reward.
 
@@ -168,7 +168,7 @@ def test_grpo_steps_raise_the_expected_reward(loop, monkeypatch):
     shrinking the 50%-area initial masks towards the small shapes.)
     """
     model, processor = build_tiny(seed=1)
-    if loop == "loop1":
+    if loop == "mask_to_caption":
         head = model.language_model.get_output_embeddings().weight
         with torch.no_grad():
             head.mul_(10.0)

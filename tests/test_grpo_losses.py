@@ -16,7 +16,7 @@ LN2 = math.log(2.0)
 
 
 def make_rollout(old_logp, ref_logp=None, advantages=None, action_mask=None, is_truncated=None,
-                 max_action_length=4):
+                 max_action_length=4, loop="mask_to_caption"):
     N, T = old_logp.shape
     ids = torch.zeros(N, T, dtype=torch.long)
     replay = CaptionReplay(prompt_ids=ids, prompt_attention=ids.bool(), completion_ids=ids,
@@ -25,7 +25,7 @@ def make_rollout(old_logp, ref_logp=None, advantages=None, action_mask=None, is_
         group_size=2, old_logp=old_logp, ref_logp=ref_logp,
         action_mask=torch.ones(N, T, dtype=torch.bool) if action_mask is None else action_mask,
         rewards=torch.zeros(N // 2, 2), is_truncated=torch.zeros(N, dtype=torch.bool) if is_truncated is None
-        else is_truncated, max_action_length=max_action_length, replay=replay, advantages=advantages)
+        else is_truncated, max_action_length=max_action_length, replay=replay, loop=loop, advantages=advantages)
 
 
 def test_kl_k3_hand_values():
@@ -148,7 +148,9 @@ def test_rollout_validates_shapes_and_dtypes():
     with pytest.raises(ValueError, match="B \\* G == N"):
         Rollout(group_size=2, old_logp=None, ref_logp=None, action_mask=torch.ones(3, 2, dtype=torch.bool),
                 rewards=torch.zeros(1, 2), is_truncated=torch.zeros(3, dtype=torch.bool), max_action_length=2,
-                replay=None)
+                replay=None, loop="mask_to_caption")
+    with pytest.raises(ValueError, match="loop=''; give the producing loop's name"):
+        make_rollout(torch.zeros(2, 2), loop="")
     with pytest.raises(TypeError, match="torch.bool"):
         make_rollout(torch.zeros(2, 2), action_mask=torch.ones(2, 2))
     with pytest.raises(ValueError, match="ref_logp has shape"):

@@ -83,18 +83,18 @@ def test_minibatches_chunk_groups_and_old_logp_makes_ratio_one():
     assert [list(part.samples) for part in minibatches[1].parts] == [[1], [1]]
     for part in minibatches[0].parts:
         assert part.rollout.num_rollouts == 4 and part.rollout.rewards.shape == (1, 4)
-        assert part.num_active_tokens == pytest.approx(float(rollouts[0 if part.loop.name == "loop1" else 1]
+        assert part.num_active_tokens == pytest.approx(float(rollouts[0 if part.loop.name == "mask_to_caption" else 1]
                                                              .action_mask.sum()) / 2)
     # data parallel: dapo's normaliser is the global count / world size / chunks (cross_rank_sum comes from the
     # engine); here a second rank with 10 active elements per loop
     algo.cross_rank_sum = lambda values: values + torch.tensor([10.0, 1.0])
     for part in next(algo.minibatches(rollouts)).parts:
-        local = float(rollouts[0 if part.loop.name == "loop1" else 1].action_mask.sum())
+        local = float(rollouts[0 if part.loop.name == "mask_to_caption" else 1].action_mask.sum())
         assert part.num_active_tokens == pytest.approx((local + 10.0) / 2 / 2)
     algo.cross_rank_sum = lambda values: values
     with torch.no_grad():
         stats = algo.policy_loss(model, minibatches[0])
-    for loop in ("loop1", "loop2"):  # the loss re-scores the action exactly as the sampling pass did
+    for loop in ("mask_to_caption", "caption_to_mask"):  # the loss re-scores the action as the sampling pass did
         assert stats[f"{loop}/ratio_mean"] == pytest.approx(1.0, abs=1e-4)
         assert stats[f"{loop}/approx_kl"] == pytest.approx(0.0, abs=1e-6)
 
@@ -130,9 +130,10 @@ def test_loss_is_the_weighted_sum_of_the_loop_losses():
     out = algo.policy_loss(model, minibatch)
     assert [k for k in out if "loss" in k] == ["loss"] and out["loss"].requires_grad
     # dapo over one minibatch: L = pg_term + beta * mean_k3, per loop; total = 1.0 * L1 + 0.5 * L2
-    per_loop = {loop: out[f"{loop}/pg_term"] + 0.04 * out[f"{loop}/kl"] for loop in ("loop1", "loop2")}
-    torch.testing.assert_close(out["loss"].detach(), per_loop["loop1"] + 0.5 * per_loop["loop2"])
-    assert out["loop1/kl"] > 0  # the perturbed LoRA differs from the adapter-off reference
+    per_loop = {loop: out[f"{loop}/pg_term"] + 0.04 * out[f"{loop}/kl"]
+                for loop in ("mask_to_caption", "caption_to_mask")}
+    torch.testing.assert_close(out["loss"].detach(), per_loop["mask_to_caption"] + 0.5 * per_loop["caption_to_mask"])
+    assert out["mask_to_caption/kl"] > 0  # the perturbed LoRA differs from the adapter-off reference
 
 
 def test_a_loop_with_weight_zero_is_not_run(monkeypatch):
@@ -147,7 +148,7 @@ def test_a_loop_with_weight_zero_is_not_run(monkeypatch):
     features, rollouts = run_rollout(algo, shapes_batch(2))
     assert [type(r.replay) for r in rollouts] == [MaskReplay] and features.region_cells is None
     out = step_loss(algo, model, rollouts)
-    assert not any(k.startswith("loop1/") for k in out)
+    assert not any(k.startswith("mask_to_caption/") for k in out)
     algo, _ = make_algo(model, processor, {"mask_to_caption": [dict(type="iou")]}, caption_to_mask_weight=0.0)
     batch = [dataclasses.replace(s, captions=[], expressions=[]) for s in shapes_batch(2)]  # no text needed
     features = algo.encode(batch)

@@ -92,19 +92,21 @@ def test_mask_action_benchmark_runs_every_variant_from_the_same_weights(tmp_path
     for name, policy, visible in [("before", "bernoulli", None), ("flags", "region", 1.0)]:
         check_result(variants[name], policy, visible)
     # same weights, batch and draws: loop 1 is identical; region_sum's loop 2 gradient is sqrt(64) = 8 x region_sqrt's
-    assert variants["flags"]["loop1"]["grad_norm"] == variants["before"]["loop1"]["grad_norm"]
-    ratio = variants["region_sum"]["loop2"]["grad_norm"]["shared"] / variants["flags"]["loop2"]["grad_norm"]["shared"]
+    assert variants["flags"]["mask_to_caption"]["grad_norm"] == variants["before"]["mask_to_caption"]["grad_norm"]
+    ratio = (variants["region_sum"]["caption_to_mask"]["grad_norm"]["shared"]
+             / variants["flags"]["caption_to_mask"]["grad_norm"]["shared"])
     assert ratio == pytest.approx(8.0, rel=1e-3)
 
 
 def check_result(result, policy, visible):
-    assert set(result["loop1"]["grad_norm"]) == {"llm_lora", "mlp1", "text_hidden_fcs", "sam2_mask_decoder", "shared"}
+    assert set(result["mask_to_caption"]["grad_norm"]) == {"llm_lora", "mlp1", "text_hidden_fcs", "sam2_mask_decoder",
+                                                           "shared"}
     for name in ("llm_lora", "mlp1", "text_hidden_fcs", "sam2_mask_decoder"):
-        assert result["loop2"]["grad_norm"][name] > 0, name
-    assert result["loop1"]["grad_norm"]["text_hidden_fcs"] == 0  # the caption action never reaches [SEG]
-    share = result["loop2"]["partner_visible_share"]
+        assert result["caption_to_mask"]["grad_norm"][name] > 0, name
+    assert result["mask_to_caption"]["grad_norm"]["text_hidden_fcs"] == 0  # the caption action never reaches [SEG]
+    share = result["caption_to_mask"]["partner_visible_share"]
     assert share == visible if visible is not None else 0 < share < 1
-    assert result["loop2"]["action_elements"] == (64 if policy == "region" else 256)
-    for loop in ("loop1", "loop2"):
+    assert result["caption_to_mask"]["action_elements"] == (64 if policy == "region" else 256)
+    for loop in ("mask_to_caption", "caption_to_mask"):
         after = result[loop]["after_one_step"]
         assert after["max_abs_log_ratio_action"] > 0 and 0 <= after["clip_frac_element"] <= 1

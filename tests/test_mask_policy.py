@@ -257,7 +257,7 @@ def test_grpo_steps_raise_the_expected_toy_reward(name):
             group_size=G, old_logp=None, ref_logp=None, action_mask=torch.ones_like(log_prob, dtype=torch.bool),
             rewards=reward(action)[None], is_truncated=torch.zeros(G, dtype=torch.bool),
             max_action_length=log_prob.shape[1], advantages=advantages,
-            replay=MaskReplay(*(torch.zeros(G, 1, dtype=torch.long),) * 5, action=action))
+            replay=MaskReplay(*(torch.zeros(G, 1, dtype=torch.long),) * 5, action=action), loop="caption_to_mask")
         loss, _ = loss_fn(log_prob, rollout)
         optimizer.zero_grad()
         loss.backward()

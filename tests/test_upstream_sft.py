@@ -186,7 +186,7 @@ def test_rl_from_upstream_sft_then_export_both_ways(run, source, lora_mode, tmp_
     trained = unwrap_model(runner.model)
     assert trained.is_lora_from_sft == (lora_mode == "keep")
     assert len(record.outputs) == 2 and all(torch.isfinite(torch.tensor(o["loss"])) for o in record.outputs.values())
-    names = trained.weights.reference_names
+    names = runner.train_loop.algorithm.weights.reference_names
     assert any("lora_" in n for n in names) == (lora_mode == "keep")  # SFT adapter: reference = its snapshot
     if lora_mode == "keep":  # RL moved the SFT adapter
         sft = run.model.language_model.state_dict()

@@ -160,7 +160,7 @@ def loop_gradients(algo, model, features, rollouts) -> dict[str, dict]:
         logp = loop.action_logp(model, features, tiles, rollout, range(B))  # [N, T]
         loss, _ = loop.loss_fn(logp, rollout)
         loss.backward()
-        share = VISIBLE_SHARE.get(algo.config.mask_policy) if loop.name == "loop2" else None
+        share = VISIBLE_SHARE.get(algo.config.mask_policy) if loop.name == "caption_to_mask" else None
         out[loop.name] = {"grad_norm": grad_norms(model), "action_elements": int(logp.shape[1]),
                           "active_elements_mean": float(rollout.action_mask.float().sum(1).mean()),
                           "partner_visible_share": None if share is None else share(algo, rollout, features)}
@@ -223,9 +223,9 @@ def measure(model, processor, args, config: dict) -> dict:
     loops = loop_gradients(algo, model, features, rollouts)
     for name, stats in after_one_step(algo, model, features, rollouts, args.lr).items():
         loops[name]["after_one_step"] = stats
-    shared = [loops[name]["grad_norm"]["shared"] for name in ("loop1", "loop2")]
-    return {"grpo_config": config, **loops,
-            "loop2_over_loop1_shared_grad": shared[1] / shared[0] if shared[0] else float("nan")}
+    shared = [loops[name]["grad_norm"]["shared"] for name in ("mask_to_caption", "caption_to_mask")]
+    ratio = shared[1] / shared[0] if shared[0] else float("nan")
+    return {"grpo_config": config, **loops, "caption_to_mask_over_mask_to_caption_shared_grad": ratio}
 
 
 def run(args) -> dict:
@@ -265,7 +265,8 @@ def table(result: dict) -> str:
             ("clip frac the loss applies", "after_one_step", "loss_clip_frac")]
     lines = ["| | loop 1 | loop 2 |", "|---|---|---|"]
     for label, section, key in rows:
-        cells = [(result[loop][section] if section else result[loop]).get(key) for loop in ("loop1", "loop2")]
+        cells = [(result[loop][section] if section else result[loop]).get(key)
+                 for loop in ("mask_to_caption", "caption_to_mask")]
         lines.append(f"| {label} | " + " | ".join("-" if v is None else f"{v:.3g}" for v in cells) + " |")
     return "\n".join(lines)
 
@@ -302,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args)
     for name, variant in result["variants"].items():
         print(f"\n{name}: {variant['grpo_config']}\n{table(variant)}")
-        print(f"loop2 / loop1 shared grad norm: {variant['loop2_over_loop1_shared_grad']:.3g}")
+        ratio = variant["caption_to_mask_over_mask_to_caption_shared_grad"]
+        print(f"caption_to_mask / mask_to_caption shared grad norm: {ratio:.3g}")
     print(f"wall {result['wall_s']} s; max RSS {result['max_rss_gb']} GB; CUDA peak {result['cuda_peak_gb']} GB")
     if args.json:
         with open(args.json, "w") as handle:

@@ -125,8 +125,8 @@ class NaiveStep:
         """Loop 1 for one rollout: sample a caption (batch 1), score it under the reference, partner segments it."""
         model, proc, cfg, clock = self.model, self.processor, self.cfg, self.clock
         features = self.encode(model, sample)
-        clock.loop = "loop1"
-        with clock("rollout/loop1_policy_sampling"), eval_mode(model):
+        clock.loop = "mask_to_caption"
+        with clock("rollout/mask_to_caption_policy_sampling"), eval_mode(model):
             ids, attention = proc.tokenize_prompts([proc.caption_prompt(features.n_tiles(0), features.region_cells[0])])
             ids, attention = ids.to(model.device), attention.to(model.device)
             embeds = prompt_embeds(model, features, model.project_vision(features.vit_tokens), ids, [0],
@@ -140,7 +140,7 @@ class NaiveStep:
                                 temperature=cfg.temperature)
         caption = self.texts(out, self.decoding)[0]
         partner_features = self.encode(self.partner, sample)
-        with clock("rollout/loop1_partner_segment"):
+        with clock("rollout/mask_to_caption_partner_segment"):
             masks, stats = partner_segment(
                 self.partner, proc, partner_features, self.partner.project_vision(partner_features.vit_tokens),
                 [caption], [0], self.decoding, max_new_tokens=self.algo.context.seg_answer_max_tokens, chunk_size=None)
@@ -158,8 +158,8 @@ class NaiveStep:
         """Loop 2 for one rollout: sample a mask (batch 1), score it under the reference, partner describes it."""
         model, clock, policy = self.model, self.clock, self.algo.context.mask_policy
         features = self.encode(model, sample)
-        clock.loop = "loop2"
-        with clock("rollout/loop2_policy_sampling"), eval_mode(model), torch.no_grad():
+        clock.loop = "caption_to_mask"
+        with clock("rollout/caption_to_mask_policy_sampling"), eval_mode(model), torch.no_grad():
             replay = self.mask_replay(features)
             head = seg_mask_head(model, features, model.project_vision(features.vit_tokens), replay, range(1), 1)
             action, _ = policy.sample(head)
@@ -168,7 +168,7 @@ class NaiveStep:
             policy.log_prob(seg_mask_head(model, features, model.project_vision(features.vit_tokens), replay,
                                           range(1), 1), action)
         partner_features = self.encode(self.partner, sample)
-        with clock("rollout/loop2_partner_describe"):
+        with clock("rollout/caption_to_mask_partner_describe"):
             partner_tiles = self.partner.project_vision(partner_features.vit_tokens)
             captions, stats = partner_describe(
                 self.partner, self.processor, partner_features, partner_tiles, [pred_mask], [0], [sample.sample_id],

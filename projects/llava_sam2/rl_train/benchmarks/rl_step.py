@@ -105,9 +105,9 @@ def instrumented(clock: PhaseClock, weights: WeightSets, texts, forced: ForcedAn
     names = ("sample_text", "partner_segment", "partner_describe", "completion_texts")
     saved = {name: getattr(cycle, name) for name in names}
     added = [name for name in (HF_GENERATE, HF_GENERATE_SCORES) if name not in DECODE_BACKENDS]
-    cycle.sample_text = clock.wrap(cycle.sample_text, "rollout/loop1_policy_sampling")
-    cycle.partner_segment = clock.wrap(cycle.partner_segment, "rollout/loop1_partner_segment")
-    cycle.partner_describe = clock.wrap(cycle.partner_describe, "rollout/loop2_partner_describe")
+    cycle.sample_text = clock.wrap(cycle.sample_text, "rollout/mask_to_caption_policy_sampling")
+    cycle.partner_segment = clock.wrap(cycle.partner_segment, "rollout/mask_to_caption_partner_segment")
+    cycle.partner_describe = clock.wrap(cycle.partner_describe, "rollout/caption_to_mask_partner_describe")
     cycle.completion_texts = texts
     weights.reference = clock.wrap_context(weights.reference, "reference_scoring")
     extra = {} if forced is None else {"logits_processor": LogitsProcessorList([forced.processor()])}

@@ -186,7 +186,7 @@ def token_counts(rollouts) -> dict:
 def summarize(seconds: dict, tokens: dict, num_rollouts: int, peak_gib: float) -> dict:
     """Per-phase seconds of one iteration → throughput: ``num_rollouts`` rollouts (both loops) per step."""
     seconds = dict(sorted(seconds.items()))
-    for name in ("loop1", "loop2"):
+    for name in ("mask_to_caption", "caption_to_mask"):
         total = seconds.get(f"rollout/{name}_total")
         if total is not None:
             parts = [v for k, v in seconds.items() if k.startswith(f"rollout/{name}_") and not k.endswith("_total")]
@@ -197,7 +197,7 @@ def summarize(seconds: dict, tokens: dict, num_rollouts: int, peak_gib: float) -
         "seconds_per_iteration": step, "seconds": seconds, "tokens_per_iteration": tokens,
         "rollout_tokens_per_s": generated / max(seconds.get("rollout", 0.0), 1e-9),
         "policy_caption_tokens_per_s": tokens.get("policy_caption_tokens", 0.0) / max(
-            seconds.get("rollout/loop1_policy_sampling", 0.0), 1e-9),
+            seconds.get("rollout/mask_to_caption_policy_sampling", 0.0), 1e-9),
         "rollouts_per_s": num_rollouts / step,
         "peak_gib": peak_gib,
     }

@@ -36,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="report directory")
     parser.add_argument("--work-dir", help="training work_dir (or scalars.json) for reward curves")
     parser.add_argument("--curve", action="append", default=[], metavar="TITLE=KEY",
-                        help="scalar key to plot (repeat; default loop1/reward_mean and loop2/reward_mean)")
+                        help="scalar key to plot (repeat; default mask_to_caption/reward_mean and "
+                             "caption_to_mask/reward_mean)")
     parser.add_argument("--smooth", type=int, help="moving-average window in logged points")
     parser.add_argument("--examples", type=int, default=4, help="held-out samples per example figure (0: none)")
     parser.add_argument("--title", default="Sa2VA-RL held-out evaluation")

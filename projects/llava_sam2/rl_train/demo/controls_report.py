@@ -49,7 +49,7 @@ def plot_policy_curves(policy_runs: Mapping[str, Path], out: Path) -> str:
 
     fig = Figure(figsize=(11, 4))
     axes = fig.subplots(1, 2)
-    for ax, key in zip(axes, ("loop1/reward_mean", "loop2/reward_mean")):
+    for ax, key in zip(axes, ("mask_to_caption/reward_mean", "caption_to_mask/reward_mean")):
         for policy, work_dir in policy_runs.items():
             rows = [r for r in read_scalars(find_scalars(str(work_dir))) if key in r]
             steps = np.array([r["step"] for r in rows], dtype=float)

@@ -27,7 +27,7 @@ HEADLINES = (
     ("res", "cIoU", "referring IoU vs GT, cIoU (partner-free)", True),
     ("caption", "METEOR_nltk", "caption METEOR vs GT (partner-free)", True),
 )
-REWARD_KEYS = ("loop1/reward_mean", "loop2/reward_mean")
+REWARD_KEYS = ("mask_to_caption/reward_mean", "caption_to_mask/reward_mean")
 
 
 @dataclass

@@ -1,18 +1,19 @@
 """GRPOLoop: the MMEngine train loop of a GRPO run; it decides *when*, the algorithm decides *what*.
 
-One iteration (``run_iter``) reads as DESIGN §3 and the contract in docs/architecture.md::
+The algorithm is any ``grpo.protocol.GRPOAlgorithm`` (stages, ownership: grpo/protocol.py). One iteration
+(``run_iter``) reads as DESIGN §3::
 
     hook before_train_iter(batch_idx, data_batch)
     features = algo.encode(batch)                      # frozen encoders, once per image
-    rollouts = algo.rollout(features)                  # loop 1 and/or loop 2, no grad
+    rollouts = algo.rollout(features)                  # one per active loop, no grad
     hook after_rollout(batch_idx, data_batch, rollouts)
     algo.score(rollouts)                               # fills Rollout.rewards and reward_stats
     hook after_reward(batch_idx, data_batch, rollouts)
     algo.compute_advantages(rollouts)
     for mb in algo.minibatches(rollouts):              # num_iterations x chunks
-        runner.model.train_step({'grpo_batch': mb (+ the SFT batch on the first)}, optim_wrapper)
+        runner.model.train_step({'grpo_batch': mb, 'algorithm': algo (+ the SFT batch on the first)}, optim_wrapper)
     algo.after_optimizer_step()
-    hook after_train_iter(batch_idx, data_batch, outputs)   # EMAPartnerHook updates the partner here
+    hook after_train_iter(batch_idx, data_batch, outputs)   # EMAPartnerHook updates algo.weights' partner here
 
 Gradient-carrying work always runs inside ``runner.model.train_step`` so DDP / DeepSpeed wrappers see a normal
 forward and backward. ``outputs`` holds the mean ``train_step`` logs over the iteration's minibatches (loss, KL,
@@ -27,8 +28,9 @@ Failure behaviour (docs/failure_behaviour.md): an optimizer step with a NaN / in
 batch on every rank (``data/empty_batches``); the batches drawn are counted in the message hub, so a resume
 skips exactly those.
 
-The algorithm object is built at ``run()`` by the train model (``build_algorithm(cfg)``), after the runner has
-placed and wrapped the model, so it holds the live (unwrapped) module.
+The algorithm object is built at ``run()`` by the train model (``GRPOTrainModel.build_algorithm(cfg)``), after the
+runner has placed and wrapped the model, so it holds the live (unwrapped) module; the loop keeps it
+(``GRPOLoop.algorithm``) and rejects an object that lacks a stage, naming it.
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ from mmengine.runner import IterBasedTrainLoop
 from mmengine.runner.loops import _InfiniteDataloaderIterator
 from torch.utils.data import DataLoader
 
+from ..grpo.protocol import GRPOAlgorithm, GRPOTrainModel, check_algorithm
 from .atomic_files import read_pointer
 from .checkpointing import unwrap_model
 from .guard import NonFiniteGuard
@@ -60,7 +63,8 @@ class GRPOLoop(IterBasedTrainLoop):
         runner: the MMEngine runner (injected by ``Runner.build_train_loop``).
         dataloader: prompts (``RegionSample`` batches), a DataLoader or its config.
         max_iters: number of GRPO iterations (one dataloader batch each).
-        algorithm: config of the GRPO algorithm, built by the train model's ``build_algorithm``.
+        algorithm: config of the GRPO algorithm (a ``grpo.protocol.GRPOAlgorithm``), built by the train model's
+            ``build_algorithm``.
         sft_dataloader: optional SFT batches (``sft_collate`` layout): each iteration adds the model's SFT loss on
             one of them, times ``sft_loss_weight``, to its first minibatch's loss (same backward, same step).
         sft_loss_weight: weight of the mixed-in SFT loss (> 0 when ``sft_dataloader`` is given).
@@ -98,13 +102,21 @@ class GRPOLoop(IterBasedTrainLoop):
             self._sft_iterator = _InfiniteDataloaderIterator(sft_dataloader)
 
     @property
-    def algorithm(self):
-        """The GRPO algorithm object (None until ``run()`` builds it)."""
+    def algorithm(self) -> GRPOAlgorithm | None:
+        """The GRPO algorithm (None until ``run()`` builds it); it owns the weight sets (``algorithm.weights``)."""
         return self._algorithm
+
+    def _build_algorithm(self) -> GRPOAlgorithm:
+        """``train_cfg.algorithm`` built by the train model, checked against ``GRPOAlgorithm``."""
+        model = unwrap_model(self.runner.model)
+        if not isinstance(model, GRPOTrainModel):
+            raise TypeError(f"GRPOLoop: the train model {type(model).__name__} has no build_algorithm(cfg) "
+                            "(grpo.protocol.GRPOTrainModel); train GRPO with model=dict(type=Sa2VATrainModel, ...).")
+        return check_algorithm(model.build_algorithm(self._algorithm_cfg), "GRPOLoop: train_cfg.algorithm")
 
     def run(self):
         """Build the algorithm, skip already-trained batches (resume), then iterate; returns the model."""
-        self._algorithm = unwrap_model(self.runner.model).build_algorithm(self._algorithm_cfg)
+        self._algorithm = self._build_algorithm()
         self._count_minibatches_for_accumulation()
         self._guard.install(self.runner.optim_wrapper)
         # Skip before the hooks run: TrainStateHook restores the RNG streams in before_train_epoch, and
@@ -151,7 +163,7 @@ class GRPOLoop(IterBasedTrainLoop):
         sft_batch = next(self._sft_iterator) if self._sft_iterator is not None else None
         logs = []
         for index, minibatch in enumerate(algo.minibatches(rollouts)):
-            data = {"grpo_batch": minibatch}
+            data = {"grpo_batch": minibatch, "algorithm": algo}
             if index == 0 and sft_batch is not None:
                 data.update(sft_batch, sft_loss_weight=self.sft_loss_weight)
             logs.append(self.runner.model.train_step(data, optim_wrapper=self.runner.optim_wrapper))

@@ -21,10 +21,7 @@ from mmengine.dist import all_gather_object, all_reduce, get_world_size
 from torch import Tensor
 
 from ..grpo.advantages import group_advantages, reward_moments, std_from_moments
-from ..grpo.rollout import CaptionReplay, MaskReplay, Rollout
-
-# Metric prefix of each loop, looked up by the type of the rollout's replay inputs (DESIGN §3).
-LOOP_NAMES = {CaptionReplay: "loop1", MaskReplay: "loop2"}
+from ..grpo.rollout import Rollout
 
 
 class PhaseTimer:
@@ -45,11 +42,11 @@ class PhaseTimer:
 
 
 def loop_names(rollouts: Sequence[Rollout]) -> list[str]:
-    """``loop1`` / ``loop2`` by replay type; ``rollout<i>`` for other types; repeated names get ``_<i>``."""
+    """The metric prefix of each rollout: its loop's name (``Rollout.loop``: ``mask_to_caption`` /
+    ``caption_to_mask``); a name repeated in one step gets ``_<index>``."""
     names = []
     for index, rollout in enumerate(rollouts):
-        name = LOOP_NAMES.get(type(rollout.replay), f"rollout{index}")
-        names.append(name if name not in names else f"{name}_{index}")
+        names.append(rollout.loop if rollout.loop not in names else f"{rollout.loop}_{index}")
     return names
 
 

@@ -4,12 +4,14 @@
   a tokenizer (``preset='tiny'`` for tests and the demo). LoRA (r=128, alpha=256, dropout 0.05 by default) and the
   upstream SFT trainable set come from ``model/lora.py``.
 * ``forward(data=..., mode='loss')`` is the upstream SFT loss (``model/sft_loss.py``) of one ``sft_collate`` batch,
-  so xtuner's ``TrainLoop`` can SFT-train it; ``forward(grpo_batch=mb)`` is ``mb.algo.policy_loss(sa2va, mb)``, as
-  ``GRPOLoop`` sends it; both together mix ``sft_loss_weight`` times the SFT loss into the GRPO step.
+  so xtuner's ``TrainLoop`` can SFT-train it; ``forward(grpo_batch=mb, algorithm=algo)`` is
+  ``algo.policy_loss(sa2va, mb)``, as ``GRPOLoop`` sends it; both together mix ``sft_loss_weight`` times the SFT loss
+  into the GRPO step.
 * ``state_dict()`` keeps only the trainable tensors (as upstream SFT checkpoints); ``export_pretrained`` writes the
   merged model in the upstream HF layout.
-* ``build_algorithm(cfg)`` builds the GRPO algorithm with the live pieces it needs (model, processor and the
-  ``WeightSets`` of policy / EMA partner / reference), which the ``EMAPartnerHook`` then finds on this model.
+* ``build_algorithm(cfg)`` builds the GRPO algorithm with the live pieces it needs (model, processor and new
+  ``WeightSets`` of policy / EMA partner / reference, which the algorithm owns); ``GRPOLoop`` keeps the algorithm
+  (grpo/protocol.py: ``GRPOTrainModel``, ``GRPOAlgorithm``).
 """
 from __future__ import annotations
 
@@ -23,9 +25,9 @@ from mmengine.logging import print_log
 from mmengine.model import BaseModel
 from mmengine.registry import MODELS
 from peft import PeftModel
-from torch import nn
 
 from ..grpo.config import GRPOConfig
+from ..grpo.protocol import GRPOAlgorithm
 from ..grpo.weights import WeightSets
 from ..model.lora import apply_lora, configure_trainable
 from ..model.processor import Sa2VAProcessor
@@ -114,17 +116,11 @@ class Sa2VATrainModel(BaseModel):
         self.sa2va = sa2va
         self.processor = Sa2VAProcessor.from_config(tokenizer, sa2va.config, **dict(processor_cfg or {}))
         self.sft_loss_cfg = dict(sft_loss_cfg or {})
-        self.weights: WeightSets | None = None  # built with the algorithm, after the runner placed the model
         self.weights_storage_device = weights_storage_device
         keep_trainable_state(self)
 
-    @property
-    def policy(self) -> nn.Module:
-        """The module the weight sets pair with (the unwrapped Sa2VAModel)."""
-        return self.sa2va
-
-    def build_algorithm(self, cfg: Mapping[str, Any]):
-        """Build the GRPO algorithm (``train_cfg.algorithm``) with this model's live pieces.
+    def build_algorithm(self, cfg: Mapping[str, Any]) -> GRPOAlgorithm:
+        """Build the GRPO algorithm (``train_cfg.algorithm``) with this model's live pieces; it owns new weight sets.
 
         ``cfg['config']`` (a ``GRPOConfig`` or its dict) also sizes the weight sets: the EMA partner decays at
         ``ema_decay`` and a reference snapshot is kept when ``beta > 0``. The algorithm gets the engine's
@@ -137,17 +133,18 @@ class Sa2VATrainModel(BaseModel):
         # a LoRA adapter continued from SFT is not zero at the start, so "adapter off" is not the reference policy:
         # snapshot the LoRA tensors like the other trainables
         adapter = {"is_adapter": lambda name: False} if self.is_lora_from_sft else {}
-        self.weights = WeightSets.from_model(self.sa2va, ema_decay=config.ema_decay, use_reference=config.beta > 0,
-                                             storage_device=self.weights_storage_device, **adapter)
-        return build_component(ALGORITHMS, args, model=self.sa2va, processor=self.processor, weights=self.weights,
+        weights = WeightSets.from_model(self.sa2va, ema_decay=config.ema_decay, use_reference=config.beta > 0,
+                                        storage_device=self.weights_storage_device, **adapter)
+        return build_component(ALGORITHMS, args, model=self.sa2va, processor=self.processor, weights=weights,
                                cross_rank_sum=sum_across_ranks)
 
     def forward(self, data: dict | None = None, data_samples=None, mode: str = "loss", grpo_batch=None,
-                sft_loss_weight: float = 1.0) -> dict[str, torch.Tensor]:
+                algorithm: GRPOAlgorithm | None = None, sft_loss_weight: float = 1.0) -> dict[str, torch.Tensor]:
         """Loss terms of an SFT batch (``data``, the ``sft_collate`` layout), a GRPO minibatch, or both.
 
-        Returns ``grpo_loss`` plus the algorithm's ``<loop>/<stat>`` diagnostics for GRPO, and ``llm_loss``,
-        ``loss_mask``, ``loss_dice`` (times ``sft_loss_weight``) for SFT.
+        Returns ``grpo_loss`` plus the algorithm's ``<loop>/<stat>`` diagnostics for GRPO (``grpo_batch`` is one of
+        ``algorithm.minibatches(...)``), and ``llm_loss``, ``loss_mask``, ``loss_dice`` (times ``sft_loss_weight``)
+        for SFT.
         """
         if mode != "loss":
             raise NotImplementedError(f"Sa2VATrainModel.forward(mode={mode!r}): only training ('loss') is "
@@ -155,9 +152,12 @@ class Sa2VATrainModel(BaseModel):
         if data is None and grpo_batch is None:
             raise ValueError("Sa2VATrainModel.forward: got neither an SFT batch (data=...) nor grpo_batch=...; "
                              "check the dataloader's collate_fn (sft_collate for SFT).")
+        if (grpo_batch is None) != (algorithm is None):
+            raise ValueError("Sa2VATrainModel.forward: grpo_batch= and algorithm= go together (the minibatch's loss is "
+                             "algorithm.policy_loss(model, grpo_batch)); GRPOLoop passes both.")
         losses: dict[str, torch.Tensor] = {}
         if grpo_batch is not None:
-            out = dict(grpo_batch.algo.policy_loss(self.sa2va, grpo_batch))
+            out = dict(algorithm.policy_loss(self.sa2va, grpo_batch))
             losses["grpo_loss"] = out.pop("loss")
             losses.update(out)
         if data is not None:
@@ -168,8 +168,8 @@ class Sa2VATrainModel(BaseModel):
     def parse_losses(self, losses: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Sum the loss terms: top-level keys containing 'loss' (``grpo_loss``, ``llm_loss``, ``loss_mask``, ...).
 
-        Differs from MMEngine, which sums every key containing 'loss': namespaced keys (``loop1/pg_loss``) are
-        diagnostics, logged but never added to the objective.
+        Differs from MMEngine, which sums every key containing 'loss': namespaced keys (``mask_to_caption/pg_loss``)
+        are diagnostics, logged but never added to the objective.
         """
         terms = [value for key, value in losses.items() if "/" not in key and "loss" in key]
         if not terms:

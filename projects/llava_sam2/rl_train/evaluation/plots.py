@@ -2,7 +2,7 @@
 
 * :func:`plot_curves` — training curves from MMEngine's ``<work_dir>/<timestamp>/vis_data/scalars.json``
   (JSON lines: ``{"<key>": value, ..., "step": iteration}``; keys as ``LoggerHook`` writes them, e.g.
-  ``loop1/reward_mean``, or ``train/loop1/reward_mean`` with ``log_with_hierarchy``).
+  ``mask_to_caption/reward_mean``, or ``train/mask_to_caption/reward_mean`` with ``log_with_hierarchy``).
 * :func:`plot_metric_bars` — systems × headline metrics, bars with bootstrap-CI whiskers.
 * :func:`plot_examples` — per sample: the image with the GT region, then each system's predicted mask
   and text, for a few held-out samples.
@@ -25,8 +25,8 @@ from .records import EvalRecord
 
 GT_COLOUR = (0, 230, 255)  # cyan
 PRED_COLOUR = (255, 0, 200)  # magenta
-DEFAULT_CURVES = {"Loop 1 reward (mask → caption → mask')": "loop1/reward_mean",
-                  "Loop 2 reward (caption → mask → caption')": "loop2/reward_mean"}
+DEFAULT_CURVES = {"Loop 1 reward (mask → caption → mask')": "mask_to_caption/reward_mean",
+                  "Loop 2 reward (caption → mask → caption')": "caption_to_mask/reward_mean"}
 
 
 def find_scalars(path: str) -> str:

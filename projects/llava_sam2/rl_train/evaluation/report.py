@@ -162,7 +162,8 @@ def write_report(out_dir: str, runs: Mapping[str, str | Run], *, baseline: str |
         runs: system name → run directory (``sa2va-rl evaluate --out``) or a loaded :class:`Run`.
         baseline: system the others are compared with (default: the first).
         scalars: training work_dir or ``scalars.json`` for reward curves (skipped when None).
-        curves: panel title → scalar key (default: ``loop1/reward_mean``, ``loop2/reward_mean``).
+        curves: panel title → scalar key (default: ``mask_to_caption/reward_mean``,
+            ``caption_to_mask/reward_mean``).
         dataset: the evaluated dataset for example figures (default: rebuilt from the baseline run's spec;
             ``num_examples=0`` skips the figures).
     """

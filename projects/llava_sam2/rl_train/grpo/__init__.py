@@ -1,10 +1,12 @@
 """GRPO math for the dual-loop trainer, framework-free (no MMEngine): config, rollout hand-off, advantages,
 the clipped loss and its normalisations, stochastic mask policies, and the policy / partner / reference
-weight sets. The two loops that call the model live in ``cycle.py``; MMEngine glue lives in ``engine/``."""
+weight sets. The two loops that call the model live in ``cycle.py``; the seam the engine drives is ``protocol.py``;
+MMEngine glue lives in ``engine/``."""
 from .advantages import SCALE_REWARDS, group_advantages, rewards_to_tensor
 from .config import GRPOConfig
 from .losses import LOSS_AGGREGATIONS, PolicyLoss, clipped_objective, kl_k3, masked_mean
 from .mask_policy import MASK_POLICIES, MaskHead, MaskPolicy, build_mask_policy
+from .protocol import GRPOAlgorithm, GRPOTrainModel, check_algorithm
 from .rollout import CaptionReplay, MaskReplay, Rollout
 from .weights import WeightSetMemory, WeightSets, is_lora_tensor, mmengine_momentum
 
@@ -13,6 +15,7 @@ __all__ = [
     "GRPOConfig",
     "LOSS_AGGREGATIONS", "PolicyLoss", "clipped_objective", "kl_k3", "masked_mean",
     "MASK_POLICIES", "MaskHead", "MaskPolicy", "build_mask_policy",
+    "GRPOAlgorithm", "GRPOTrainModel", "check_algorithm",
     "CaptionReplay", "MaskReplay", "Rollout",
     "WeightSetMemory", "WeightSets", "is_lora_tensor", "mmengine_momentum",
 ]

@@ -1,14 +1,17 @@
 """The two cycle loops of DESIGN §3: each samples its action with the policy, scores it under the reference, lets
 the EMA partner close the cycle, and hands back a ``Rollout`` plus the inputs of its rewards.
 
-* Loop 1, mask → caption → mask' (``MaskToCaptionLoop``): the policy captions the gt region G times (region
-  prompt, sampled tokens); the partner segments each caption (greedy RES answer, ``[SEG]`` → SAM2); reward
-  IoU(gt_mask, mask'). Action = caption tokens.
-* Loop 2, caption → mask → caption' (``CaptionToMaskLoop``): the policy grounds the gt caption; its ``[SEG]``
-  state parametrises the configured stochastic mask policy, which samples G masks; the partner describes each
-  mask (region prompt, greedy caption); reward from the caption rewards (METEOR + judge). Action = the mask (by
-  default the partner's g x g region cells themselves, ``mask_policy='region'``), scored with one clipped ratio per
-  mask (``mask_importance_sampling_level='sequence'``).
+* Loop 1, mask → caption → mask' (``MaskToCaptionLoop``, named ``mask_to_caption``): the policy captions the gt
+  region G times (region prompt, sampled tokens); the partner segments each caption (greedy RES answer, ``[SEG]`` →
+  SAM2); reward IoU(gt_mask, mask'). Action = caption tokens.
+* Loop 2, caption → mask → caption' (``CaptionToMaskLoop``, named ``caption_to_mask``): the policy grounds the gt
+  caption; its ``[SEG]`` state parametrises the configured stochastic mask policy, which samples G masks; the partner
+  describes each mask (region prompt, greedy caption); reward from the caption rewards (METEOR + judge). Action = the
+  mask (by default the partner's g x g region cells themselves, ``mask_policy='region'``), scored with one clipped
+  ratio per mask (``mask_importance_sampling_level='sequence'``).
+
+A loop's ``name`` is its one name everywhere: the config knobs (``<name>_weight``, the ``rewards`` key), its
+rollouts' ``Rollout.loop`` and its metrics (``<name>/reward_mean``).
 
 Loop 2's answer text is teacher-forced, not sampled: it is a fixed in-distribution SFT answer (``Sure, [SEG].``,
 one of Sa2VA's five RES answers). Sampling it would add a second, text action whose tokens only shift the ``[SEG]``
@@ -118,9 +121,7 @@ def caption_logp(model, features: StepFeatures, tile_embeds: Tensor, replay: Cap
 class MaskToCaptionLoop:
     """Loop 1 (mask → caption → mask'), reward IoU(gt_mask, partner mask') by default."""
 
-    name = "loop1"
-    config_key = "mask_to_caption"
-    replay_type = CaptionReplay
+    name = "mask_to_caption"  # the loop's one name: config knobs (<name>_weight, rewards key), metrics (<name>/...)
 
     def __init__(self, ctx: CycleContext, composer, weight: float):
         self.ctx, self.composer, self.weight = ctx, composer, weight
@@ -171,7 +172,7 @@ class MaskToCaptionLoop:
                     ctx.decoding, max_new_tokens=ctx.seg_answer_max_tokens, chunk_size=chunk)
         rollout = Rollout(group_size=G, old_logp=old_logp, ref_logp=ref_logp, action_mask=completions.completion_mask,
                           rewards=torch.full((B, G), float("nan")), is_truncated=completions.is_truncated,
-                          max_action_length=cfg.max_completion_length, replay=replay)
+                          max_action_length=cfg.max_completion_length, replay=replay, loop=self.name)
         return LoopRollout(rollout, reward_inputs(features, G, pred_masks=pred_masks, pred_captions=captions), stats)
 
 
@@ -241,9 +242,7 @@ def seg_mask_head(model, features: StepFeatures, tile_embeds: Tensor, replay: Ma
 class CaptionToMaskLoop:
     """Loop 2 (caption → mask → caption'), reward 0.25 METEOR + 0.75 judge of the partner's caption by default."""
 
-    name = "loop2"
-    config_key = "caption_to_mask"
-    replay_type = MaskReplay
+    name = "caption_to_mask"  # as MaskToCaptionLoop.name
 
     def __init__(self, ctx: CycleContext, composer, weight: float):
         self.ctx, self.composer, self.weight = ctx, composer, weight
@@ -306,5 +305,5 @@ class CaptionToMaskLoop:
         rollout = Rollout(group_size=G, old_logp=logp if needs_old_logp else None, ref_logp=ref_logp,
                           action_mask=torch.ones_like(logp, dtype=torch.bool), rewards=torch.full((B, G), float("nan")),
                           is_truncated=torch.zeros(B * G, dtype=torch.bool, device=logp.device),
-                          max_action_length=logp.shape[1], replay=replay)
+                          max_action_length=logp.shape[1], replay=replay, loop=self.name)
         return LoopRollout(rollout, reward_inputs(features, G, pred_masks=pred_masks, pred_captions=captions), stats)

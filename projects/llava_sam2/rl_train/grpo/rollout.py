@@ -76,6 +76,8 @@ class Rollout:
         max_action_length: dr_grpo's constant T_max: ``max_completion_length`` for captions, the number of
             action elements for masks.
         replay: loop-specific inputs to re-score the action (``CaptionReplay`` | ``MaskReplay``).
+        loop: name of the loop that produced it (``mask_to_caption`` | ``caption_to_mask``): the prefix of its
+            metrics (``<loop>/reward_mean``) and rollout logs.
         advantages: ``[N]`` float, filled by ``with_advantages`` after scoring.
         reward_stats: detached per-term reward statistics (means, stds, failure counts) for logging.
     """
@@ -88,10 +90,13 @@ class Rollout:
     is_truncated: Tensor
     max_action_length: int
     replay: CaptionReplay | MaskReplay
+    loop: str
     advantages: Tensor | None = None
     reward_stats: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.loop, str) or not self.loop:
+            raise ValueError(f"Rollout: loop={self.loop!r}; give the producing loop's name (e.g. 'mask_to_caption').")
         N, T = self.action_mask.shape
         B, G = self.rewards.shape
         if G != self.group_size or B * G != N:

@@ -1,14 +1,19 @@
-"""CycleGRPO: the framework-free algorithm object of a dual-loop GRPO step (docs/architecture.md, grpo/ ↔ engine/).
+"""CycleGRPO: the framework-free algorithm object of a dual-loop GRPO step (a ``grpo.protocol.GRPOAlgorithm``).
 
 The engine's ``GRPOLoop`` calls, per iteration::
 
     features = algo.encode(batch)               # frozen encoders, once per image (StepFeatures)
-    rollouts = algo.rollout(features)           # loop 1 and/or loop 2, no grad, partner and reference inside
+    rollouts = algo.rollout(features)           # one per active loop, no grad, partner and reference inside
     algo.score(rollouts)                        # rewards [B, G] + per-loop reward stats
     algo.compute_advantages(rollouts)           # group-normalised, in place
     for mb in algo.minibatches(rollouts):       # num_iterations x chunks
-        runner.model.train_step({'grpo_batch': mb})   # -> algo.policy_loss(model, mb) inside forward
+        runner.model.train_step({'grpo_batch': mb, 'algorithm': algo})   # -> algo.policy_loss(model, mb) in forward
     algo.after_optimizer_step()
+
+The algorithm owns ``weights`` (policy / EMA partner / reference over ``model``); ``EMAPartnerHook`` updates the
+partner through them. Each loop has one name, ``mask_to_caption`` (loop 1) or ``caption_to_mask`` (loop 2): its
+weight knob ``<name>_weight``, its ``rewards`` key, its rollouts' ``Rollout.loop`` and the prefix of its metrics
+(``<name>/reward_mean``, ``<name>/pg_term``, ...).
 
 Loss of a minibatch: ``mask_to_caption_weight * L1 + caption_to_mask_weight * L2``, each ``L`` the clipped GRPO
 objective (the loop's ``PolicyLoss``: loop 1 at ``importance_sampling_level``, loop 2 at
@@ -50,7 +55,7 @@ from .mask_policy import build_mask_policy
 from .passes import slice_rows
 from .rollout import Rollout
 
-# Loop classes in step order; a loop runs when its config weight (``<config_key>_weight``) is > 0.
+# Loop classes in step order; a loop runs when its config weight (``<name>_weight``) is > 0.
 CYCLE_LOOPS = (MaskToCaptionLoop, CaptionToMaskLoop)
 
 # Default rewards per loop (DESIGN §3): IoU for loop 1; 0.25 METEOR + 0.75 judge for loop 2 (a judge without an
@@ -66,7 +71,7 @@ class LoopBatch:
     """One loop's rows of a minibatch.
 
     Attributes:
-        loop: the loop object (``name``, ``weight``, ``action_logp``).
+        loop: the loop object (``name``, ``weight``, ``action_logp``, ``loss_fn``).
         rollout: the loop's rollout restricted to whole groups ``samples`` (rows ``b * G + g``).
         samples: the prompt indices ``b`` of those groups.
         num_active_tokens: dapo's normaliser (global active elements / chunks / world size).
@@ -80,9 +85,9 @@ class LoopBatch:
 
 @dataclass
 class PolicyMinibatch:
-    """What ``train_step({'grpo_batch': mb})`` carries: ``mb.algo.policy_loss(model, mb)`` computes the loss."""
+    """What ``train_step({'grpo_batch': mb, 'algorithm': algo})`` carries: ``algo.policy_loss(model, mb)`` is its
+    loss (the engine passes the algorithm beside the minibatch; a minibatch holds no reference to it)."""
 
-    algo: "CycleGRPO"
     features: StepFeatures
     parts: list[LoopBatch]
     iteration: int
@@ -113,7 +118,7 @@ def slice_groups(rollout: Rollout, b0: int, b1: int) -> Rollout:
     return Rollout(group_size=G, old_logp=rows(rollout.old_logp), ref_logp=rows(rollout.ref_logp),
                    action_mask=rollout.action_mask[r0:r1], rewards=rollout.rewards[b0:b1],
                    is_truncated=rollout.is_truncated[r0:r1], max_action_length=rollout.max_action_length,
-                   replay=slice_rows(rollout.replay, r0, r1), advantages=rows(rollout.advantages),
+                   replay=slice_rows(rollout.replay, r0, r1), loop=rollout.loop, advantages=rows(rollout.advantages),
                    reward_stats=rollout.reward_stats)
 
 
@@ -171,7 +176,7 @@ class CycleGRPO:
         if seg_answer_max_tokens < 2:
             raise ValueError(f"CycleGRPO: seg_answer_max_tokens={seg_answer_max_tokens}; the partner needs at least "
                              "2 tokens ('[SEG]' plus the token that feeds it back), e.g. 16.")
-        unknown = sorted(set(rewards or {}) - {loop.config_key for loop in CYCLE_LOOPS})
+        unknown = sorted(set(rewards or {}) - {loop.name for loop in CYCLE_LOOPS})
         if unknown:
             raise ValueError(f"CycleGRPO: rewards has keys {unknown}; expected 'mask_to_caption' and/or "
                              "'caption_to_mask'.")
@@ -194,9 +199,9 @@ class CycleGRPO:
             use_partner_captions=bool(use_partner_captions), generator=generator)
         self.loops = []
         for loop_cls in CYCLE_LOOPS:
-            weight = float(getattr(config, f"{loop_cls.config_key}_weight"))
+            weight = float(getattr(config, f"{loop_cls.name}_weight"))
             if weight > 0:
-                composer = build_composer((rewards or {}).get(loop_cls.config_key), config, loop_cls.config_key)
+                composer = build_composer((rewards or {}).get(loop_cls.name), config, loop_cls.name)
                 self.loops.append(loop_cls(self.context, composer, weight))
         names = {r.name for loop in self.loops for r in loop.composer.rewards}
         unused = sorted(set(config.reward_weights or {}) - names)
@@ -210,7 +215,7 @@ class CycleGRPO:
 
     def encode(self, batch: Sequence) -> StepFeatures:
         """Frozen ViT and SAM2 features of the batch, once per distinct image (``grpo.features``)."""
-        keys = {loop.config_key for loop in self.loops}
+        keys = {loop.name for loop in self.loops}
         self._features = encode_step(self.model, self.processor, batch, use_region_cells="mask_to_caption" in keys,
                                      use_prompt_texts="caption_to_mask" in keys)
         return self._features
@@ -249,9 +254,10 @@ class CycleGRPO:
 
     def _loop_of(self, rollout: Rollout):
         for loop in self.loops:
-            if isinstance(rollout.replay, loop.replay_type):
+            if rollout.loop == loop.name:
                 return loop
-        raise TypeError(f"CycleGRPO: no active loop produces {type(rollout.replay).__name__} rollouts.")
+        raise ValueError(f"CycleGRPO: no active loop is named {rollout.loop!r} (active: "
+                         f"{[loop.name for loop in self.loops]}); pass the rollouts rollout() returned.")
 
     def minibatches(self, rollouts: Sequence[Rollout]) -> Iterator[PolicyMinibatch]:
         """``num_iterations`` passes over the prompt chunks; each minibatch holds that chunk of every loop."""
@@ -265,7 +271,7 @@ class CycleGRPO:
         for iteration in range(self.config.num_iterations):
             for b0, b1 in chunks:
                 parts = [LoopBatch(loop, slice_groups(r, b0, b1), range(b0, b1), n) for loop, r, n in loops]
-                yield PolicyMinibatch(algo=self, features=self._features, parts=parts, iteration=iteration)
+                yield PolicyMinibatch(features=self._features, parts=parts, iteration=iteration)
 
     def _active_tokens(self, rollout: Rollout) -> float:
         is_active = rollout.action_mask

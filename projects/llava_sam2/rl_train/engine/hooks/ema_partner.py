@@ -6,9 +6,10 @@ hook owns only the timing and the checkpointing: unlike MMEngine's ``EMAHook`` i
 never averages frozen tensors, and saves its state itself, also under FlexibleRunner / DeepSpeed (environment.md
 facts 20-26).
 
-The train model provides ``weights`` (the ``WeightSets``, built with the algorithm) and ``policy`` (the module
-those weight sets pair with). Priority ``NORMAL``: the update runs before ``CheckpointHook`` (``VERY_LOW``), so a
-checkpoint saved at iteration k holds the partner after k updates.
+The weight sets are the algorithm's (grpo/protocol.py): the hook reads ``runner.train_loop.algorithm`` (a
+``GRPOLoop``'s) and calls ``algorithm.weights.update_partner(algorithm.model)``. Priority ``NORMAL``: the update
+runs before ``CheckpointHook`` (``VERY_LOW``), so a checkpoint saved at iteration k holds the partner after k
+updates.
 
 An iteration in which ``NonFiniteGuard`` skipped every optimizer step (``guard/applied_steps == 0`` in the loop's
 outputs) leaves the policy unchanged, and the partner is left unchanged too (no update is counted).
@@ -19,7 +20,9 @@ from typing import Any
 
 from mmengine.registry import HOOKS
 
-from ..checkpointing import StatefulHook, unwrap_model
+from ...grpo.protocol import GRPOAlgorithm
+from ..checkpointing import StatefulHook
+from ..loop import GRPOLoop
 
 
 @HOOKS.register_module()
@@ -33,18 +36,17 @@ class EMAPartnerHook(StatefulHook):
         self._pending_state: dict[str, Any] | None = None
 
     @staticmethod
-    def _weight_sets(runner):
-        model = unwrap_model(runner.model)
-        weights = getattr(model, "weights", None)
-        if weights is None:
-            raise ValueError(f"EMAPartnerHook: {type(model).__name__}.weights is None; the partner's weight sets are "
-                             "built with the GRPO algorithm, so use this hook with train_cfg=dict(type=GRPOLoop, "
-                             "...) and a train model with build_algorithm (Sa2VATrainModel).")
-        return model, weights
+    def _algorithm(runner) -> GRPOAlgorithm:
+        loop = runner.train_loop
+        if not isinstance(loop, GRPOLoop) or loop.algorithm is None:
+            raise ValueError(f"EMAPartnerHook: the train loop is a {type(loop).__name__} without a built GRPO "
+                             "algorithm; the partner's weight sets belong to the algorithm, so use this hook with "
+                             "train_cfg=dict(type=GRPOLoop, ...).")
+        return loop.algorithm
 
     def before_train(self, runner) -> None:
         """Apply a resumed partner state (read before the weight sets existed)."""
-        _, weights = self._weight_sets(runner)
+        weights = self._algorithm(runner).weights
         if self._pending_state is not None:
             weights.load_state_dict(self._pending_state)
             self._pending_state = None
@@ -52,11 +54,11 @@ class EMAPartnerHook(StatefulHook):
     def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
         if outputs is not None and outputs.get("guard/applied_steps", 1.0) == 0:
             return  # no optimizer step ran (non-finite gradients): the partner stays as it was
-        model, weights = self._weight_sets(runner)
-        weights.update_partner(model.policy)
+        algorithm = self._algorithm(runner)
+        algorithm.weights.update_partner(algorithm.model)
 
     def state_dict(self, runner) -> dict[str, Any]:
-        return self._weight_sets(runner)[1].state_dict()
+        return self._algorithm(runner).weights.state_dict()
 
     def load_state_dict(self, runner, state: Any) -> None:
         self._pending_state = state

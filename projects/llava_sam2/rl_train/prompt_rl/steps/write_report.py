@@ -164,7 +164,7 @@ def grpo_summary(work_dir: Path) -> dict:
     if not logs:
         return {"log": "not found"}
     rows = [json.loads(line) for line in logs[-1].read_text().splitlines() if line.strip()]
-    rewards = [r["loop2/reward_mean"] for r in rows if "loop2/reward_mean" in r]
+    rewards = [r["caption_to_mask/reward_mean"] for r in rows if "caption_to_mask/reward_mean" in r]
     times = [r["time"] for r in rows if "time" in r]
     k = max(1, len(rewards) // 5)
     return {"iterations": len(rows), "seconds_per_iteration": round(float(np.mean(times)), 2) if times else None,
