@@ -22,7 +22,8 @@ from projects.llava_sam2.rl_train.engine.guard import NonFiniteGuard
 from projects.llava_sam2.rl_train.engine.iteration_loop import InfiniteBatches, IterationLoop
 from projects.llava_sam2.rl_train.engine.mmengine_seams import (LOOP_RESUME_ATTRIBUTES, RUNNER_RESUME_ATTRIBUTES,
                                                                 SCHEDULER_STEP_MARK, cpu_launch, patched,
-                                                                resume_request)
+                                                                resume_request, stored_config_dict)
+from projects.llava_sam2.rl_train.engine.upstream_sft import plain
 
 VERSION = f"mmengine {mmengine.__version__}"
 
@@ -177,3 +178,21 @@ def test_base_loop_builds_dataloader_configs():
     assert "runner.build_dataloader" in source(mmengine.runner.BaseLoop.__init__), (
         f"{VERSION}: BaseLoop.__init__ no longer builds dataloader configs; IterationLoop (its subclass) and "
         "IterationLoop.build_dataloader (the SFT dataloader) rely on it.")
+
+
+def test_stored_config_dict_keeps_lazy_objects_unbuilt(tmp_path):
+    from mmengine.config import Config, ConfigDict
+    from mmengine.config.lazy import LazyObject
+
+    path = tmp_path / "lazy_cfg.py"
+    path.write_text("from torch.optim import SGD\n\noptim = dict(type=SGD, lr=0.1)\n")
+    cfg = Config.fromfile(str(path))
+    raw = stored_config_dict(cfg)
+    assert isinstance(raw, ConfigDict), (
+        f"{VERSION}: Config no longer keeps its ConfigDict as Config._cfg_dict; mmengine_seams.stored_config_dict "
+        "(engine/upstream_sft.py reads upstream SFT configs through it) must find it elsewhere.")
+    optim = dict.__getitem__(raw, "optim")
+    assert isinstance(dict.__getitem__(optim, "type"), LazyObject), (
+        f"{VERSION}: reading a lazy config's stored values no longer leaves `type=Class` unbuilt.")
+    assert plain(optim) == {"type": dict.__getitem__(optim, "type"), "lr": 0.1}
+    assert stored_config_dict({"a": 1}) == {"a": 1}

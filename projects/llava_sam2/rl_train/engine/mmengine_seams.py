@@ -22,6 +22,9 @@ upgrade breaks the assumption. docs/architecture.md ("MMEngine seams") has the t
 * ``LOOP_RESUME_ATTRIBUTES``: ``Runner.resume`` / ``FlexibleRunner.resume`` write the resumed counters straight into
   ``train_loop._iter`` and ``train_loop._epoch``; a train loop must keep its counters under those names
   (``engine/iteration_loop.py``).
+* ``stored_config_dict(cfg)``: the values a ``Config`` file defined, lazy objects (``type=Class`` of a pure-Python
+  config) left unbuilt; ``Config``'s accessors build them, which imports the upstream modules they name
+  (``engine/upstream_sft.py`` reads upstream SFT configs where those may not be importable).
 * ``SCHEDULER_STEP_MARK``: MMEngine's parameter schedulers wrap ``optimizer.step`` and mark the wrapper with
   ``_with_counter``; a wrapper placed over it later must carry the mark (``engine/guard.py``).
 """
@@ -37,6 +40,7 @@ import torch
 
 LOOP_RESUME_ATTRIBUTES = ("_iter", "_epoch")  # set on train_loop by Runner.resume / FlexibleRunner.resume
 RUNNER_RESUME_ATTRIBUTES = ("_resume", "_load_from")  # Runner / FlexibleRunner.__init__ arguments, kept as is
+CONFIG_DICT_ATTRIBUTE = "_cfg_dict"  # where mmengine.Config keeps its ConfigDict
 SCHEDULER_STEP_MARK = "_with_counter"  # mmengine.optim.scheduler.param_scheduler marks its optimizer.step wrapper
 
 
@@ -115,6 +119,13 @@ def resume_request(runner) -> tuple[Any, str | None]:
     """``(resume, load_from)`` as given to the runner: ``resume`` is a bool (``Runner``) or also a checkpoint path
     (``FlexibleRunner``); ``load_from`` a checkpoint path or None. No public accessor in mmengine 0.10."""
     return getattr(runner, RUNNER_RESUME_ATTRIBUTES[0]), getattr(runner, RUNNER_RESUME_ATTRIBUTES[1])
+
+
+def stored_config_dict(cfg) -> dict:
+    """The ``ConfigDict`` a ``mmengine.Config`` holds (``Config._cfg_dict``; no public accessor returns it with lazy
+    objects unbuilt: ``to_dict`` turns them into strings); other mappings are returned as they are. Read its values
+    with ``dict.__getitem__`` / ``dict.items`` to keep them unbuilt."""
+    return getattr(cfg, CONFIG_DICT_ATTRIBUTE) if hasattr(cfg, CONFIG_DICT_ATTRIBUTE) else cfg
 
 
 def carry_scheduler_mark(step, wrapper) -> None:
