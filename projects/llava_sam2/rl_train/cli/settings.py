@@ -10,7 +10,8 @@
     settings = settings_from_args(Settings, parser.parse_args(argv))
 
 Field types map to flags: ``bool`` -> ``--x`` / ``--no-x``, ``list[T]`` / ``tuple[T, ...]`` -> ``--x V [V ...]``,
-anything else (``int``, ``float``, ``str``, ``Path``) -> ``--x V`` converted by the type. A field without a default is required.
+anything else (``int``, ``float``, ``str``, ``Path``) -> ``--x V`` converted by the type. A field without a default
+is required.
 """
 from __future__ import annotations
 

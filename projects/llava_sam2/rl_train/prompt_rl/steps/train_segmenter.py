@@ -25,8 +25,8 @@ is untrained, its argmax flips between the three outputs, only the picked one is
 (untrained, often empty) output can be picked. So this step adds SAM's IoU-prediction loss
 (``sft_loss(..., iou_loss_weight=w)``: ``w * MSE(iou_scores, IoU of each of the 3 outputs vs GT)``, Kirillov et
 al. 2023).
-This stands in for SAM2's pretraining; the SFT loss itself is upstream's. OUT_DIR gets the HF-layout checkpoint (``save_pretrained``), the tokenizer and
-``train_log.json`` (losses, held-out IoU/Dice on ``ShapesWorld('val')`` with the RES eval prompt, wall time).
+This stands in for SAM2's pretraining; the SFT loss itself is upstream's. OUT_DIR gets the HF-layout checkpoint
+(``save_pretrained``), the tokenizer and ``train_log.json`` (losses, held-out IoU/Dice on ``ShapesWorld('val')`` with the RES eval prompt, wall time).
 """
 from __future__ import annotations
 
