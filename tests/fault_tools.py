@@ -38,10 +38,10 @@ def _child(target, rank: int, world: int, port: int, env: dict, timeout: float, 
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                           WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
     torch.set_num_threads(1)
-    from projects.llava_sam2.rl_train.engine.compat import apply_cpu_compat
+    from projects.llava_sam2.rl_train.engine.mmengine_seams import cpu_launch
 
-    apply_cpu_compat()
-    target(**kwargs)
+    with cpu_launch():
+        target(**kwargs)
 
 
 def _fork_server():

@@ -121,10 +121,7 @@ def main(out_path: str) -> None:
     """Rank 0 first trains as a single process (no process group, no DDP: as a 1-GPU run), then both ranks as
     gloo DDP; rank 0 writes ``{"1": ..., "2": ...}``."""
     faulthandler.dump_traceback_later(float(os.environ.get("PARITY_WATCHDOG_S", "600")))  # a stuck rank says where
-    from projects.llava_sam2.rl_train.engine.compat import apply_cpu_compat
-
-    apply_cpu_compat()
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # builds DDP itself without device_ids: no engine/mmengine_seams.cpu_launch needed
     import torch.distributed as dist
     from mmengine.model import MMDistributedDataParallel
 

@@ -7,9 +7,6 @@ checkpoint every 2, one kept.
 """
 from __future__ import annotations
 
-import runpy
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -17,7 +14,6 @@ from engine_toy import write_toy_config
 from fault_tools import CRASH_OPTIONS, KILLED, ReferenceRuns, resume_and_compare, run_forked, train_toy_killed_in_write
 from grpo_tiny import one_thread
 
-REPO = Path(__file__).resolve().parents[1]
 _one_thread = pytest.fixture(autouse=True)(one_thread)
 
 
@@ -48,7 +44,8 @@ def test_two_ranks_killed_before_the_rng_side_file_exists_resume_from_the_previo
 def test_train_py_resume_auto_picks_the_newest_complete_checkpoint(tmp_path):
     assert run_forked(train_toy_killed_in_write, work_dir=str(tmp_path), tag="killed", path_part="iter_4.pth",
                       **CRASH_OPTIONS) == [KILLED]
-    train_main = runpy.run_path(str(REPO / "tools/train.py"), run_name="train_tool")["main"]
+    from tools.train import main as train_main  # the launcher script, imported as a module of the tools package
+
     args = ["--work-dir", str(tmp_path), "--cfg-options", "default_hooks.checkpoint.interval=2",
             "default_hooks.checkpoint.max_keep_ckpts=1", "train_cfg.max_iters=3"]
     assert train_main([write_toy_config(tmp_path), *args, "--resume", "auto"]) == 0

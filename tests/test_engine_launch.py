@@ -23,6 +23,7 @@ import torch
 
 from engine_toy import write_toy_config
 from projects.llava_sam2.rl_train.cli.train import main as train_main
+from projects.llava_sam2.rl_train.engine.launch import set_cpu_threads
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -138,3 +139,37 @@ def test_kill_9_of_the_launcher_process_group_takes_the_workers_down(tmp_path):
             os.kill(pid, signal.SIGKILL)
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)
+
+
+def test_set_cpu_threads_keeps_the_users_choice(monkeypatch):
+    threads = torch.get_num_threads()
+    try:
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        torch.set_num_threads(2)
+        assert set_cpu_threads() == 2 and torch.get_num_threads() == 2 and os.environ["OMP_NUM_THREADS"] == "2"
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+        assert set_cpu_threads() == 1 and torch.get_num_threads() == 1
+        assert (os.environ["OMP_NUM_THREADS"], os.environ["MKL_NUM_THREADS"]) == ("1", "1")  # for child processes
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_cpu_train_runs_inside_cpu_launch_with_one_thread(monkeypatch):
+    # what `sa2va-rl train` does on a CPU machine with OMP_NUM_THREADS unset; xtuner's main records what it sees
+    import xtuner.tools.train as xtuner_train
+
+    seen, threads, set_device = {}, torch.get_num_threads(), torch.cuda.set_device
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(xtuner_train, "main", lambda: seen.update(
+        threads=torch.get_num_threads(), omp=os.environ.get("OMP_NUM_THREADS"),
+        is_patched=torch.cuda.set_device is not set_device, argv=list(sys.argv)))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    try:
+        assert train_main(["config.py", "--seed", "1"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert seen == dict(threads=1, omp="1", is_patched=True, argv=["sa2va-rl train", "config.py", "--seed", "1"])
+    assert torch.cuda.set_device is set_device  # restored after the run

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from projects.llava_sam2.rl_train.cli.settings import field_docs
 from projects.llava_sam2.rl_train.demo import pretrain_tiny as tool
 from projects.llava_sam2.rl_train.demo.pretrain_data import StageBatches, attribute_ids
 from projects.llava_sam2.rl_train.demo.pretrain_stages import (AttributePrompt, JointWeights, joint_step, lm_step,
@@ -44,9 +45,14 @@ def test_settings_are_validated_with_the_knob_named():
 
 def test_help_shows_every_setting_with_its_doc():
     text = " ".join(tool.build_parser().format_help().split())
+    docs = field_docs(tool.PretrainSettings)
     for f in tool.dataclasses.fields(tool.PretrainSettings):
         assert "--" + f.name.replace("_", "-") in text, f.name
-        assert " ".join(f.metadata["help"].split())[:30] in text, f.name
+        assert docs[f.name][:30] in text, f.name
+    args = tool.build_parser().parse_args(["--out", "x", "--image-sizes", "96", "160", "--no-group-by-scene"])
+    settings = tool.settings_from_args(tool.PretrainSettings, args)
+    assert settings.image_sizes == (96, 160) and settings.eval_tasks == ("res", "caption")
+    assert not settings.group_by_scene and settings.sam_steps == 1500
 
 
 def test_attribute_ids_follow_the_grammar():

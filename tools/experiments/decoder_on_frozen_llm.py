@@ -6,9 +6,11 @@ learned embedding of the object's colour, shape and grid cell)?
 only the decoder and the prompt head train (dense BCE + Dice + SAM's IoU-prediction loss, or PR=ratio for the SFT
 loss's PointRend points). Prints own vs other-object-text IoU on 60 held-out scenes every 100 steps.
 
-    MODE=seg|oracle INIT=0.1 N=600 STEPS=1500 python tools/experiments/decoder_on_frozen_llm.py
+    MODE=seg|oracle INIT=0.1 N=600 STEPS=1500 python -m tools.experiments.decoder_on_frozen_llm
+
+Run it from the repository root (``python -m`` puts the root on the import path).
 """
-import os, sys, time, json; sys.path.insert(0, os.getcwd())
+import os, time, json
 import numpy as np, torch, torch.nn.functional as F; torch.set_num_threads(1)
 import PIL.Image
 from projects.llava_sam2.rl_train.data.shapes import ShapesWorld

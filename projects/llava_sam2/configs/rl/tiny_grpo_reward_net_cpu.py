@@ -18,7 +18,7 @@ with read_base():
 
 from projects.llava_sam2.rl_train.prompt_rl.reward import RewardNetDiceReward
 
-segmenter_path = "work_dirs/prompt_rl/segmenter"  # tools/train_tiny_segmenter.py output (or any Sa2VA checkpoint)
+segmenter_path = "work_dirs/prompt_rl/segmenter"  # `sa2va-rl prompt-rl segmenter` output (or any Sa2VA checkpoint)
 reward_net_path = "work_dirs/prompt_rl/reward_net"  # `sa2va-rl prompt-rl reward-net` output (--mask-input binary)
 
 model.update(  # noqa: F405

@@ -21,11 +21,12 @@ from torch import Tensor
 
 from projects.llava_sam2.rl_train.grpo.cycle import seg_mask_head
 from projects.llava_sam2.rl_train.grpo.features import encode_step
-from projects.llava_sam2.rl_train.grpo.passes import partner_describe, partner_segment, prompt_embeds, sample_text
+from projects.llava_sam2.rl_train.grpo.passes import partner_describe, partner_segment
 from projects.llava_sam2.rl_train.grpo.rollout import MaskReplay
 from projects.llava_sam2.rl_train.grpo.weights import mmengine_momentum
+from projects.llava_sam2.rl_train.model.decoding import eval_mode, sample_text
 from projects.llava_sam2.rl_train.model.generation import Completions, completion_logprobs
-from projects.llava_sam2.rl_train.model.inference import eval_mode
+from projects.llava_sam2.rl_train.model.pipeline import prompt_embeds
 from projects.llava_sam2.rl_train.rewards.base import RewardInputs
 
 

@@ -9,8 +9,9 @@
     add_settings_arguments(parser, Settings)          # --seed SEED  training seed. (default: 0)
     settings = settings_from_args(Settings, parser.parse_args(argv))
 
-Field types map to flags: ``bool`` -> ``--x`` / ``--no-x``, ``list[T]`` -> ``--x V [V ...]``, anything else
-(``int``, ``float``, ``str``, ``Path``) -> ``--x V`` converted by the type. A field without a default is required.
+Field types map to flags: ``bool`` -> ``--x`` / ``--no-x``, ``list[T]`` / ``tuple[T, ...]`` -> ``--x V [V ...]``,
+anything else (``int``, ``float``, ``str``, ``Path``) -> ``--x V`` converted by the type. A field without a default
+is required.
 """
 from __future__ import annotations
 
@@ -68,6 +69,11 @@ def add_settings_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: 
         elif typing.get_origin(kind) is list:
             (item,) = typing.get_args(kind)
             options.update(nargs="+", type=item, metavar=field.name.upper())
+        elif typing.get_origin(kind) is tuple:  # tuple[T, ...]: values as for a list; the dataclass gets a tuple
+            item, *rest = typing.get_args(kind)
+            if rest != [Ellipsis]:
+                raise TypeError(f"{cls.__name__}.{field.name}: {kind} is not supported; use tuple[T, ...] or list[T].")
+            options.update(nargs="+", type=item, metavar=field.name.upper())
         else:
             options["type"] = kind
         parser.add_argument(flag, help=help_text, **options)
@@ -75,5 +81,9 @@ def add_settings_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: 
 
 def settings_from_args(cls: type, args: argparse.Namespace, **given: Any) -> Any:
     """``cls`` from the parsed flags of :func:`add_settings_arguments`; ``given`` fills the skipped fields."""
+    hints = typing.get_type_hints(cls)
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if f.name not in given}
+    for name, value in values.items():
+        if typing.get_origin(hints[name]) is tuple and isinstance(value, list):
+            values[name] = tuple(value)
     return cls(**values, **given)

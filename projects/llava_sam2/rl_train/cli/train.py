@@ -7,8 +7,8 @@ Same arguments as ``xtuner train`` (``--work-dir``, ``--deepspeed``, ``--resume`
   CLI runs it in a child process and ignores the child's exit code; environment.md fact 10).
 * ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` is set unless already set: MMEngine and XTuner ``torch.load`` our own
   checkpoints (optimizer state, RNG state, EMA partner), which torch >= 2.6 refuses in weights-only mode (fact 18).
-* Without CUDA, the CPU fixes of ``engine/compat.py`` are applied first (gloo DDP, DeepSpeed on CPU; fact 15), and
-  a CPU run uses one intra-op thread per process unless ``OMP_NUM_THREADS`` is set.
+* Without CUDA, the run happens inside ``engine/mmengine_seams.cpu_launch()`` (gloo DDP, DeepSpeed on CPU; fact
+  15), and a CPU run uses one intra-op thread per process unless ``OMP_NUM_THREADS`` is set.
 * ``--resume auto`` resumes from the newest complete checkpoint of the work dir (none: a fresh start), and a
   worker started by torchrun dies with it (``engine/launch.py``; docs/failure_behaviour.md).
 
@@ -27,16 +27,20 @@ PROG = "sa2va-rl train"
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
-    from projects.llava_sam2.rl_train.engine.compat import apply_cpu_compat
-    from projects.llava_sam2.rl_train.engine.launch import die_with_parent, resolve_resume
+    import torch
+
+    from projects.llava_sam2.rl_train.engine.launch import die_with_parent, resolve_resume, set_cpu_threads
+    from projects.llava_sam2.rl_train.engine.mmengine_seams import cpu_launch
 
     die_with_parent()
     argv = resolve_resume(argv)
-    apply_cpu_compat()
+    if not torch.cuda.is_available():
+        set_cpu_threads()
     from xtuner.tools import train as xtuner_train
 
     sys.argv = [PROG, *argv]  # xtuner parses sys.argv (argv[0] only names the program in its --help)
-    xtuner_train.main()
+    with cpu_launch():
+        xtuner_train.main()
     return 0
 
 

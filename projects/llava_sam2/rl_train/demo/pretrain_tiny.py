@@ -26,11 +26,12 @@ import json
 import platform
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from ..cli.settings import add_settings_arguments, settings_from_args
 from ..model.presets import build_preset
 from ..model.processor import Sa2VAProcessor
 from ..model.sa2va import Sa2VAModel
@@ -42,61 +43,81 @@ from .pretrain_stages import (AttributePrompt, JointWeights, joint_step, lm_step
 EVAL_TASKS = ("res", "caption", "cycle_iou", "cycle_caption")
 
 
-def _help(text: str, **kwargs):
-    return field(metadata={"help": text}, **kwargs)
-
-
 @dataclass
 class PretrainSettings:
-    """Every knob of the recipe; each field's help is its ``--help`` line."""
+    """Every knob of the recipe; the string under each field is its ``--help`` line (``cli/settings.py``)."""
 
     # run
-    out: str = _help("output directory (created): HF checkpoint, tokenizer, pretrain_log.json", default="")
-    seed: int = _help("seed of the weights, the training scenes and every random choice", default=0)
-    init: str = _help("start from this HF-layout checkpoint (with its tokenizer) instead of random weights, e.g. "
-                      "to continue an earlier run; '' = the tiny preset at random init", default="")
-    device: str = _help("torch device: cpu, cuda, cuda:1 ...", default="cpu")
-    threads: int = _help("torch CPU threads", default=1)
-    num_workers: int = _help("DataLoader processes that build batches ahead (0: in this process)", default=0)
-    time_limit_s: float = _help("training time budget, shared out over the stages still to run in proportion to "
-                                "their steps: a stage that would not fit plans fewer steps (timed over its steps "
-                                "10-30; logged as planned_steps) and stops at its share; 0: no limit", default=0.0)
-    log_every: int = _help("print a JSON loss row every N steps", default=50)
+    out: str = ""
+    """output directory (created): HF checkpoint, tokenizer, pretrain_log.json"""
+    seed: int = 0
+    """seed of the weights, the training scenes and every random choice"""
+    init: str = ""
+    """start from this HF-layout checkpoint (with its tokenizer) instead of random weights, e.g. to continue an
+    earlier run; '' = the tiny preset at random init"""
+    device: str = "cpu"
+    """torch device: cpu, cuda, cuda:1 ..."""
+    threads: int = 1
+    """torch CPU threads"""
+    num_workers: int = 0
+    """DataLoader processes that build batches ahead (0: in this process)"""
+    time_limit_s: float = 0.0
+    """training time budget, shared out over the stages still to run in proportion to their steps: a stage that
+    would not fit plans fewer steps (timed over its steps 10-30; logged as planned_steps) and stops at its
+    share; 0: no limit"""
+    log_every: int = 50
+    """print a JSON loss row every N steps"""
     # data
-    scenes_per_batch: int = _help("training scenes per batch (stage joint: every object of each is a row)",
-                                  default=24)
-    image_sizes: tuple = _help("sides of the rendered training scenes, alternating (the demo renders 128 px, the "
-                               "model reads 224)", default=(128, 224))
-    group_by_scene: bool = _help("joint stage: every object of a scene in the batch, each with its own text "
-                                 "(off: one object per scene, about as many rows)", default=True)
-    captions_per_scene: int = _help("joint stage: region-caption rows per scene", default=1)
+    scenes_per_batch: int = 24
+    """training scenes per batch (stage joint: every object of each is a row)"""
+    image_sizes: tuple[int, ...] = (128, 224)
+    """sides of the rendered training scenes, alternating (the demo renders 128 px, the model reads 224)"""
+    group_by_scene: bool = True
+    """joint stage: every object of a scene in the batch, each with its own text (off: one object per scene,
+    about as many rows)"""
+    captions_per_scene: int = 1
+    """joint stage: region-caption rows per scene"""
     # stage 1: promptable segmentation of the tiny SAM2
-    sam_steps: int = _help("stage sam: steps (0 skips it)", default=1500)
-    sam_lr: float = _help("stage sam: AdamW peak learning rate", default=2e-3)
-    attribute_share: float = _help("stage sam: share of prompts that are attribute prompts in the [SEG] slot "
-                                   "(0: clicks and boxes only)", default=0.34)
+    sam_steps: int = 1500
+    """stage sam: steps (0 skips it)"""
+    sam_lr: float = 2e-3
+    """stage sam: AdamW peak learning rate"""
+    attribute_share: float = 0.34
+    """stage sam: share of prompts that are attribute prompts in the [SEG] slot (0: clicks and boxes only)"""
     # stage 2: language
-    lm_steps: int = _help("stage lm: steps of next-token pretraining on shapes-world phrases (0 skips it)",
-                          default=0)
-    lm_lr: float = _help("stage lm: AdamW peak learning rate", default=1e-3)
+    lm_steps: int = 0
+    """stage lm: steps of next-token pretraining on shapes-world phrases (0 skips it)"""
+    lm_lr: float = 1e-3
+    """stage lm: AdamW peak learning rate"""
     # stage 3: joint Sa2VA SFT
-    joint_steps: int = _help("stage joint: steps (0 skips it)", default=3000)
-    joint_lr: float = _help("stage joint: AdamW peak learning rate", default=1e-3)
-    warmup_steps: int = _help("linear learning-rate warm-up of every stage, then cosine to 0.1x", default=100)
-    mask_loss_weight: float = _help("joint: weight of loss_mask + loss_dice (1 = upstream's sum)", default=1.0)
-    iou_loss_weight: float = _help("joint: weight of SAM's IoU-head loss (0 = upstream SFT loss)", default=1.0)
-    seg_lm_weight: float = _help("joint: LM-loss weight of the token predicted from [SEG] (1 = upstream)",
-                                 default=1.0)
-    teacher_weight: float = _help("joint: initial weight of MSE([SEG] prompt, attribute prompt of its text), "
-                                  "decaying linearly to 0; needs stage sam with attribute prompts", default=1.0)
-    num_points: int = _help("joint: PointRend points per mask of the SFT mask loss (64x64 logits)", default=1024)
+    joint_steps: int = 3000
+    """stage joint: steps (0 skips it)"""
+    joint_lr: float = 1e-3
+    """stage joint: AdamW peak learning rate"""
+    warmup_steps: int = 100
+    """linear learning-rate warm-up of every stage, then cosine to 0.1x"""
+    mask_loss_weight: float = 1.0
+    """joint: weight of loss_mask + loss_dice (1 = upstream's sum)"""
+    iou_loss_weight: float = 1.0
+    """joint: weight of SAM's IoU-head loss (0 = upstream SFT loss)"""
+    seg_lm_weight: float = 1.0
+    """joint: LM-loss weight of the token predicted from [SEG] (1 = upstream)"""
+    teacher_weight: float = 1.0
+    """joint: initial weight of MSE([SEG] prompt, attribute prompt of its text), decaying linearly to 0; needs
+    stage sam with attribute prompts"""
+    num_points: int = 1024
+    """joint: PointRend points per mask of the SFT mask loss (64x64 logits)"""
     # evaluation (held-out ShapesWorld('val'), never trained on)
-    eval_every: int = _help("joint: held-out text dependence every N steps (0: none during training)", default=0)
-    curve_scenes: int = _help("held-out multi-object scenes of each curve point", default=48)
-    eval_scenes: int = _help("held-out scenes of the final evaluation (0 skips it)", default=200)
-    eval_image_size: int = _help("side of the held-out scenes (the demo renders 128 px)", default=128)
-    eval_tasks: tuple = _help(f"final evaluation tasks, of {EVAL_TASKS} (caption scores need WordNet)",
-                              default=("res", "caption"))
+    eval_every: int = 0
+    """joint: held-out text dependence every N steps (0: none during training)"""
+    curve_scenes: int = 48
+    """held-out multi-object scenes of each curve point"""
+    eval_scenes: int = 200
+    """held-out scenes of the final evaluation (0 skips it)"""
+    eval_image_size: int = 128
+    """side of the held-out scenes (the demo renders 128 px)"""
+    eval_tasks: tuple[str, ...] = ("res", "caption")
+    """final evaluation tasks, of ('res', 'caption', 'cycle_iou', 'cycle_caption') (caption scores need WordNet)"""
 
     def __post_init__(self) -> None:
         self.image_sizes = tuple(int(s) for s in self.image_sizes)
@@ -265,19 +286,9 @@ def _device_name(device: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """``--help`` from the settings' field help; tuple fields take several values, booleans ``--no-...``."""
-    parser = argparse.ArgumentParser(prog="sa2va-rl pretrain-tiny",
-                                     description=__doc__.splitlines()[0])
-    for f in dataclasses.fields(PretrainSettings):
-        flag, default, text = "--" + f.name.replace("_", "-"), f.default, f.metadata["help"]
-        if isinstance(default, bool):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=text)
-        elif isinstance(default, tuple):
-            kind = int if default and isinstance(default[0], int) else str
-            parser.add_argument(flag, nargs="*", type=kind, default=default, help=f"{text} (default: {default})")
-        else:
-            parser.add_argument(flag, type=type(default), default=default, required=f.name == "out",
-                                help=f"{text} (default: {default})")
+    """``--help`` from the string under each settings field (``cli/settings.py``)."""
+    parser = argparse.ArgumentParser(prog="sa2va-rl pretrain-tiny", description=__doc__.splitlines()[0])
+    add_settings_arguments(parser, PretrainSettings)
     return parser
 
 
@@ -285,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     try:
-        settings = PretrainSettings(**vars(args))
+        settings = settings_from_args(PretrainSettings, args)
     except ValueError as err:
         print(f"pretrain_tiny: {err}", file=sys.stderr)
         return 2

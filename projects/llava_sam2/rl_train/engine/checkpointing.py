@@ -29,6 +29,7 @@ from mmengine.runner.checkpoint import find_latest_checkpoint
 from torch import nn
 
 from .atomic_files import PARTIAL_SUFFIX, commit
+from .mmengine_seams import resume_request
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -145,7 +146,7 @@ def prune_side_files(checkpoint_dir: str) -> list[str]:
 
 def resumed_checkpoint(runner) -> str | None:
     """The checkpoint this run resumes from, resolved as ``Runner.load_or_resume`` does (None: fresh run)."""
-    resume, load_from = runner._resume, runner._load_from  # no public accessor in mmengine 0.10
+    resume, load_from = resume_request(runner)
     if not resume:
         return None
     if isinstance(resume, str):  # FlexibleRunner accepts resume=<path>

@@ -27,6 +27,8 @@ import torch
 from mmengine.dist import all_reduce, get_world_size
 from torch import Tensor
 
+from .mmengine_seams import carry_scheduler_mark
+
 
 def all_finite(tensors: Iterable[Tensor | None]) -> bool:
     """True if no tensor holds a NaN or inf, on any rank (every rank must call this when distributed)."""
@@ -76,8 +78,7 @@ class NonFiniteGuard:
                 continue
             guarded = functools.partial(self._guarded_step, optimizer, optimizer.step)
             guarded._nonfinite_guard = self
-            if hasattr(optimizer.step, "_with_counter"):  # MMEngine's parameter schedulers look for this mark
-                guarded._with_counter = optimizer.step._with_counter
+            carry_scheduler_mark(optimizer.step, guarded)
             optimizer.step = guarded
 
     def _guarded_step(self, optimizer: torch.optim.Optimizer, step, *args, **kwargs):

@@ -10,17 +10,25 @@
   (``atomic_files.newest_complete_checkpoint``: ``last_checkpoint`` if it loads, else the highest step that
   does), or is dropped, with a log line, when the work dir has none (a first launch and a relaunch after a
   preemption are then the same command).
+* ``set_cpu_threads``: unless the user set ``OMP_NUM_THREADS``, a CPU run uses ``CPU_THREADS`` = 1 intra-op thread
+  per process (``torch.set_num_threads`` here, ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` for child processes). The
+  CPU configs are the tiny ones, whose ops are too small for a second thread to pay, and OpenMP spin-waiting makes
+  extra threads very slow on shared cores (tiny GRPO config: docs/benchmarks.md "CPU threads"). torchrun already
+  does the same for multi-process launches.
 """
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
 import sys
 
 from .atomic_files import newest_complete_checkpoint
 
+logger = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+CPU_THREADS = 1  # intra-op threads per CPU process when OMP_NUM_THREADS is unset (module doc)
 
 
 def is_torchrun_worker() -> bool:
@@ -70,3 +78,17 @@ def resolve_resume(argv: list[str], log=print) -> list[str]:
         return argv[:index] + argv[index + 2:]
     log(f"--resume auto: resuming from {checkpoint}, the newest complete checkpoint in {work_dir}.")
     return argv[:index + 1] + [checkpoint] + argv[index + 2:]
+
+
+def set_cpu_threads(threads: int = CPU_THREADS) -> int:
+    """Use ``threads`` intra-op threads unless ``OMP_NUM_THREADS`` is set (the user's choice wins); returns the
+    count in use."""
+    import torch
+
+    if os.environ.get("OMP_NUM_THREADS"):
+        return torch.get_num_threads()
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # DataLoader workers and other children
+        os.environ.setdefault(name, str(threads))
+    torch.set_num_threads(threads)
+    logger.info("CPU run: %d intra-op thread(s) per process (set OMP_NUM_THREADS to choose another count)", threads)
+    return threads

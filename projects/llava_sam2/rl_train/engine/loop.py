@@ -41,14 +41,13 @@ from typing import Any
 import torch
 from mmengine.logging import print_log
 from mmengine.registry import LOOPS
-from mmengine.runner import IterBasedTrainLoop
-from mmengine.runner.loops import _InfiniteDataloaderIterator
 from torch.utils.data import DataLoader
 
 from ..grpo.protocol import GRPOAlgorithm, GRPOTrainModel, check_algorithm
 from .atomic_files import read_pointer
 from .checkpointing import unwrap_model
 from .guard import NonFiniteGuard
+from .iteration_loop import InfiniteBatches, IterationLoop
 from .stats import PhaseTimer, mean_of_logs, reduce_across_ranks, rollout_metrics, sum_across_ranks
 
 BATCHES_DRAWN = "grpo_batches_drawn"  # message-hub entry: prompt batches taken from the dataloader so far
@@ -56,7 +55,7 @@ EMPTY_BATCHES = "grpo_empty_batches"  # message-hub entry: run total of batches 
 
 
 @LOOPS.register_module()
-class GRPOLoop(IterBasedTrainLoop):
+class GRPOLoop(IterationLoop):
     """Iteration-based GRPO training (``train_cfg=dict(type=GRPOLoop, max_iters=..., algorithm=dict(...))``).
 
     Args:
@@ -70,7 +69,7 @@ class GRPOLoop(IterBasedTrainLoop):
         sft_loss_weight: weight of the mixed-in SFT loss (> 0 when ``sft_dataloader`` is given).
         max_consecutive_nonfinite: iterations in a row with a skipped (NaN / inf) optimizer step after which
             training stops with ``FloatingPointError``.
-        val_begin, val_interval, dynamic_intervals: as in ``IterBasedTrainLoop``.
+        val_begin, val_interval, dynamic_intervals: as in MMEngine's ``IterBasedTrainLoop`` (``IterationLoop``).
 
     Hook points besides MMEngine's: ``after_rollout`` and ``after_reward`` (``runner.call_hook`` reaches every hook
     that defines the method). Gradient accumulation (``accumulative_counts``) counts ``train_step`` calls, i.e.
@@ -95,11 +94,7 @@ class GRPOLoop(IterBasedTrainLoop):
         self._sft_iterator = None
         self._empty_draws: dict[str, float] = {"data/empty_batches": 0.0}
         if sft_dataloader is not None:
-            if isinstance(sft_dataloader, dict):
-                diff_rank_seed = runner._randomness_cfg.get("diff_rank_seed", False)
-                sft_dataloader = runner.build_dataloader(sft_dataloader, seed=runner.seed,
-                                                         diff_rank_seed=diff_rank_seed)
-            self._sft_iterator = _InfiniteDataloaderIterator(sft_dataloader)
+            self._sft_iterator = InfiniteBatches(self.build_dataloader(sft_dataloader))
 
     @property
     def algorithm(self) -> GRPOAlgorithm | None:
@@ -127,10 +122,7 @@ class GRPOLoop(IterBasedTrainLoop):
         while self._iter < self._max_iters and not self.stop_training:
             self.runner.model.train()
             self.run_iter(self._next_batch())
-            self._decide_current_val_interval()
-            if (self.runner.val_loop is not None and self._iter >= self.val_begin
-                    and (self._iter % self.val_interval == 0 or self._iter == self._max_iters)):
-                self.runner.val_loop.run()
+            self.validate_if_due()
         self.runner.call_hook("after_train_epoch")
         self.runner.call_hook("after_train")
         return self.runner.model

@@ -148,7 +148,8 @@ class Sa2VATrainModel(BaseModel):
         """
         if mode != "loss":
             raise NotImplementedError(f"Sa2VATrainModel.forward(mode={mode!r}): only training ('loss') is "
-                                      "implemented; evaluate with the evaluation/ tools (model.predict).")
+                                      "implemented; evaluate with `sa2va-rl evaluate` (evaluation/) or "
+                                      "model/inference.py `predict`.")
         if data is None and grpo_batch is None:
             raise ValueError("Sa2VATrainModel.forward: got neither an SFT batch (data=...) nor grpo_batch=...; "
                              "check the dataloader's collate_fn (sft_collate for SFT).")

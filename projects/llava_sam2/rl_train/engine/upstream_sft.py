@@ -22,10 +22,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mmengine.config import ConfigDict
-
 from ..model.upstream_base import SAM2_CFG_PATHS, LoraSpec, UpstreamSFTSource, read_base_config
 from ..model.xtuner_checkpoint import LORA_MODES, load_upstream_sft
+from .mmengine_seams import stored_config_dict
 
 # upstream projects/llava_sam2/models/sam2_train.py: BASE_DIR and the ckpt_path / cfg_path defaults
 SAM2_BASE_DIR = "pretrained/"
@@ -45,9 +44,8 @@ class SFTTrainFlags:
 
 
 def plain(value: Any) -> Any:
-    """A config value as plain dicts / lists, with lazy objects left unbuilt (ConfigDict would import them)."""
-    if isinstance(value, ConfigDict):
-        value = value._to_lazy_dict()
+    """A config value as plain dicts / lists, with lazy objects left unbuilt (``dict.items`` reads a ConfigDict's
+    stored values; its own accessors would import them)."""
     if isinstance(value, Mapping):
         return {key: plain(item) for key, item in dict.items(value)}
     if isinstance(value, (list, tuple)):
@@ -143,7 +141,7 @@ def load_sft_config(path: str | os.PathLike, cfg_options: Mapping | None = None)
     cfg = Config.fromfile(os.fspath(path))
     if cfg_options:
         cfg.merge_from_dict(dict(cfg_options))
-    raw = cfg._cfg_dict if hasattr(cfg, "_cfg_dict") else cfg
+    raw = stored_config_dict(cfg)
     if "model" not in raw or "template" not in raw:
         raise ValueError(f"{path}: an upstream Sa2VA SFT config defines `model` and `template`; this one has "
                          f"{sorted(raw)[:20]}")

@@ -19,8 +19,8 @@ from dataclasses import fields, replace
 import torch
 from torch import Tensor
 
-from ..model.decoding import TextDecoding, group_chunks, sample_text  # noqa: F401  (sample_text: benchmarks)
-from ..model.pipeline import PromptRow, greedy_answers, prompt_embeds  # noqa: F401  (prompt_embeds: benchmarks)
+from ..model.decoding import TextDecoding, group_chunks
+from ..model.pipeline import PromptRow, greedy_answers
 from .features import StepFeatures
 
 

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .decoding import TextDecoding, eval_mode  # noqa: F401  (eval_mode: imported from here by tools)
+from .decoding import TextDecoding
 from .pipeline import PromptRow, encode_images, greedy_answers
 
 

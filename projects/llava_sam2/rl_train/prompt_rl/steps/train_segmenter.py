@@ -1,6 +1,6 @@
 """Short, seeded CPU SFT of the tiny Sa2VA preset on shapes-world referring segmentation.
 
-    python tools/train_tiny_segmenter.py OUT_DIR [--steps 400] [--batch-size 8] [--lr 2e-3] [--seed 0]
+    sa2va-rl prompt-rl segmenter OUT_DIR [--steps 400] [--batch-size 8] [--lr 2e-3] [--seed 0]
 
 Trains with the upstream SFT loss (``model/sft_loss.sft_loss``: token CE + 2.0 BCE + 0.5 Dice on PointRend
 points) over ``RegionSFTDataset(ShapesWorld('train'), tasks=('segment',))`` with AdamW (linear warm-up, cosine
@@ -9,7 +9,7 @@ decay). ``--init DIR`` starts from a checkpoint instead of random weights.
 Encoders: ``Sa2VAModel.encode_vision`` and ``GroundingEncoder.encode`` run under ``no_grad`` by design (upstream
 freezes pretrained encoders). A *random* frozen SAM2 encoder leaves the tiny decoder unable to tell objects apart:
 measured here, even an oracle colour+shape prompt embedding plateaued at point-Dice loss ~0.33 on 2+-object
-scenes. So by default this tool trains the encoders too, by calling the undecorated functions (``__wrapped__``)
+scenes. So by default this step trains the encoders too, by calling the undecorated functions (``__wrapped__``)
 on this model instance only; ``--freeze-encoders`` keeps the frozen behaviour. The saved checkpoint is an ordinary
 one: inference and RL keep the encoders frozen.
 
@@ -22,11 +22,11 @@ trains every LLM weight as upstream SFT does.
 IoU head: Sa2VA keeps SAM2's multimask decoding and picks the output with the highest *predicted* IoU, but its SFT
 loss never trains that head (the released model inherits it from SAM2's own training). From random init the head
 is untrained, its argmax flips between the three outputs, only the picked one is trained, and at test time another
-(untrained, often empty) output can be picked. So this tool adds SAM's IoU-prediction loss
+(untrained, often empty) output can be picked. So this step adds SAM's IoU-prediction loss
 (``sft_loss(..., iou_loss_weight=w)``: ``w * MSE(iou_scores, IoU of each of the 3 outputs vs GT)``, Kirillov et
 al. 2023).
-This stands in for SAM2's pretraining; the SFT loss itself is upstream's. OUT_DIR gets the HF-layout checkpoint (``save_pretrained``), the tokenizer and
-``train_log.json`` (losses, held-out IoU/Dice on ``ShapesWorld('val')`` with the RES eval prompt, wall time).
+This stands in for SAM2's pretraining; the SFT loss itself is upstream's. OUT_DIR gets the HF-layout checkpoint
+(``save_pretrained``), the tokenizer and ``train_log.json`` (losses, held-out IoU/Dice on ``ShapesWorld('val')`` with the RES eval prompt, wall time).
 """
 from __future__ import annotations
 
@@ -41,19 +41,16 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout
-    sys.path.insert(0, str(REPO_ROOT))
+from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
+from projects.llava_sam2.rl_train.model.presets import build_preset
+from projects.llava_sam2.rl_train.model.processor import Sa2VAProcessor, sft_collate
+from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
+from projects.llava_sam2.rl_train.model.sft_data import RegionSFTDataset
+from projects.llava_sam2.rl_train.model.sft_loss import sft_loss
+from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer
+from projects.llava_sam2.rl_train.prompt_rl.evaluate import evaluate_default_prompt, text_sensitivity
 
-from projects.llava_sam2.rl_train.data.shapes import ShapesWorld  # noqa: E402
-from projects.llava_sam2.rl_train.model.presets import build_preset  # noqa: E402
-from projects.llava_sam2.rl_train.model.processor import Sa2VAProcessor, sft_collate  # noqa: E402
-from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel  # noqa: E402
-from projects.llava_sam2.rl_train.model.sft_data import RegionSFTDataset  # noqa: E402
-from projects.llava_sam2.rl_train.model.sft_loss import sft_loss  # noqa: E402
-from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer  # noqa: E402
-from projects.llava_sam2.rl_train.prompt_rl.evaluate import (  # noqa: E402
-    evaluate_default_prompt, text_sensitivity)
+PROG = "sa2va-rl prompt-rl segmenter"
 
 
 def build_model(init: str | None, seed: int) -> tuple[Sa2VAModel, object]:
@@ -146,8 +143,8 @@ def train(args: argparse.Namespace) -> dict:
     return result
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", help="checkpoint directory to write")
     parser.add_argument("--steps", type=int, default=400, help="optimizer steps")
     parser.add_argument("--batch-size", type=int, default=8, help="SFT items per step")
@@ -179,7 +176,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--steps={args.steps} and --batch-size={args.batch_size} must both be >= 1")
     torch.set_num_threads(args.threads)
     train(args)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
