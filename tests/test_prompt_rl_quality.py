@@ -218,6 +218,9 @@ def test_report_formatting_and_verdicts():
     assert "better" in verdict(dict(value=0.1, low=0.05, high=0.2, n=10), "x")
     assert "worse" in verdict(dict(value=-0.1, low=-0.2, high=-0.05, n=10), "x")
     assert "no measurable difference" in verdict(dict(value=0.01, low=-0.02, high=0.04, n=10), "x")
+    # a CI that excludes 0 only before rounding, or a negligible change, is no gain (the evaluation report's rule)
+    assert "no measurable difference" in verdict(dict(value=0.001, low=0.0004, high=0.0014, n=200), "x")
+    assert "no measurable difference" in verdict(dict(value=0.003, low=0.001, high=0.005, n=200), "x")
 
 
 def test_checkpoint_comparison_needs_the_same_split():

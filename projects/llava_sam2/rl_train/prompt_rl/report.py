@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from ..evaluation.bootstrap import Estimate, bootstrap_mean, paired_difference
+from ..evaluation.report import is_marked
 from .quality_data import QualityData
 from .selection import best_fixed_prompt
 
@@ -91,8 +92,6 @@ def verdict(diff: dict, what: str) -> str:
     est = Estimate.from_dict(diff)
     if math.isnan(est.low):
         return f"{what}: {fmt(est)} (no interval)."
-    if est.low > 0:
-        return f"{what}: better by {fmt(est)} (95% CI excludes 0)."
-    if est.high < 0:
-        return f"{what}: worse by {fmt(est)} (95% CI excludes 0)."
+    if is_marked(est):  # the evaluation report's rule: CI excludes 0 as printed, and |value| >= MIN_EFFECT
+        return f"{what}: {'better' if est.value > 0 else 'worse'} by {fmt(est)} (95% CI excludes 0)."
     return f"{what}: no measurable difference, {fmt(est)}."
