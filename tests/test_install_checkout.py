@@ -88,8 +88,10 @@ def _plugin_source(root: Path) -> Path:
 
 
 def _pip(*args: str) -> None:
+    # --ignore-installed: with --prefix pip would otherwise uninstall this environment's own sa2va-rl first
     result = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-                             "--no-build-isolation", *args], capture_output=True, text=True, timeout=300)
+                             "--no-build-isolation", "--ignore-installed", *args], capture_output=True, text=True,
+                            timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -120,6 +122,7 @@ def test_installs_beside_upstream_packages(tmp_path, mode):
     assert (models, datasets, version) == ("upstream models", "upstream datasets", "0.1.0")
     plugin_root = site_dir if mode == "wheel" else source
     assert Path(plugin).is_relative_to(plugin_root) and Path(cli).is_relative_to(plugin_root)
+    assert importlib.metadata.distribution("sa2va-rl").version == "0.1.0", "the test uninstalled our own install"
     assert not (site_dir / "projects/__init__.py").exists()
     assert not (site_dir / "projects/llava_sam2/__init__.py").exists()
     if mode == "wheel":

@@ -11,6 +11,8 @@ COMMANDS = {
     "model": (f"{PACKAGE}.benchmarks.model", "build, greedy predict and one SFT step of a size preset"),
     "loader": (f"{PACKAGE}.benchmarks.loader", "DataLoader throughput over a generated COCO-style region set"),
     "judge": (f"{PACKAGE}.benchmarks.judge", "LLM-judge throughput against a local stub server, per concurrency"),
+    "mask-action": (f"{PACKAGE}.benchmarks.mask_action",
+                    "loop 1 vs loop 2 gradient scale, partner-visible share and clipping of the mask action"),
 }
 
 
