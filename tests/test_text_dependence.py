@@ -86,6 +86,27 @@ def test_summarize_gives_cis_over_scenes():
         summarize([])
 
 
+def test_compare_pairs_scenes_and_rejects_different_ones():
+    from projects.llava_sam2.rl_train.evaluation.text_dependence import SceneScore, compare
+
+    base = summarize([SceneScore(0.8, 0.1, 0, 1, 2), SceneScore(0.6, 0.3, 1, 3, 3), SceneScore(0.7, 0.2, 0, 1, 2)],
+                     n_resamples=200, indices=[3, 5, 9]).to_dict()
+    # B: own +0.1 on every scene, other unchanged, the identical pair of scene 5 gone
+    rl = summarize([SceneScore(0.9, 0.1, 0, 1, 2), SceneScore(0.7, 0.3, 0, 3, 3), SceneScore(0.8, 0.2, 0, 1, 2)],
+                   n_resamples=200, indices=[3, 5, 9]).to_dict()
+    assert [row["index"] for row in rl["scenes"]] == [3, 5, 9]
+    change = compare(base, rl, n_resamples=200)
+    # every scene's gap rose by exactly 0.1, so the paired CI collapses onto it; identical pairs 1/5 -> 0/5
+    assert change.gap.value == pytest.approx(0.1) and change.gap.low == pytest.approx(0.1)
+    assert change.own_iou.value == pytest.approx(0.1) and change.other_iou.value == pytest.approx(0.0)
+    assert change.identical_share.value == pytest.approx(-0.2) and change.num_scenes == 3
+    shifted = {**rl, "scenes": [{**row, "index": row["index"] + 1} for row in rl["scenes"]]}
+    with pytest.raises(ValueError, match="different scenes"):
+        compare(base, shifted)
+    with pytest.raises(ValueError, match="per-scene"):
+        compare({k: v for k, v in base.items() if k != "scenes"}, rl)
+
+
 def test_model_segmenter_runs_the_res_path_on_a_tiny_model(scenes):
     import torch
 

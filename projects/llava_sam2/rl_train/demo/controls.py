@@ -1,22 +1,31 @@
-"""Controls and the multi-seed study of the demo, so that a gain means something (issue #6, item 3).
+"""Controls and the multi-seed study of the demo, so that a gain means something (issues #6 and #12).
 
-    sa2va-rl demo-controls --work-dir work_dirs/demo_controls [--seeds 0 1 2] [demo settings ...]
+    sa2va-rl demo-controls --work-dir work_dirs/demo_controls [--seeds 0 1 2] [--every-seed loop1_only] \\
+        [--controls NAME ...] [demo settings ...]
 
-1. Seeds: the whole demo pipeline (``sa2va-rl demo``) once per seed in ``WORK_DIR/seed<k>``: SFT-only (control a)
-   against SFT + GRPO, on the same held-out split.
-2. Controls, each started from seed ``--seeds[0]``'s SFT checkpoint, trained, exported and evaluated on the same
-   split (``WORK_DIR/seed<k>/controls/<name>``):
+1. Seeds: the demo pipeline (``sa2va-rl demo``) once per seed in ``WORK_DIR/seed<k>``: the starting model (control
+   a: the committed pretrained tiny Sa2VA, evaluated once, it has no seed) against it + GRPO, on the same held-out
+   split, with the text-dependence measure of both.
+2. Controls, each started from the same checkpoint as the demo's GRPO run, trained, exported and evaluated on the
+   same split (``WORK_DIR/seed<k>/controls/<name>``; :func:`control_specs`):
 
-   * ``sft_more``      (b) SFT continued for the CPU time of the RL run, instead of RL (same trainable set as RL);
-   * ``loop1_only``    (c) GRPO with loop 2 switched off (``caption_to_mask_weight=0``);
-   * ``loop2_only``    (c) GRPO with loop 1 switched off (``mask_to_caption_weight=0``);
-   * ``mask_<policy>`` (d) GRPO with each loop-2 mask policy (the demo's default policy is the main RL run).
+   * ``sft_more``       (b) SFT (``sft_shapes_cpu.py``, the GRPO run's trainable set and step size) for the
+                        iteration time of the GRPO run, instead of GRPO;
+   * ``loop1_only``     (c) GRPO with loop 2 switched off (``caption_to_mask_weight=0``): it can change the model
+                        only through its captions, so its effect shows in the caption-driven cycle IoU and in
+                        caption METEOR vs GT;
+   * ``loop2_only``     (c) GRPO with loop 1 switched off (``mask_to_caption_weight=0``);
+   * ``mask_<variant>`` (d) GRPO with each loop-2 mask action of MASK_VARIANTS that differs from the config's;
+   * ``kl_on`` / ``kl_off`` (e) GRPO with the KL term switched on (beta = KL_BETA) or off, whichever the config
+                        does not do.
 
-3. ``WORK_DIR/report.md``: every system against SFT-only (paired bootstrap CIs, figures), the training-reward
-   curves of the mask policies, the per-seed goal table and the caption-drift check.
+   Controls named in ``--every-seed`` run on every seed, the others on the first seed only.
+3. ``WORK_DIR/report.md`` (controls_report.py): the per-seed goal table, the controls against the starting model
+   (paired bootstrap CIs), loop 1 alone per seed, the text-dependence changes, the training-reward curves of the
+   mask variants and the CPU seconds of every run.
 
-Finished steps are skipped when run again (same bookkeeping as the demo). Takes longer than the demo itself:
-about (1 + number of controls / 2) demo runs of CPU time on 2 cores.
+Finished steps are skipped when run again (same bookkeeping as the demo). Cost: one GRPO run + one evaluation per
+control and seed, two processes at a time.
 """
 from __future__ import annotations
 
@@ -28,117 +37,163 @@ from pathlib import Path
 from projects.llava_sam2.rl_train.cli.settings import settings_from_args
 from projects.llava_sam2.rl_train.demo.jobs import Job, JobError, run_jobs
 from projects.llava_sam2.rl_train.demo.pipeline import (
-    CONFIG_DIR, SYSTEMS, DemoSettings, banner, build_parser, eval_command, is_finished, read_stages, rl_options,
-    run_demo, schedule_options, subprocess_env, train_and_export, write_marker)
+    DemoSettings, banner, build_parser, eval_command, is_finished, read_stages, rl_options, run_demo, sft_options,
+    subprocess_env, text_command, train_and_export, write_marker)
 
 PROG = "sa2va-rl demo-controls"
+ALGO = "train_cfg.algorithm.config"
+KL_BETA = 0.04  # the KL weight of control (e) when the config has none (GRPOConfig's default, DeepSeekMath's)
+# loop-2 mask actions compared in control (d): name -> GRPOConfig values (grpo/mask_policy.py, grpo/losses.py);
+# the one the config already uses is the demo's own run and is not repeated
+MASK_VARIANTS = {
+    "bernoulli": {"mask_policy": "bernoulli"},
+    "gaussian_seg": {"mask_policy": "gaussian_seg"},
+    "multimask": {"mask_policy": "multimask"},
+}
+SFT_PROBE_ITERS = 20  # iterations of the SFT run that measures SFT's time per iteration for control (b)
+LABELS = {"sft_more": "more SFT (GRPO's iteration time)", "loop1_only": "GRPO loop 1 only",
+          "loop2_only": "GRPO loop 2 only", "kl_on": f"GRPO with KL (beta {KL_BETA})", "kl_off": "GRPO without KL"}
 
-MASK_POLICIES = ("bernoulli", "gaussian_seg", "multimask")
-SFT_CONTINUE_CONFIG = str(CONFIG_DIR / "sft_continue_shapes_cpu.py")
 
-
-def default_mask_policy(s: DemoSettings) -> str:
+def algorithm_config(s: DemoSettings) -> dict:
+    """The GRPO config's ``train_cfg.algorithm.config`` with the demo's --rl-options applied."""
     from mmengine.config import Config
 
-    return Config.fromfile(s.rl_config).train_cfg.algorithm.config.mask_policy
+    cfg = Config.fromfile(s.rl_config)
+    options = [o for o in s.rl_options if o.startswith(ALGO + ".")]
+    if options:
+        cfg.merge_from_dict(_parse_options(options))
+    return dict(cfg.train_cfg.algorithm.config)
 
 
-def sft_more_iters(s: DemoSettings) -> int:
-    """Iterations of continued SFT that cost the RL run's CPU time (from the seed's stage records)."""
-    stages = read_stages(s)
-    sft_train, rl_train = stages["sft"]["commands"][0], stages["rl"]["commands"][0]
-    per_iter = sft_train["cpu_s"] / _last_iter(s.path("sft"))
-    return max(2, round(rl_train["cpu_s"] / per_iter))
+def _parse_options(options: list[str]) -> dict:
+    """``key=value`` --cfg-options as MMEngine reads them (values through DictAction's parser)."""
+    from mmengine.config import DictAction
+
+    return {key: DictAction._parse_iterable(value) for key, value in (o.split("=", 1) for o in options)}
 
 
-def _last_iter(work_dir: Path) -> int:
-    """The iteration number of ``work_dir``'s last checkpoint (``iter_<n>.pth``)."""
-    name = Path((work_dir / "last_checkpoint").read_text().strip()).stem
-    return int(name.split("_")[-1])
+def mask_variant_name(config: dict) -> str | None:
+    """The MASK_VARIANTS entry the GRPO config matches, None when it matches none."""
+    for name, values in MASK_VARIANTS.items():
+        if all(config.get(k) == v for k, v in values.items()):
+            return name
+    return None
 
 
-def control_specs(s: DemoSettings) -> dict[str, tuple[str, list[str]]]:
-    """name -> (config, --cfg-options) of every control run on seed ``s.seed``'s SFT checkpoint."""
-    base = rl_options(s)
-    algo = "train_cfg.algorithm.config"
-    specs = {
-        "sft_more": (SFT_CONTINUE_CONFIG, [
-            f"randomness.seed={s.seed}", f"model.pretrained_path={s.path('sft/hf')}",
-            f"train_dataloader.dataset.pretrained_path={s.path('sft/hf')}",
-            f"train_dataloader.dataset.region_dataset.ann_file={s.path('data/train/annotations.json')}",
-            *schedule_options(sft_more_iters(s))]),
-        "loop1_only": (s.rl_config, [*base, f"{algo}.caption_to_mask_weight=0.0"]),
-        "loop2_only": (s.rl_config, [*base, f"{algo}.mask_to_caption_weight=0.0"]),
-    }
-    default = default_mask_policy(s)
-    for policy in MASK_POLICIES:
-        if policy != default:
-            specs[f"mask_{policy}"] = (s.rl_config, [*base, f"{algo}.mask_policy={policy}"])
+def control_specs(s: DemoSettings, sft_iters: int | None = None) -> dict[str, tuple[str, list[str]]]:
+    """name -> (config, --cfg-options) of every control on seed ``s.seed`` (``sft_iters``: control (b)'s length;
+    None leaves it out)."""
+    base, config = rl_options(s), algorithm_config(s)
+    specs = {}
+    if sft_iters is not None:
+        specs["sft_more"] = (s.sft_config, sft_options(s, start=s.rl_start, iters=sft_iters))
+    specs["loop1_only"] = (s.rl_config, [*base, f"{ALGO}.caption_to_mask_weight=0.0"])
+    specs["loop2_only"] = (s.rl_config, [*base, f"{ALGO}.mask_to_caption_weight=0.0"])
+    default = mask_variant_name(config)
+    for name, values in MASK_VARIANTS.items():
+        if name != default:
+            specs[f"mask_{name}"] = (s.rl_config, [*base, *(f"{ALGO}.{k}={v}" for k, v in values.items())])
+    kl = "kl_off" if config.get("beta", 0.0) > 0 else "kl_on"
+    specs[kl] = (s.rl_config, [*base, f"{ALGO}.beta={0.0 if kl == 'kl_off' else KL_BETA}"])
     return specs
 
 
+def control_label(name: str) -> str:
+    return LABELS.get(name, f"GRPO, mask action {name.removeprefix('mask_')}")
+
+
 def control_fingerprint(s: DemoSettings, config: str, options: list[str]) -> str:
-    """A control is redone when its config, options or the SFT run it starts from change."""
+    """A control is redone when its config, options, the run it starts from or the evaluation settings change."""
     values = json.dumps({"config": config, "options": options, "sft": s.fingerprint("sft"),
-                         "eval": s.fingerprint("eval_sft")}, sort_keys=True)
+                         "eval": s.fingerprint("eval_base")}, sort_keys=True)
     return hashlib.sha1(values.encode()).hexdigest()[:12]
 
 
-def control_label(name: str, default_policy: str) -> str:
-    labels = {"sft_more": "SFT + more SFT (RL's CPU time)", "loop1_only": "GRPO loop 1 only",
-              "loop2_only": "GRPO loop 2 only"}
-    return labels.get(name, f"GRPO, mask policy {name.removeprefix('mask_')}")
+def _iteration_seconds(work_dir: Path) -> list[float]:
+    """MMEngine's per-iteration ``time`` (seconds, startup excluded) of a training run."""
+    from projects.llava_sam2.rl_train.evaluation.plots import find_scalars, read_scalars
+
+    return [float(row["time"]) for row in read_scalars(find_scalars(str(work_dir))) if "time" in row]
 
 
-def run_controls(s: DemoSettings, force: bool = False) -> dict[str, str]:
-    """Train + export + evaluate every control (two at a time); returns label -> evaluation directory."""
-    default = default_mask_policy(s)
-    jobs, runs, prints = [], {}, {}
-    for name, (config, options) in control_specs(s).items():
-        key = f"controls/{name}"
-        runs[control_label(name, default)] = str(s.path("eval", key))
+def sft_more_iters(s: DemoSettings) -> int:
+    """Iterations of SFT that take the GRPO run's training time: Σ GRPO iteration times / mean SFT iteration time,
+    the latter from a probe run of SFT_PROBE_ITERS iterations (its first 2 left out: warm-up)."""
+    probe = s.path("controls/sft_probe")
+    options = sft_options(s, start=s.rl_start, iters=SFT_PROBE_ITERS)
+    if not is_finished(s, "control_sft_probe", control_fingerprint(s, s.sft_config, options)):
+        job = Job("sft_probe", train_and_export(s, "controls/sft_probe", s.sft_config, options)[:1])
+        run_jobs([job], env=subprocess_env())
+        write_marker(s, "control_sft_probe", {"commands": job.seconds}, control_fingerprint(s, s.sft_config, options))
+    sft = _iteration_seconds(probe)[2:]
+    rl = _iteration_seconds(s.path("rl"))
+    return max(2, round(sum(rl) / (sum(sft) / len(sft))))
+
+
+def control_job(s: DemoSettings, name: str, config: str, options: list[str]) -> Job:
+    """Train + export + evaluate (+ text dependence) one control."""
+    key = f"controls/{name}"
+    checkpoint = str(s.path(key, "hf"))
+    return Job(name, [*train_and_export(s, key, config, options), eval_command(s, checkpoint, key, control_label(name)),
+                      *text_command(s, checkpoint, key)])
+
+
+def run_controls(s: DemoSettings, names: list[str], force: bool = False) -> dict[str, Path]:
+    """Train, export and evaluate the controls ``names`` on seed ``s.seed`` (two at a time); returns name -> its
+    evaluation directory."""
+    sft_iters = sft_more_iters(s) if "sft_more" in names else None
+    specs = {n: spec for n, spec in control_specs(s, sft_iters).items() if n in names}
+    jobs, prints = [], {}
+    for name, (config, options) in specs.items():
         prints[name] = control_fingerprint(s, config, options)
         if not force and is_finished(s, f"control_{name}", prints[name]):
-            print(f"-- control {name}: finished earlier, skipped")
+            print(f"-- seed {s.seed} control {name}: finished earlier, skipped")
             continue
-        jobs.append(Job(name, [*train_and_export(s, key, config, options),
-                               eval_command(s, key, control_label(name, default))]))
+        jobs.append(control_job(s, name, config, options))
     for start in range(0, len(jobs), 2):  # one core each
         pair = jobs[start:start + 2]
-        banner("controls: " + " + ".join(job.name for job in pair))
+        banner(f"seed {s.seed} controls: " + " + ".join(job.name for job in pair))
         run_jobs(pair, env=subprocess_env())
         for job in pair:
             write_marker(s, f"control_{job.name}", {"commands": job.seconds,
                                                      "cpu_s": round(sum(c["cpu_s"] for c in job.seconds), 1)},
                          prints[job.name])
-    return runs
+    return {name: s.path("eval", "controls", name) for name in specs}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser(PROG, __doc__.splitlines()[0])
     parser.set_defaults(work_dir="work_dirs/demo_controls")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2],
-                        help="demo seeds; the controls start from the first seed's SFT checkpoint")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="demo seeds")
+    parser.add_argument("--controls", nargs="*", default=None,
+                        help="controls to run (default: all of control_specs; none: only the seeds)")
+    parser.add_argument("--every-seed", nargs="*", default=["loop1_only"],
+                        help="controls run on every seed (the others on the first seed only)")
     args = parser.parse_args(argv)
     seeds, root = args.seeds, Path(args.work_dir).resolve()
     settings = settings_from_args(DemoSettings, args, work_dir=root)
     per_seed = {seed: DemoSettings(**{**settings.__dict__, "work_dir": root / f"seed{seed}", "seed": seed})
                 for seed in seeds}
+    first = per_seed[seeds[0]]
+    names = list(control_specs(first, 0)) if args.controls is None else list(args.controls)
+    unknown = sorted(set(names) - set(control_specs(first, 0)))
+    if unknown:
+        parser.error(f"--controls: unknown {unknown}; choose from {sorted(control_specs(first, 0))}")
+    controls: dict[int, dict[str, Path]] = {}
     try:
         for seed, s in per_seed.items():
             banner(f"seed {seed}: the demo pipeline")
             run_demo(s, force=args.force)
-        runs = {SYSTEMS["sft"]: str(per_seed[seeds[0]].path("eval/sft")),
-                SYSTEMS["rl"]: str(per_seed[seeds[0]].path("eval/rl"))}
-        runs.update(run_controls(per_seed[seeds[0]], force=args.force))
+        for seed, s in per_seed.items():
+            wanted = names if seed == seeds[0] else [n for n in names if n in args.every_seed]
+            controls[seed] = run_controls(s, wanted, force=args.force) if wanted else {}
     except JobError as error:
         print(f"\ncontrols FAILED: {error}", file=sys.stderr)
         return error.returncode
     from projects.llava_sam2.rl_train.demo.controls_report import write_controls_report
 
-    write_controls_report(root, runs, per_seed, policy_runs={
-        p: per_seed[seeds[0]].path("rl" if p == default_mask_policy(settings) else f"controls/mask_{p}")
-        for p in MASK_POLICIES})
+    write_controls_report(root, per_seed, controls, default_variant=mask_variant_name(algorithm_config(first)))
     return 0
 
 

@@ -1,20 +1,24 @@
-"""The embedded demo: shapes world -> SFT -> dual-loop GRPO -> held-out evaluation -> report, on a CPU.
+"""The embedded demo: the pretrained tiny Sa2VA -> dual-loop GRPO -> held-out evaluation -> report, on a CPU.
 
     sa2va-rl demo --work-dir work_dirs/demo            # what `make demo` runs
     sa2va-rl demo --work-dir work_dirs/demo --force    # run every stage again
     sa2va-rl demo --help                               # every setting (DemoSettings)
 
-Stages (each one function; a finished stage leaves ``WORK_DIR/stages/<stage>.json`` and is skipped when the demo
-runs again with the same settings, so an interrupted demo resumes at the stage it was in):
+The demo starts, as a user starts from a released Sa2VA, from the committed text-aware tiny Sa2VA
+(``assets/tiny_shapes_pretrained``, built by ``sa2va-rl pretrain-tiny``). Stages (each one function; a finished stage
+leaves ``WORK_DIR/stages/<stage>.json`` and is skipped when the demo runs again with the same settings, so an
+interrupted demo resumes at the stage it was in):
 
 1. ``data``      the procedural shapes world, written as COCO-style files (train + held-out val), so training and
                  evaluation go through the real-data loader (``CocoRegionDataset``);
-2. ``sft``       ``sa2va-rl train configs/rl/demo/sft_shapes_cpu.py`` (xtuner's TrainLoop, our model's SFT loss),
-                 then ``sa2va-rl export`` -> ``WORK_DIR/sft/hf``;
-3. ``rl``        ``sa2va-rl train configs/rl/demo/grpo_shapes_cpu.py`` (GRPOLoop, both cycle loops) starting from
-                 ``sft/hf``, then export -> ``WORK_DIR/rl/hf``; alongside it, on the other core,
-   ``eval_sft``  ``sa2va-rl evaluate`` of the SFT-only baseline on the held-out split;
-4. ``eval_rl``   ``sa2va-rl evaluate`` of the RL result on the same samples;
+2. ``sft``       optional (``--sft-iters N``, off by default): ``sa2va-rl train configs/rl/demo/sft_shapes_cpu.py``
+                 from the starting checkpoint, then ``sa2va-rl export`` -> ``WORK_DIR/sft/hf``;
+3. ``rl``        ``sa2va-rl train configs/rl/demo/grpo_shapes_cpu.py`` (GRPOLoop, both cycle loops) from the
+                 starting checkpoint (or the SFT export), then export -> ``WORK_DIR/rl/hf``; alongside it, on the
+                 other core,
+   ``eval_base`` ``sa2va-rl evaluate`` + the text-dependence measure of the model GRPO starts from;
+4. ``eval_rl``   ``sa2va-rl evaluate`` of the RL result on the same samples, and beside it
+   ``text_rl``   its text-dependence measure on the same scenes;
 5. ``report``    ``WORK_DIR/report.md`` + PNGs (reward curves per loop, before/after examples) and the summary.
 
 Every command runs as a subprocess through the project's CLI (``python -m projects.llava_sam2.rl_train.cli``), so a
@@ -38,18 +42,21 @@ from projects.llava_sam2.rl_train.demo.jobs import TQDM_PROGRESS, TRAIN_PROGRESS
 PROG = "sa2va-rl demo"
 REPO_ROOT = Path(__file__).resolve().parents[4]  # the checkout: projects/llava_sam2/rl_train/demo/pipeline.py
 CLI = ("-m", "projects.llava_sam2.rl_train.cli")  # `sa2va-rl` without the console script
+TEXT_DEPENDENCE = ("-m", "projects.llava_sam2.rl_train.evaluation.text_dependence")
 CONFIG_DIR = REPO_ROOT / "projects/llava_sam2/configs/rl/demo"
-SYSTEMS = {"sft": "SFT only", "rl": "SFT + GRPO"}  # report names of the two evaluated systems
-PIPELINE = (("data",), ("sft",), ("rl", "eval_sft"), ("eval_rl",), ("report",))  # stages of a row run side by side
-_EVAL = ("val_samples", "eval_batch_size", "eval_max_new_tokens")
+PRETRAINED = REPO_ROOT / "projects/llava_sam2/rl_train/assets/tiny_shapes_pretrained"
+# stages of a row run side by side, one process (core) each
+PIPELINE = (("data",), ("sft",), ("rl", "eval_base"), ("eval_rl", "text_rl"), ("report",))
+_EVAL = ("val_samples", "eval_batch_size", "eval_max_new_tokens", "text_scenes")
 # stage -> (settings it reads, stages it starts from): a finished stage is redone when its fingerprint changes
 STAGE_INPUTS = {
     "data": (("data_seed", "train_samples", "val_samples", "image_size", "all_objects", "rl_train_samples"), ()),
-    "sft": (("seed", "sft_config", "sft_iters", "sft_options"), ("data",)),
+    "sft": (("seed", "start_checkpoint", "sft_config", "sft_iters", "sft_options"), ("data",)),
     "rl": (("seed", "rl_config", "rl_iters", "rl_options"), ("sft",)),
-    "eval_sft": (_EVAL, ("sft",)),
+    "eval_base": (_EVAL, ("sft",)),
     "eval_rl": (_EVAL, ("rl",)),
-    "report": (("num_examples",), ("eval_sft", "eval_rl")),
+    "text_rl": (_EVAL, ("rl",)),
+    "report": (("num_examples",), ("eval_base", "eval_rl", "text_rl")),
 }
 
 
@@ -59,11 +66,11 @@ class DemoSettings:
 
     work_dir: Path
     seed: int = 0
-    """training seed: model init, data order, RL sampling (the data and the held-out split stay the same)."""
+    """training seed: LoRA init, data order, RL sampling (the data and the held-out split stay the same)."""
     data_seed: int = 0
     """shapes-world seed of the train and val splits."""
     train_samples: int = 2000
-    """training scenes (SFT items: one caption + one segment item per scene)."""
+    """training scenes (GRPO prompts, and SFT items when --sft-iters > 0)."""
     val_samples: int = 200
     """held-out scenes scored by every evaluation task (>= 200 for the bootstrap CIs)."""
     image_size: int = 128
@@ -72,34 +79,52 @@ class DemoSettings:
     """annotate every object of a training scene (RefCOCO-style), not only its target."""
     rl_train_samples: int = 0
     """RL prompts: the first N training scenes (written as ``data/rl_train``); 0 = all training scenes."""
+    start_checkpoint: str = str(PRETRAINED)
+    """HF-layout Sa2VA checkpoint (with its tokenizer) the demo starts from: the committed text-aware tiny model."""
     sft_config: str = str(CONFIG_DIR / "sft_shapes_cpu.py")
-    """SFT config (stage sft)."""
+    """SFT config of the optional sft stage."""
     rl_config: str = str(CONFIG_DIR / "grpo_shapes_cpu.py")
-    """GRPO config (stage rl); it starts from the SFT export."""
+    """GRPO config (stage rl)."""
     sft_iters: int = 0
-    """SFT iterations; 0 keeps the config's (the schedule is rescaled with them, see schedule_options)."""
+    """SFT iterations on the demo task before GRPO; 0 = no SFT, GRPO starts from start_checkpoint (docs/demo.md: a
+    short SFT did not help)."""
     rl_iters: int = 0
     """GRPO iterations; 0 keeps the config's."""
     sft_options: list[str] = field(default_factory=list)
-    """extra --cfg-options of the SFT run (e.g. train_cfg.max_iters=50)."""
+    """extra --cfg-options of the SFT run (e.g. optim_wrapper.optimizer.lr=1e-4)."""
     rl_options: list[str] = field(default_factory=list)
     """extra --cfg-options of the RL run."""
     eval_batch_size: int = 16
     """held-out samples per evaluation batch."""
     eval_max_new_tokens: int = 24
     """longest generated answer in the evaluation."""
+    text_scenes: int = 200
+    """held-out scenes with >= 2 objects of the text-dependence measure (evaluation/text_dependence.py); 0 skips it."""
     num_examples: int = 4
     """held-out samples per before/after example figure."""
 
     def fingerprint(self, stage: str) -> str:
         """Hash of the settings ``stage`` depends on, through its upstream stages (STAGE_INPUTS)."""
         fields, upstream = STAGE_INPUTS[stage]
+        if stage == "sft" and not self.sft_iters:  # no training: only the checkpoint matters, not the seed
+            fields = ("start_checkpoint", "sft_iters")
         values = {k: str(getattr(self, k)) for k in fields}
         values.update({f"<{u}>": self.fingerprint(u) for u in upstream})
         return hashlib.sha1(json.dumps(values, sort_keys=True).encode()).hexdigest()[:12]
 
     def path(self, *parts: str) -> Path:
         return self.work_dir.joinpath(*parts)
+
+    @property
+    def rl_start(self) -> str:
+        """The checkpoint GRPO starts from (and the baseline it is compared with)."""
+        return str(self.path("sft/hf")) if self.sft_iters else self.start_checkpoint
+
+    @property
+    def systems(self) -> dict[str, str]:
+        """Report names of the two evaluated systems: eval key -> name."""
+        base = "pretrained + SFT" if self.sft_iters else "pretrained"
+        return {"base": base, "rl": f"{base} + GRPO"}
 
 
 # ---- stages ----------------------------------------------------------------------------------------------------
@@ -120,9 +145,15 @@ def stage_data(s: DemoSettings) -> dict:
     return {"annotations": files}
 
 
+def stage_no_sft(s: DemoSettings) -> dict:
+    """``--sft-iters 0``: nothing to train; GRPO starts from the starting checkpoint."""
+    print(f"  no SFT (--sft-iters 0): GRPO starts from {s.start_checkpoint}")
+    return {"skipped": True, "start": s.start_checkpoint}
+
+
 def schedule_options(iters: int) -> list[str]:
     """--cfg-options that set a run's length and rescale its warm-up + cosine schedule (warm-up = 1/30 of the run,
-    as in both demo configs); none for ``iters == 0``."""
+    at least 1 iteration); none for ``iters == 0``."""
     if iters == 0:
         return []
     if iters < 2:
@@ -140,16 +171,21 @@ def train_and_export(s: DemoSettings, name: str, config: str, options: list[str]
     """``sa2va-rl train CONFIG``, then ``sa2va-rl export`` of its last checkpoint (same options: the same model)."""
     work = s.path(name)
     train = Command([*_python(), *CLI, "train", config, "--work-dir", str(work), "--cfg-options", *options],
-                    s.path("logs", f"{name}_train.log"), TRAIN_PROGRESS, "train")
+                    s.path("logs", f"{name.replace('/', '_')}_train.log"), TRAIN_PROGRESS, "train")
     export = Command([*_python(), *CLI, "export", config, str(work), "--save-path", str(work / "hf"),
-                      "--cfg-options", *options], s.path("logs", f"{name}_export.log"), None, "export")
+                      "--cfg-options", *options], s.path("logs", f"{name.replace('/', '_')}_export.log"), None,
+                     "export")
     return [train, export]
 
 
-def sft_options(s: DemoSettings) -> list[str]:
-    return [f"randomness.seed={s.seed}",
-               f"train_dataloader.dataset.region_dataset.ann_file={s.path('data/train/annotations.json')}",
-               *schedule_options(s.sft_iters), *s.sft_options]
+def sft_options(s: DemoSettings, start: str | None = None, iters: int | None = None) -> list[str]:
+    """The SFT run's --cfg-options: seed, the checkpoint it starts from (model and processor), the training scenes,
+    length, extras."""
+    start = start or s.start_checkpoint
+    return [f"randomness.seed={s.seed}", f"model.pretrained_path={start}",
+            f"train_dataloader.dataset.pretrained_path={start}",
+            f"train_dataloader.dataset.region_dataset.ann_file={s.path('data/train/annotations.json')}",
+            *schedule_options(s.sft_iters if iters is None else iters), *s.sft_options]
 
 
 def rl_split(s: DemoSettings) -> str:
@@ -158,10 +194,10 @@ def rl_split(s: DemoSettings) -> str:
 
 
 def rl_options(s: DemoSettings) -> list[str]:
-    """The RL run's --cfg-options: seed, the SFT checkpoint to start from, the training scenes, length, extras."""
-    return [f"randomness.seed={s.seed}", f"model.pretrained_path={s.path('sft/hf')}",
-               f"train_dataloader.dataset.ann_file={s.path(rl_split(s), 'annotations.json')}",
-               *schedule_options(s.rl_iters), *s.rl_options]
+    """The RL run's --cfg-options: seed, the checkpoint to start from, the training scenes, length, extras."""
+    return [f"randomness.seed={s.seed}", f"model.pretrained_path={s.rl_start}",
+            f"train_dataloader.dataset.ann_file={s.path(rl_split(s), 'annotations.json')}",
+            *schedule_options(s.rl_iters), *s.rl_options]
 
 
 def sft_job(s: DemoSettings) -> Job:
@@ -172,31 +208,51 @@ def rl_job(s: DemoSettings) -> Job:
     return Job("rl", train_and_export(s, "rl", s.rl_config, rl_options(s)))
 
 
-def eval_command(s: DemoSettings, key: str, label: str) -> Command:
-    """``sa2va-rl evaluate`` of the HF checkpoint ``WORK_DIR/<key>/hf`` on the held-out split, into
-    ``WORK_DIR/eval/<key>``."""
-    argv = [*_python(), *CLI, "evaluate", "--checkpoint", str(s.path(key, "hf")),
+def eval_command(s: DemoSettings, checkpoint: str, key: str, label: str) -> Command:
+    """``sa2va-rl evaluate`` of the HF checkpoint on the held-out split, into ``WORK_DIR/eval/<key>``."""
+    argv = [*_python(), *CLI, "evaluate", "--checkpoint", checkpoint,
             "--dataset", "coco", "--ann-file", str(s.path("data/val/annotations.json")), "--name", "shapes_val",
             "--num-samples", str(s.val_samples), "--out", str(s.path("eval", key)), "--system", label,
             "--batch-size", str(s.eval_batch_size), "--max-new-tokens", str(s.eval_max_new_tokens)]
-    return Command(argv, s.path("logs", f"eval_{key}.log"), TQDM_PROGRESS, "evaluate")
+    return Command(argv, s.path("logs", f"eval_{key.replace('/', '_')}.log"), TQDM_PROGRESS, "evaluate")
 
 
-def eval_job(s: DemoSettings, system: str) -> Job:
-    return Job(f"eval_{system}", [eval_command(s, system, SYSTEMS[system])])
+def text_command(s: DemoSettings, checkpoint: str, key: str) -> list[Command]:
+    """The text-dependence measure (own vs other-text IoU on ``text_scenes`` held-out scenes of the same val stream),
+    into ``WORK_DIR/eval/<key>/text_dependence.json``; none when ``text_scenes`` is 0."""
+    if not s.text_scenes:
+        return []
+    argv = [*_python(), *TEXT_DEPENDENCE, "--checkpoint", checkpoint, "--scenes", str(s.text_scenes),
+            "--seed", str(s.data_seed), "--image-size", str(s.image_size), "--batch-size", str(s.eval_batch_size),
+            "--json", str(s.path("eval", key, "text_dependence.json"))]
+    return [Command(argv, s.path("logs", f"text_{key.replace('/', '_')}.log"), None, "text dependence")]
+
+
+def eval_base_job(s: DemoSettings) -> Job:
+    label = s.systems["base"]
+    return Job("eval_base", [eval_command(s, s.rl_start, "base", label), *text_command(s, s.rl_start, "base")])
 
 
 def stage_report(s: DemoSettings) -> dict:
     """report.md + PNGs (``sa2va-rl report``'s writer) with the demo summary on top; prints the summary."""
     from projects.llava_sam2.rl_train.demo.summary import summarize_demo
 
-    return summarize_demo(s.work_dir, {SYSTEMS[k]: s.path("eval", k) for k in ("sft", "rl")}, SYSTEMS["sft"],
+    names = s.systems
+    return summarize_demo(s.work_dir, {names[k]: s.path("eval", k) for k in ("base", "rl")}, names["base"],
                           rl_work_dir=s.path("rl"), num_examples=s.num_examples, stages=read_stages(s))
 
 
 LOCAL_STAGES = {"data": stage_data, "report": stage_report}
-JOB_STAGES = {"sft": sft_job, "rl": rl_job, "eval_sft": lambda s: eval_job(s, "sft"),
-              "eval_rl": lambda s: eval_job(s, "rl")}
+JOB_STAGES = {"sft": sft_job, "rl": rl_job, "eval_base": eval_base_job,
+              "eval_rl": lambda s: Job("eval_rl", [eval_command(s, str(s.path("rl/hf")), "rl", s.systems["rl"])]),
+              "text_rl": lambda s: Job("text_rl", text_command(s, str(s.path("rl/hf")), "rl"))}
+
+
+def local_stage(s: DemoSettings, stage: str):
+    """The in-process function of ``stage``, or None when it runs as subprocess jobs."""
+    if stage == "sft" and not s.sft_iters:
+        return stage_no_sft
+    return LOCAL_STAGES.get(stage)
 
 
 # ---- stage bookkeeping -----------------------------------------------------------------------------------------
@@ -244,12 +300,15 @@ def run_row(s: DemoSettings, row: tuple[str, ...], force: bool, only=None) -> bo
         return False
     banner(" + ".join(pending) + (" (side by side, one core each)" if len(pending) > 1 else ""))
     start = time.perf_counter()
-    for stage in [p for p in pending if p in LOCAL_STAGES]:
+    for stage in [p for p in pending if local_stage(s, p)]:
         cpu = time.process_time()
-        outputs = LOCAL_STAGES[stage](s)
+        outputs = local_stage(s, stage)(s)
         write_marker(s, stage, {"outputs": outputs, "wall_s": round(time.perf_counter() - start, 1),
                                 "cpu_s": round(time.process_time() - cpu, 1)})
-    jobs = [JOB_STAGES[p](s) for p in pending if p in JOB_STAGES]
+    jobs = [JOB_STAGES[p](s) for p in pending if not local_stage(s, p)]
+    for job in [job for job in jobs if not job.commands]:  # text_rl with --text-scenes 0
+        write_marker(s, job.name, {"skipped": True, "wall_s": 0.0, "cpu_s": 0.0})
+    jobs = [job for job in jobs if job.commands]
     if jobs:
         run_jobs(jobs, env=subprocess_env())
         for job in jobs:

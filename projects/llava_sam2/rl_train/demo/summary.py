@@ -1,14 +1,16 @@
 """The demo's verdict: headline held-out metrics of the RL result against the SFT-only baseline, the issue's goal
 checks, the training reward trends, and the summary on top of ``report.md`` and in the terminal.
 
-Goal (issue #6), per seed:
+Goal (issues #6 and #12), per seed, against the model GRPO starts from ("base"):
 
-* ``cycle_gain``: Loop-1 cycle IoU after RL >= SFT-only + 0.10, with non-overlapping 95% CIs;
+* ``cycle_gain``: Loop-1 cycle IoU after RL >= base + 0.10, and the paired difference's 95% CI lies above 0;
 * ``no_regression``: supervised referring IoU (gIoU, cIoU) and caption METEOR vs the ground truth are not lower
-  than SFT-only beyond the CI (the paired difference's CI does not lie entirely below 0).
+  than the base beyond the CI (the paired difference's CI does not lie entirely below 0);
+* ``text_gap``: the segmenter's own-minus-other-text IoU gap (evaluation/text_dependence.py) does not shrink beyond
+  its paired CI.
 
-Everything is computed from the evaluation records on disk (``sa2va-rl evaluate`` output) and from the RL run's
-``scalars.json``; nothing is special-cased.
+Everything is computed from the evaluation records on disk (``sa2va-rl evaluate`` output, ``text_dependence.json``)
+and from the RL run's ``scalars.json``; nothing is special-cased.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ HEADLINES = (
     ("caption", "METEOR_nltk", "caption METEOR vs GT (partner-free)", True),
 )
 REWARD_KEYS = ("mask_to_caption/reward_mean", "caption_to_mask/reward_mean")
+TEXT_DEPENDENCE_FILE = "text_dependence.json"
 
 
 @dataclass
@@ -77,24 +80,69 @@ def text_blind_rate(run_dir: str | os.PathLike) -> float | None:
     return sum(same) / len(same) if same else None
 
 
-def goal_checks(rows: Sequence[Row]) -> dict[str, dict]:
-    """``{check: {'passed': bool, 'detail': str}}`` for the issue's goal (module docstring)."""
+def goal_checks(rows: Sequence[Row], text_change=None) -> dict[str, dict]:
+    """``{check: {'passed': bool, 'detail': str}}`` for the issue's goal (module docstring); ``text_change``: the
+    ``TextDependenceChange`` RL − base, when measured."""
     checks = {}
     cycle = next((r for r in rows if r.metric == "cycle_IoU"), None)
     if cycle is not None:
-        gain = cycle.rl.value - cycle.base.value
+        gain = cycle.diff.value
         separate = cycle.rl.low > cycle.base.high
         checks["cycle_gain"] = {
-            "passed": bool(gain >= CYCLE_GAIN_GOAL and separate),
-            "detail": f"cycle IoU {cycle.base.value:.3f} → {cycle.rl.value:.3f} (Δ {gain:+.3f}, goal ≥ "
-                      f"+{CYCLE_GAIN_GOAL:.2f}); CIs {'do not overlap' if separate else 'overlap'}"}
+            "passed": bool(gain >= CYCLE_GAIN_GOAL and cycle.diff.low > 0),
+            "detail": f"cycle IoU {cycle.base.value:.3f} → {cycle.rl.value:.3f} (paired Δ {cycle.diff.format(3)}, "
+                      f"goal ≥ +{CYCLE_GAIN_GOAL:.2f} with the CI above 0); per-system CIs "
+                      f"{'do not overlap' if separate else 'overlap'}"}
     regressions = [r for r in rows if r.is_guarded and r.diff is not None and r.diff.high < 0]
     checks["no_regression"] = {
         "passed": not regressions,
         "detail": "none of " + ", ".join(f"{r.task}/{r.metric}" for r in rows if r.is_guarded) + " is lower beyond "
                   "its CI" if not regressions else "lower beyond CI: " + ", ".join(
                       f"{r.task}/{r.metric} Δ {r.diff.format(3)}" for r in regressions)}
+    if text_change is not None:
+        gap = text_change.gap
+        checks["text_gap"] = {
+            "passed": not gap.high < 0,
+            "detail": f"own − other-text IoU gap Δ {gap.format(3)} on {text_change.num_scenes} held-out scenes"
+                      + (" (shrank beyond its CI)" if gap.high < 0 else " (not lower beyond its CI)")}
     return checks
+
+
+def text_dependence_results(runs: Mapping[str, str | os.PathLike], baseline: str):
+    """``({system: TextDependence-like dict}, TextDependenceChange of the other system vs the baseline or None)``
+    from ``<eval dir>/text_dependence.json`` (written by the demo's text-dependence commands); empty when absent."""
+    import json
+
+    from projects.llava_sam2.rl_train.evaluation.text_dependence import compare
+
+    found = {name: json.loads((Path(path) / TEXT_DEPENDENCE_FILE).read_text()) for name, path in runs.items()
+             if (Path(path) / TEXT_DEPENDENCE_FILE).is_file()}
+    other = next((n for n in found if n != baseline), None)
+    change = compare(found[baseline], found[other]) if baseline in found and other else None
+    return found, change
+
+
+def text_dependence_markdown(found: Mapping[str, dict], change, baseline: str) -> list[str]:
+    """Rows own / other / gap / identical pairs per system, plus the paired change."""
+    from projects.llava_sam2.rl_train.evaluation.bootstrap import Estimate
+
+    if not found:
+        return []
+    names = list(found)
+    scenes = next(iter(found.values()))["num_scenes"]
+    lines = ["", f"Text dependence of the segmenter ({scenes} held-out scenes with ≥ 2 objects, each object's first "
+                 "referring expression; evaluation/text_dependence.py):", "",
+             "| measure | " + " | ".join(names) + (" | Δ (paired, 95% CI) |" if change else " |"),
+             "|---|" + "---|" * (len(names) + bool(change))]
+    for key, label, scale in (("own_iou", "own IoU", 1), ("other_iou", "other-text IoU", 1),
+                              ("gap", "**gap** own − other", 1), ("identical_share", "identical different-text "
+                                                                                      "pairs (%)", 100)):
+        cells = [Estimate(**{k: v for k, v in found[n][key].items()}).format(3 if scale == 1 else 1, scale)
+                 for n in names]
+        if change:
+            cells.append(getattr(change, key).format(3 if scale == 1 else 1, scale))
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def reward_trend(rl_work_dir: str | os.PathLike, keys: Sequence[str] = REWARD_KEYS, window: int | None = None
@@ -128,17 +176,18 @@ def _fmt(est) -> str:
 
 def summary_markdown(rows: Sequence[Row], checks: Mapping[str, dict], trend: Mapping[str, dict],
                      fallbacks: float, stages: Mapping[str, dict], names: Sequence[str],
-                     blind: Mapping[str, float | None]) -> str:
+                     blind: Mapping[str, float | None], text_lines: Sequence[str] = ()) -> str:
     lines = ["## Demo summary", "", f"| metric (held-out) | {names[0]} | {names[1]} | Δ (paired, 95% CI) |",
              "|---|---|---|---|"]
     lines += [f"| {r.label} | {_fmt(r.base)} | {_fmt(r.rl)} | {_fmt(r.diff)} |" for r in rows]
-    lines += ["", "Goal of issue #6 (one seed here; the 3-seed study is in docs/demo.md):", ""]
+    lines += list(text_lines)
+    lines += ["", "Goal of issues #6 / #12 (one seed here; the 3-seed study is in docs/demo.md):", ""]
     lines += [f"* {'✅' if c['passed'] else '❌'} `{name}`: {c['detail']}" for name, c in checks.items()]
-    lines += ["", "Text dependence of the segmenter: samples whose mask for the GT expression (`res`) and for the "
-                  "model's own caption (`cycle_iou`) are pixel-identical — "
+    lines += ["", "Held-out samples whose mask for the GT expression (`res`) and for the model's own caption "
+                  "(`cycle_iou`) are pixel-identical — "
               + ", ".join(f"{name}: {rate:.0%}" for name, rate in blind.items() if rate is not None)
-              + ". Near 100% means the masks ignore the text, so a cycle-IoU change is a segmentation change, not "
-                "a caption change (docs/demo.md, \"What limits it\")."]
+              + ". Near 100% would mean the masks ignore the text, so a cycle-IoU change would be a segmentation "
+                "change, not a caption change."]
     lines += ["", "Training reward of the RL run (mean over the first / last logged iterations):", ""]
     lines += [f"* `{key}`: {t['first']:.3f} → {t['last']:.3f} (windows of {t['window']} of {t['n']} iterations)"
               for key, t in trend.items()]
@@ -171,18 +220,24 @@ def summarize_demo(work_dir: str | os.PathLike, runs: Mapping[str, str | os.Path
                           scalars=str(rl_work_dir), num_examples=num_examples,
                           title="Sa2VA-RL embedded demo: tiny Sa2VA on the shapes world (CPU)")
     rows = compare_runs(runs[baseline], runs[other])
-    checks, trend = goal_checks(rows), reward_trend(rl_work_dir)
+    found, change = text_dependence_results(runs, baseline)
+    checks, trend = goal_checks(rows, change), reward_trend(rl_work_dir)
     blind = {name: text_blind_rate(path) for name, path in runs.items()}
+    text_lines = text_dependence_markdown(found, change, baseline)
     summary = summary_markdown(rows, checks, trend, judge_fallbacks(rl_work_dir), dict(stages), [baseline, other],
-                               blind)
+                               blind, text_lines)
     text = Path(report).read_text(encoding="utf-8")
     title, _, rest = text.partition("\n")
     Path(report).write_text(f"{title}\n\n{summary}\n{rest}", encoding="utf-8")
     print(summary_terminal(rows, checks, trend, [baseline, other]))
+    if text_lines:
+        print("\n".join(text_lines[3:]))
     print("segmenter ignores the text on " + ", ".join(f"{n}: {r:.0%}" for n, r in blind.items() if r is not None)
           + " of the held-out samples (identical masks for the GT expression and the model's caption)")
     print(f"\nreport: {report}")
     return {"report": report, "checks": checks, "reward_trend": trend, "text_blind_rate": blind,
+            "text_dependence": {"systems": {n: {k: v for k, v in r.items() if k != "scenes"} for n, r in found.items()},
+                                "change": None if change is None else change.to_dict()},
             "metrics": {f"{r.task}/{r.metric}": {"base": r.base.to_dict(), "rl": r.rl.to_dict(),
                                                  "diff": None if r.diff is None else r.diff.to_dict()}
                         for r in rows}}

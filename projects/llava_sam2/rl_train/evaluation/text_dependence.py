@@ -20,20 +20,24 @@ Scenes: ``ShapesWorld('val', seed=seed)`` (the held-out stream the demo evaluate
 index 0, keeping the first ``num_scenes`` with two objects or more. Text per object: its first referring
 expression (the shortest phrase that identifies it, the ``res`` task's choice) or its canonical caption.
 
+Two systems on the same scenes (e.g. a model before and after RL) are compared scene by scene
+(:func:`compare`): Δ own, Δ other, Δ gap = mean_s [(own_s − other_s)_B − (own_s − other_s)_A] and Δ identical
+pairs = Σ same_B / Σ pairs − Σ same_A / Σ pairs, each with a paired bootstrap CI over scenes.
+
     python -m projects.llava_sam2.rl_train.evaluation.text_dependence --checkpoint DIR --scenes 200 \
-        [--image-size 128] [--device cuda] [--json F]
+        [--image-size 128] [--device cuda] [--json F]      # the JSON keeps the per-scene columns for compare()
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .bootstrap import Estimate, bootstrap_mean, bootstrap_ratio, paired_difference
+from .bootstrap import Estimate, bootstrap_mean, bootstrap_ratio, paired_difference, paired_ratio_difference
 
 TEXT_SOURCES = ("expression", "caption")
 GAP_TARGET = 0.30
@@ -74,6 +78,8 @@ class TextDependence:
     num_scenes: int
     num_objects: int
     num_pairs: int
+    scenes: tuple[SceneScore, ...] = ()
+    scene_indices: tuple[int, ...] = ()
 
     @property
     def meets_targets(self) -> bool:
@@ -82,8 +88,9 @@ class TextDependence:
 
     def to_dict(self) -> dict:
         out = {name: getattr(self, name).to_dict() for name in ("own_iou", "other_iou", "gap", "identical_share")}
+        scenes = [{"index": i, **asdict(score)} for i, score in zip(self.scene_indices, self.scenes)]
         return {**out, "num_scenes": self.num_scenes, "num_objects": self.num_objects, "num_pairs": self.num_pairs,
-                "meets_targets": self.meets_targets}
+                "meets_targets": self.meets_targets, "scenes": scenes}
 
     def format(self) -> str:
         return (f"text dependence on {self.num_scenes} held-out scenes ({self.num_objects} objects, {self.num_pairs} "
@@ -114,8 +121,8 @@ def score_scene(pred_masks: Sequence[np.ndarray | None], gt_masks: Sequence[np.n
 
 
 def summarize(scores: Sequence[SceneScore], *, n_resamples: int = 1000, confidence: float = 0.95,
-              seed: int = 0) -> TextDependence:
-    """Bootstrap CIs over scenes (module docstring)."""
+              seed: int = 0, indices: Sequence[int] = ()) -> TextDependence:
+    """Bootstrap CIs over scenes (module docstring); ``indices``: the scenes' indices in the held-out stream."""
     if not scores:
         raise ValueError("text dependence: no held-out scene with >= 2 objects was scored")
     knobs = dict(n_resamples=n_resamples, confidence=confidence, seed=seed)
@@ -127,7 +134,7 @@ def summarize(scores: Sequence[SceneScore], *, n_resamples: int = 1000, confiden
         gap=paired_difference(own, other, what="own - other IoU", **knobs),
         identical_share=bootstrap_ratio(same, pairs, what="identical pairs", **knobs),
         num_scenes=len(scores), num_objects=sum(s.objects for s in scores),
-        num_pairs=int(sum(pairs)))
+        num_pairs=int(sum(pairs)), scenes=tuple(scores), scene_indices=tuple(int(i) for i in indices))
 
 
 def held_out_scenes(num_scenes: int, *, seed: int = 0, text_source: str = "expression",
@@ -166,7 +173,51 @@ def measure(segment: SegmentFn, scenes: Sequence[HeldOutScene], *, batch_size: i
         if len(masks) != len(chunk) or any(len(m) != len(s.texts) for m, s in zip(masks, chunk)):
             raise ValueError("text dependence: the segmenter must return one mask per text of each image")
         scores += [score_scene(m, s.gt_masks) for m, s in zip(masks, chunk)]
-    return summarize(scores, n_resamples=n_resamples, seed=seed)
+    return summarize(scores, n_resamples=n_resamples, seed=seed, indices=[s.index for s in scenes])
+
+
+@dataclass(frozen=True)
+class TextDependenceChange:
+    """System B − system A on the same scenes, paired bootstrap 95 % CIs (module docstring)."""
+
+    own_iou: Estimate
+    other_iou: Estimate
+    gap: Estimate
+    identical_share: Estimate
+    num_scenes: int
+
+    def to_dict(self) -> dict:
+        out = {name: getattr(self, name).to_dict() for name in ("own_iou", "other_iou", "gap", "identical_share")}
+        return {**out, "num_scenes": self.num_scenes}
+
+
+def _scene_columns(result: Mapping) -> tuple[list[int], dict[str, list[float]]]:
+    scenes = result.get("scenes")
+    if not scenes:
+        raise ValueError("text dependence: the result has no per-scene columns ('scenes'); measure it again with "
+                         "this version (its --json keeps them)")
+    columns = {key: [float(row[key]) for row in scenes] for key in ("own", "other", "identical_pairs", "pairs")}
+    return [int(row["index"]) for row in scenes], columns
+
+
+def compare(result_a: Mapping, result_b: Mapping, *, n_resamples: int = 1000, seed: int = 0) -> TextDependenceChange:
+    """B − A for two :meth:`TextDependence.to_dict` results (or their JSON files' contents) on the same scenes."""
+    index_a, a = _scene_columns(result_a)
+    index_b, b = _scene_columns(result_b)
+    if index_a != index_b:
+        raise ValueError(f"text dependence: the two results scored different scenes ({len(index_a)} vs "
+                         f"{len(index_b)}, first {index_a[:3]} vs {index_b[:3]}); measure both with the same "
+                         "--scenes / --seed")
+    knobs = dict(n_resamples=n_resamples, seed=seed)
+    gap_a = [o - t for o, t in zip(a["own"], a["other"])]
+    gap_b = [o - t for o, t in zip(b["own"], b["other"])]
+    return TextDependenceChange(
+        own_iou=paired_difference(b["own"], a["own"], what="Δ own IoU", **knobs),
+        other_iou=paired_difference(b["other"], a["other"], what="Δ other IoU", **knobs),
+        gap=paired_difference(gap_b, gap_a, what="Δ gap", **knobs),
+        identical_share=paired_ratio_difference(b["identical_pairs"], b["pairs"], a["identical_pairs"], a["pairs"],
+                                                what="Δ identical pairs", **knobs),
+        num_scenes=len(index_a))
 
 
 def model_segmenter(model, processor, *, max_new_tokens: int = 64) -> SegmentFn:

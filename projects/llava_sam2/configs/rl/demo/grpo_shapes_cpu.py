@@ -1,10 +1,11 @@
-# Demo stage 3: dual-loop GRPO of the demo's SFT model on the shapes world, on CPU. It inherits the GRPO settings
-# (GRPOLoop, CycleGRPO, EMA partner, hooks, rewards) from _base_/sa2va_grpo_base.py and the model, data and
-# optimizer settings of the demo SFT config, and starts from the SFT model exported in the HF layout (LoRA merged):
-# the fresh RL LoRA starts at zero, so "adapter off" is exactly the SFT model (the KL reference).
+# The demo's GRPO: dual-loop cycle GRPO of the committed text-aware tiny Sa2VA (assets/tiny_shapes_pretrained) on the
+# shapes world, on CPU, as a user starts from a released Sa2VA. It inherits the GRPO settings (GRPOLoop, CycleGRPO,
+# EMA partner, hooks, rewards) from _base_/sa2va_grpo_base.py and the model, data and optimizer settings of the demo
+# SFT config (sft_shapes_cpu.py). The fresh RL LoRA starts at zero, so "adapter off" is exactly the starting model
+# (the KL reference).
 #
 #   sa2va-rl train projects/llava_sam2/configs/rl/demo/grpo_shapes_cpu.py --work-dir work_dirs/demo/rl \
-#       --cfg-options model.pretrained_path=work_dirs/demo/sft/hf
+#       --cfg-options train_dataloader.dataset.ann_file=work_dirs/demo/data/train/annotations.json
 #
 # Hyperparameters were chosen by measurement within the CPU budget (docs/demo.md).
 from mmengine.config import read_base
@@ -14,10 +15,8 @@ with read_base():
     from .._base_.sa2va_grpo_base import *  # noqa: F401,F403
     from .sft_shapes_cpu import coco_region_dataset, env_cfg, model, optim_wrapper, randomness  # noqa: F401
 
-# ---- model: the exported SFT checkpoint, a fresh LoRA (the RL policy's trainable set: LoRA, mlp1, SAM2 mask
-# decoder, text_hidden_fcs); the embeddings stay frozen (the reference policy is "adapter off") -----------------
-model.update(pretrained_path="work_dirs/demo/sft/hf", preset=None, train_embeddings=False,
-             lora=dict(r=16, lora_alpha=32, lora_dropout=0.0))
+# ---- model: sft_shapes_cpu.py's (the pretrained checkpoint, a fresh LoRA r=16; trainable: LoRA, mlp1, SAM2 mask
+# decoder, text_hidden_fcs; embeddings frozen, so the reference policy is "adapter off") ------------------------
 
 # ---- GRPO knobs (TRL names; grpo/config.py) ---------------------------------------------------------------------
 train_cfg.algorithm.config.update(  # noqa: F405
