@@ -34,6 +34,7 @@ import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -276,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
                              image_size=args.image_size, batch_size=args.batch_size)
     print(result.format())
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump({"checkpoint": args.checkpoint, "scenes": args.scenes, "seed": args.seed,
                        "text_source": args.text_source, "image_size": args.image_size or processor.tiling.image_size,
