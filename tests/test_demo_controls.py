@@ -1,0 +1,75 @@
+"""demo/controls.py and demo/summary.py without training: which runs the controls make, and the goal checks."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from projects.llava_sam2.rl_train.demo.controls import (
+    ALGO, KL_BETA, MASK_VARIANTS, algorithm_config, control_specs, mask_variant_name)
+from projects.llava_sam2.rl_train.demo.pipeline import DemoSettings
+from projects.llava_sam2.rl_train.demo.summary import Row, goal_checks
+from projects.llava_sam2.rl_train.evaluation.bootstrap import Estimate
+
+
+def test_demo_starts_from_the_committed_pretrained_model_without_sft(tmp_path):
+    s = DemoSettings(tmp_path)
+    assert Path(s.start_checkpoint, "config.json").is_file() and s.sft_iters == 0
+    assert s.rl_start == s.start_checkpoint and s.systems == {"base": "pretrained", "rl": "pretrained + GRPO"}
+    # the base evaluation does not depend on the training seed when nothing is trained before GRPO
+    assert DemoSettings(tmp_path, seed=1).fingerprint("eval_base") == s.fingerprint("eval_base")
+    assert DemoSettings(tmp_path, seed=1).fingerprint("rl") != s.fingerprint("rl")
+    sft = DemoSettings(tmp_path, sft_iters=50)
+    assert sft.rl_start == str(tmp_path / "sft/hf") and sft.systems["rl"] == "pretrained + SFT + GRPO"
+    assert DemoSettings(tmp_path, seed=1, sft_iters=50).fingerprint("eval_base") != sft.fingerprint("eval_base")
+
+
+def test_control_specs_cover_loops_mask_variants_kl_and_sft(tmp_path):
+    s = DemoSettings(tmp_path)
+    config = algorithm_config(s)
+    default = mask_variant_name(config)
+    specs = control_specs(s, sft_iters=40)
+    expected = {"sft_more", "loop1_only", "loop2_only", "kl_off" if config["beta"] > 0 else "kl_on"}
+    expected |= {f"mask_{name}" for name in MASK_VARIANTS if name != default}
+    assert set(specs) == expected
+    assert f"{ALGO}.caption_to_mask_weight=0.0" in specs["loop1_only"][1]
+    assert f"{ALGO}.mask_to_caption_weight=0.0" in specs["loop2_only"][1]
+    kl = "kl_off" if config["beta"] > 0 else "kl_on"
+    assert specs[kl][1][-1] == f"{ALGO}.beta={0.0 if kl == 'kl_off' else KL_BETA}"
+    sft_config, sft_options = specs["sft_more"]
+    assert sft_config == s.sft_config and "train_cfg.max_iters=40" in sft_options
+    assert f"model.pretrained_path={s.start_checkpoint}" in sft_options
+    for name, (config_path, options) in specs.items():  # every GRPO control starts where the demo's GRPO starts
+        if name != "sft_more":
+            assert config_path == s.rl_config and f"model.pretrained_path={s.rl_start}" in options
+
+
+def test_rl_options_reach_the_algorithm_config(tmp_path):
+    s = DemoSettings(tmp_path, rl_options=[f"{ALGO}.beta=0.5", f"{ALGO}.mask_policy=multimask"])
+    config = algorithm_config(s)
+    assert config["beta"] == 0.5 and mask_variant_name(config) == "multimask"
+    assert "mask_multimask" not in control_specs(s) and "kl_off" in control_specs(s)
+
+
+def _row(task, metric, guarded, base, rl, diff):
+    return Row(task, metric, metric, guarded, Estimate(*base, 200, 0.95, 1000), Estimate(*rl, 200, 0.95, 1000),
+               Estimate(*diff, 200, 0.95, 1000))
+
+
+class _Change:
+    def __init__(self, gap):
+        self.gap, self.num_scenes = Estimate(*gap, 200, 0.95, 1000), 200
+
+
+@pytest.mark.parametrize("diff, gap, passed", [
+    ((0.12, 0.05, 0.19), (0.0, -0.01, 0.01), {"cycle_gain": True, "no_regression": True, "text_gap": True}),
+    ((0.12, -0.01, 0.25), (-0.03, -0.05, -0.01), {"cycle_gain": False, "no_regression": True, "text_gap": False}),
+    ((0.06, 0.04, 0.08), (0.01, -0.01, 0.03), {"cycle_gain": False, "no_regression": True, "text_gap": True}),
+])
+def test_goal_checks_use_the_paired_ci(diff, gap, passed):
+    rows = [_row("cycle_iou", "cycle_IoU", False, (0.5, 0.45, 0.55), (0.5 + diff[0], 0.5, 0.7), diff),
+            _row("caption", "METEOR_nltk", True, (0.69, 0.66, 0.72), (0.68, 0.65, 0.71), (-0.01, -0.03, 0.004))]
+    checks = goal_checks(rows, _Change(gap))
+    assert {k: c["passed"] for k, c in checks.items()} == passed
+    regressed = [_row("caption", "METEOR_nltk", True, (0.69, 0.66, 0.72), (0.6, 0.57, 0.63), (-0.09, -0.12, -0.06))]
+    assert not goal_checks(regressed)["no_regression"]["passed"] and "text_gap" not in goal_checks(regressed)
