@@ -10,6 +10,7 @@ from projects.llava_sam2.rl_train.demo.controls import (
 from projects.llava_sam2.rl_train.demo.pipeline import DemoSettings
 from projects.llava_sam2.rl_train.demo.summary import Row, goal_checks
 from projects.llava_sam2.rl_train.evaluation.bootstrap import Estimate
+from projects.llava_sam2.rl_train.grpo.config import GRPOConfig
 
 
 def test_demo_starts_from_the_committed_pretrained_model_without_sft(tmp_path):
@@ -32,6 +33,11 @@ def test_control_specs_cover_loops_mask_variants_kl_and_sft(tmp_path):
     expected = {"sft_more", "loop1_only", "loop2_only", "kl_off" if config["beta"] > 0 else "kl_on"}
     expected |= {f"mask_{name}" for name in MASK_VARIANTS if name != default}
     assert set(specs) == expected
+    # the demo runs the project's default mask action; the earlier one (pooled Bernoulli, per-cell ratio) is a control
+    defaults = GRPOConfig()
+    assert default == "region" and all(config[k] == getattr(defaults, k) for k in MASK_VARIANTS["region"])
+    assert {f"{ALGO}.mask_policy=bernoulli", f"{ALGO}.mask_importance_sampling_level=token"} <= set(
+        specs["mask_bernoulli"][1])
     assert f"{ALGO}.caption_to_mask_weight=0.0" in specs["loop1_only"][1]
     assert f"{ALGO}.mask_to_caption_weight=0.0" in specs["loop2_only"][1]
     kl = "kl_off" if config["beta"] > 0 else "kl_on"

@@ -43,10 +43,12 @@ from projects.llava_sam2.rl_train.demo.pipeline import (
 PROG = "sa2va-rl demo-controls"
 ALGO = "train_cfg.algorithm.config"
 KL_BETA = 0.04  # the KL weight of control (e) when the config has none (GRPOConfig's default, DeepSeekMath's)
-# loop-2 mask actions compared in control (d): name -> GRPOConfig values (grpo/mask_policy.py, grpo/losses.py);
-# the one the config already uses is the demo's own run and is not repeated
+# loop-2 mask actions compared in control (d): name -> GRPOConfig values (grpo/mask_policy.py, grpo/losses.py;
+# docs/mask_action.md); the one the config already uses is the demo's own run and is not repeated. ``bernoulli`` is
+# the demo's earlier action as it was measured: pooled 4 x 4 cells with one ratio per cell.
 MASK_VARIANTS = {
-    "bernoulli": {"mask_policy": "bernoulli"},
+    "region": {"mask_policy": "region", "mask_importance_sampling_level": "sequence", "mask_length_norm": "sqrt"},
+    "bernoulli": {"mask_policy": "bernoulli", "mask_importance_sampling_level": "token"},
     "gaussian_seg": {"mask_policy": "gaussian_seg"},
     "multimask": {"mask_policy": "multimask"},
 }

@@ -28,11 +28,13 @@ train_cfg.algorithm.config.update(  # noqa: F405
     beta=0.0,  # no KL term: the short demo run stays close to the SFT model anyway, and it saves the reference pass
     # partner
     ema_decay=0.99,  # the partner follows the policy over the run (0.999 would keep it at SFT)
-    # loop-2 mask action the demo's results were measured with (docs/demo.md, "Mask policy"): pooled Bernoulli cells,
-    # per-cell ratio. The GRPOConfig default (region cells, one ratio per mask, docs/mask_action.md) has no learning
-    # run on the demo yet: the controls compare them (mask_policy=region mask_importance_sampling_level=sequence)
-    mask_policy="bernoulli",
-    mask_importance_sampling_level="token",
+    # loop-2 mask action: the project default (GRPOConfig: mask_policy="region", one ratio per mask,
+    # mask_importance_sampling_level="sequence", mask_length_norm="sqrt"; docs/mask_action.md), spelled out here
+    # because the demo's results were measured with it (docs/demo.md, "Mask action"); `sa2va-rl demo-controls`
+    # runs the older pooled-Bernoulli action (per-cell ratio) as a control
+    mask_policy="region",
+    mask_importance_sampling_level="sequence",
+    mask_length_norm="sqrt",
 )
 train_cfg.algorithm.update(seg_answer_max_tokens=16)  # noqa: F405  room for the longest SFT answer + stop
 max_iters = 60
