@@ -30,9 +30,11 @@ RL_OPTIONS = [f"train_dataloader.batch_size={PROMPTS}", "train_cfg.algorithm.con
 MARGINS = {"loop1/reward_mean": 0.02, "loop2/reward_mean": 0.02}  # docs/demo.md, "The CI test"
 
 
-def short_demo(work_dir, seed: int = 0, options: list[str] = ()) -> tuple[DemoSettings, dict]:
-    """data -> GRPO (+ export) of the shortened demo; the stage records."""
-    settings = DemoSettings(work_dir, seed=seed, train_samples=PROMPTS, val_samples=4, rl_iters=RL_ITERS,
+def short_demo(work_dir, seed: int = 0, options: list[str] = (), rl_iters: int = RL_ITERS
+               ) -> tuple[DemoSettings, dict]:
+    """data -> GRPO (+ export) of the shortened demo; the stage records (tools/experiments/demo_test_margins.py
+    runs it too)."""
+    settings = DemoSettings(work_dir, seed=seed, train_samples=PROMPTS, val_samples=4, rl_iters=rl_iters,
                             text_scenes=0, rl_options=[*RL_OPTIONS, *options])
     return settings, run_demo(settings, only={"data", "sft", "rl"})
 

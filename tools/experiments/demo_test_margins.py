@@ -1,51 +1,83 @@
 """Experiment (docs/demo.md, "The CI test"): the noise margins of tests/test_demo_pipeline.py.
 
-Runs the test's shortened demo (``short_demo``: data -> GRPO from the pretrained tiny Sa2VA -> export) for several
-seeds, once as the test runs it and once at learning rate 0 (the null: the policy and the EMA partner stay the
-pretrained model, so a change of the training reward between the first and the last WINDOW iterations is sampling
-noise only). Prints each run's rise per loop and, per loop, the largest null rise, the smallest learning rise and
-their gap; writes everything to OUT/margins.json.
+Runs the test's shortened demo (``short_demo``: data -> ``sa2va-rl train`` of the GRPO config from the pretrained tiny
+Sa2VA -> export) for several seeds, once as the test runs it (``learn``) and once at learning rate 0 (``null``: the
+policy and the EMA partner stay the pretrained model, so a change of the training reward between the first and the
+last WINDOW iterations is sampling noise only). Prints each run's rise per loop (REWARD_KEYS) and wall time, and per
+loop the largest null rise, the smallest learning rise and whether they separate; writes OUT/margins.json after every
+run (an interrupted calibration keeps what it measured; finished runs are read back, not redone).
 
-    OMP_NUM_THREADS=1 python -m tools.experiments.demo_test_margins --out work_dirs/test_margins --seeds 0 1 2 3 4
+    OMP_NUM_THREADS=1 python -m tools.experiments.demo_test_margins --out work_dirs/test_margins --seeds 0 1 2
+
+``--options`` adds --cfg-options to both kinds and ``--rl-iters`` changes the run length, to try other settings
+(use another ``--out``).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
+import time
 from pathlib import Path
 
 from projects.llava_sam2.rl_train.demo.summary import REWARD_KEYS, reward_trend
-from tests.test_demo_pipeline import WINDOW, short_demo
+from tests.test_demo_pipeline import RL_ITERS, WINDOW, short_demo
 
-NULL = ["optim_wrapper.optimizer.lr=0.0"]
+KINDS = {"learn": [], "null": ["optim_wrapper.optimizer.lr=0.0"]}
 
 
-def rises(work_dir: Path, seed: int, options: list[str]) -> dict[str, float]:
-    settings, _ = short_demo(work_dir, seed=seed, options=options)
+def one_run(work_dir: Path, seed: int, options: list[str], rl_iters: int) -> dict:
+    """The rise (last WINDOW − first WINDOW mean training reward) per loop of one shortened run, and its wall time."""
+    start = time.perf_counter()
+    settings, _ = short_demo(work_dir, seed=seed, options=options, rl_iters=rl_iters)
     trend = reward_trend(settings.path("rl"), window=WINDOW)
-    return {key: trend[key]["last"] - trend[key]["first"] for key in REWARD_KEYS}
+    return {"wall_s": round(time.perf_counter() - start, 1),
+            **{key: trend[key]["last"] - trend[key]["first"] for key in REWARD_KEYS},
+            "trend": trend}
+
+
+def summarize(runs: dict) -> dict:
+    summary = {}
+    for key in REWARD_KEYS:
+        learn = [r[key] for r in runs.get("learn", {}).values()]
+        null = [r[key] for r in runs.get("null", {}).values()]
+        if not learn or not null:
+            continue
+        summary[key] = {"learn": learn, "null": null, "min_learn": min(learn), "max_null": max(null),
+                        "separated": max(null) < min(learn), "midpoint": (max(null) + min(learn)) / 2,
+                        "null_std": statistics.stdev(null) if len(null) > 1 else float("nan")}
+        print(f"{key}: learning rises {', '.join(f'{v:+.4f}' for v in learn)}; null rises "
+              f"{', '.join(f'{v:+.4f}' for v in null)}; max null {max(null):+.4f} < min learning "
+              f"{min(learn):+.4f}: {max(null) < min(learn)}")
+    return summary
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="work_dirs/test_margins")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
+    parser.add_argument("--options", nargs="*", default=[], help="extra --cfg-options of both kinds")
+    parser.add_argument("--rl-iters", type=int, default=RL_ITERS)
     args = parser.parse_args()
     out = Path(args.out).resolve()
-    runs = {kind: {seed: rises(out / f"{kind}_seed{seed}", seed, options) for seed in args.seeds}
-            for kind, options in (("learn", []), ("null", NULL))}
-    summary = {}
-    for key in REWARD_KEYS:
-        learn = [r[key] for r in runs["learn"].values()]
-        null = [r[key] for r in runs["null"].values()]
-        summary[key] = {"learn": learn, "null": null, "min_learn": min(learn), "max_null": max(null),
-                        "null_std": statistics.stdev(null) if len(null) > 1 else float("nan"),
-                        "learn_mean": statistics.mean(learn)}
-        print(f"{key}: learning rises {', '.join(f'{v:+.4f}' for v in learn)}; null rises "
-              f"{', '.join(f'{v:+.4f}' for v in null)} (std {summary[key]['null_std']:.4f}); "
-              f"max null {max(null):+.4f} < min learning {min(learn):+.4f}: {max(null) < min(learn)}")
-    (out / "margins.json").write_text(json.dumps({"runs": runs, "summary": summary}, indent=1))
+    out.mkdir(parents=True, exist_ok=True)
+    record = out / "margins.json"
+    saved = json.loads(record.read_text()) if record.is_file() else {}
+    runs = saved.get("runs", {})
+    for seed in args.seeds:  # alternate the kinds so that a cut-short calibration has both
+        for kind in args.kinds:
+            if str(seed) in runs.get(kind, {}):
+                continue
+            result = one_run(out / f"{kind}_seed{seed}", seed, [*args.options, *KINDS[kind]], args.rl_iters)
+            runs.setdefault(kind, {})[str(seed)] = result
+            print(f"{kind} seed {seed}: " + ", ".join(f"{k} {result[k]:+.4f}" for k in REWARD_KEYS)
+                  + f" ({result['wall_s']} s)", flush=True)
+            record.write_text(json.dumps({"options": args.options, "rl_iters": args.rl_iters, "window": WINDOW,
+                                          "runs": runs}, indent=1))
+    summary = summarize(runs)
+    record.write_text(json.dumps({"options": args.options, "rl_iters": args.rl_iters, "window": WINDOW,
+                                  "runs": runs, "summary": summary}, indent=1))
 
 
 if __name__ == "__main__":
