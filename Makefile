@@ -34,7 +34,7 @@ $(NLTK_DATA)/corpora/wordnet/lexnames: tools/setup/provision_wordnet.py | $(STAM
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS) tests
 
-# The embedded demo: shapes world -> SFT (xtuner TrainLoop) -> GRPO cycle RL -> held-out report.
+# The embedded demo: shapes world + the committed pretrained tiny Sa2VA -> GRPO cycle RL -> held-out report.
 demo: setup
 	$(BIN)/sa2va-rl demo --work-dir work_dirs/demo
 

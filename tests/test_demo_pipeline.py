@@ -1,5 +1,5 @@
 """The demo pipeline, shortened: GRPO from the committed pretrained tiny Sa2VA must raise BOTH loops' training reward
-by more than noise (issues #6 and #12's learning regression test).
+by more than a noise margin measured at learning rate 0 (issues #6 and #12's learning regression test).
 
 The demo's own stages (demo/pipeline.py) run as ``make demo`` runs them: the shapes world written as COCO files
 (in-process), then ``sa2va-rl train`` of the demo GRPO config from ``assets/tiny_shapes_pretrained`` as a subprocess,
@@ -10,9 +10,13 @@ Shortened settings: the same PROMPTS training scenes in every batch (each point 
 prompts, so a rising mean is learning, not easier batches), G = 4, captions of at most 12 tokens, a larger step
 than the demo's. The rise of a loop = mean training reward over the last WINDOW iterations − over the first WINDOW.
 
-The margins (MARGINS) were chosen from several seeds of this very run (docs/demo.md, "The CI test"): the same run
-at learning rate 0 measures the noise of the rise (sampling only: the policy and the EMA partner stay the
-pretrained model), and a margin sits above every null rise observed and below every learning rise observed.
+The margins (MARGINS) come from three seeds of this very run (docs/demo.md, "The CI test";
+``python -m tools.experiments.demo_test_margins --seeds 0 1 2``): the same run at learning rate 0 measures the noise
+of the rise (sampling only: the policy and the EMA partner stay the pretrained model), and each margin is the largest
+null rise of its loop rounded up (loop 1: +0.0065 -> 0.01; loop 2: +0.0389 -> 0.04). At the test's seed (0, CPU runs
+are deterministic) the learning rises are +0.0285 and +0.0498. Caveat, measured: at seeds 1 and 2 this short run
+does not clear these margins (loop 1 +0.011 / -0.001, loop 2 +0.028 / +0.027), so the run shows learning beyond
+noise on seed 0 only; the test pins that seed as a regression check of the whole pipeline.
 """
 from __future__ import annotations
 
@@ -25,9 +29,10 @@ from projects.llava_sam2.rl_train.demo.summary import REWARD_KEYS, reward_trend
 
 PROMPTS, RL_ITERS, WINDOW = 8, 16, 4
 # the knobs that make the run short (the demo's config otherwise)
-RL_OPTIONS = [f"train_dataloader.batch_size={PROMPTS}", "train_cfg.algorithm.config.num_generations=4", "train_cfg.algorithm.config.max_completion_length=12",
-              "optim_wrapper.optimizer.lr=1e-3", "default_hooks.rollout_logging.interval=1000"]
-MARGINS = {"loop1/reward_mean": 0.02, "loop2/reward_mean": 0.02}  # docs/demo.md, "The CI test"
+RL_OPTIONS = [f"train_dataloader.batch_size={PROMPTS}", "train_cfg.algorithm.config.num_generations=4",
+              "train_cfg.algorithm.config.max_completion_length=12", "optim_wrapper.optimizer.lr=1e-3",
+              "default_hooks.rollout_logging.interval=1000"]
+MARGINS = dict(zip(REWARD_KEYS, (0.01, 0.04)))  # loop 1, loop 2: the largest null rise of 3 seeds, rounded up
 
 
 def short_demo(work_dir, seed: int = 0, options: list[str] = (), rl_iters: int = RL_ITERS

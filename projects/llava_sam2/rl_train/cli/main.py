@@ -29,7 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
                  "held-out RES / caption / cycle metrics of one system, with bootstrap CIs"),
     "report": (f"{PACKAGE}.cli.report", "markdown + PNG report comparing evaluation runs of one split"),
     "inspect": (f"{PACKAGE}.cli.inspect_dataset", "check a dataset config: counts, bad samples, a PNG grid"),
-    "demo": (f"{PACKAGE}.demo.pipeline", "the embedded CPU demo: shapes world -> SFT -> GRPO -> held-out report"),
+    "demo": (f"{PACKAGE}.demo.pipeline", "the embedded CPU demo: pretrained tiny Sa2VA -> GRPO -> held-out report"),
     "demo-controls": (f"{PACKAGE}.demo.controls",
                       "the demo over several seeds plus its controls (more SFT, one loop, mask policies)"),
     "pretrain-tiny": (f"{PACKAGE}.demo.pretrain_tiny",

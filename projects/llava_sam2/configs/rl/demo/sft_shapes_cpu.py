@@ -3,7 +3,8 @@
 # step size of the GRPO run (grpo_shapes_cpu.py: a fresh LoRA r=16, mlp1, SAM2 mask decoder, text_hidden_fcs;
 # embeddings and encoders frozen), so the two differ only in their objective. Two uses:
 #
-# * the optional short SFT of `sa2va-rl demo --sft-iters N` (off by default: it did not help, docs/demo.md);
+# * the optional short SFT of `sa2va-rl demo --sft-iters N` (off by default: the pretrained model already does the
+#   demo's tasks; docs/demo.md);
 # * control (b) of `sa2va-rl demo-controls`: SFT for the CPU time of the GRPO run, instead of GRPO.
 #
 #   sa2va-rl train projects/llava_sam2/configs/rl/demo/sft_shapes_cpu.py --work-dir work_dirs/demo/sft \
