@@ -83,7 +83,8 @@ def loop1_table(per_seed: Mapping[int, object], controls: Mapping[int, Mapping[s
             continue
         rows, change, _ = compare_systems(s.path("eval/base"), path)
         diff = rows["cycle_iou/cycle_IoU"].diff
-        lines.append("| " + " | ".join([str(seed), *_delta_cells(rows, change), "✅" if diff.low > 0 else "❌"]) + " |")
+        cells = [str(seed), *_delta_cells(rows, change), "✅" if diff.low > 0 else "❌"]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

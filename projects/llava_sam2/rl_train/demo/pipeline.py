@@ -312,8 +312,8 @@ def run_row(s: DemoSettings, row: tuple[str, ...], force: bool, only=None) -> bo
     if jobs:
         run_jobs(jobs, env=subprocess_env())
         for job in jobs:
-            write_marker(s, job.name, {"commands": job.seconds, "wall_s": round(sum(c["wall_s"] for c in job.seconds), 1),
-                                       "cpu_s": round(sum(c["cpu_s"] for c in job.seconds), 1)})
+            wall, cpu = (round(sum(c[key] for c in job.seconds), 1) for key in ("wall_s", "cpu_s"))
+            write_marker(s, job.name, {"commands": job.seconds, "wall_s": wall, "cpu_s": cpu})
     return True
 
 
