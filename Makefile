@@ -9,7 +9,9 @@ export NLTK_DATA
 # torch >= 2.6 loads checkpoints weights-only by default; MMEngine/xtuner resume needs full pickles
 # of our own checkpoints (environment.md fact 18).
 export TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD := 1
-PYTEST_ARGS ?= -q
+# Two workers (one per core of the CI machine), each test file on one worker (module fixtures run once);
+# tests/conftest.py gives each worker one torch thread. The slowest tests are listed at the end.
+PYTEST_ARGS ?= -q -n 2 --dist loadfile --durations=15
 
 .PHONY: setup test demo clean-venv gpu-wheels
 

@@ -17,5 +17,5 @@ def _seed_everything():
     random.seed(0)
     np.random.seed(0)
     torch.manual_seed(0)
-    torch.set_num_threads(2)
+    torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)  # a parallel run: one core per worker
     yield
