@@ -33,7 +33,6 @@ Results: docs/mask_action.md.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import resource
@@ -45,6 +44,7 @@ import torch
 from ..data.shapes import ShapesWorld
 from ..grpo.trainer import CycleGRPO
 from ..grpo.weights import WeightSets
+from ..model.checkpoint import default_dtype
 from ..model.lora import apply_lora, configure_trainable
 from ..model.presets import build_preset
 from ..model.processor import Sa2VAProcessor
@@ -60,16 +60,6 @@ GROUPS: dict[str, Callable[[str], bool]] = {
     "sam2_mask_decoder": lambda name: ".sam_mask_decoder." in name,
 }
 SHARED = ("llm_lora", "mlp1", "text_hidden_fcs")  # what both loops train
-
-
-@contextlib.contextmanager
-def default_dtype(dtype: torch.dtype):
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
 
 
 def build(args) -> tuple[Sa2VAModel, Sa2VAProcessor]:

@@ -227,7 +227,8 @@ _SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch
 
 
 @contextmanager
-def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Tensors created inside are ``dtype`` unless told otherwise (the previous default comes back on exit)."""
     old = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -254,7 +255,7 @@ def load_pretrained(path: str | os.PathLike, torch_dtype: torch.dtype | None = N
     if torch_dtype is None:
         torch_dtype = _SAFETENSORS_DTYPES[float_dtypes[0]] if len(float_dtypes) == 1 else torch.float32
     device = torch.device(device or "cpu")
-    with torch.device(device), _default_dtype(torch_dtype), no_init_weights():
+    with torch.device(device), default_dtype(torch_dtype), no_init_weights():
         model = Sa2VAModel(config, attn_implementation=attn_implementation)
     # No model.to(torch_dtype): it would also cast fp32 buffers such as the RoPE inv_freq.
     lm_head_key = _LM + LanguageKeyMap(config.llm_config).lm_head_key()

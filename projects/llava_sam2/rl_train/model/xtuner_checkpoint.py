@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from transformers.modeling_utils import no_init_weights
 
-from .checkpoint import (_default_dtype, _get_tensor, _open_safetensors, _weight_files, check_layout,
+from .checkpoint import (default_dtype, _get_tensor, _open_safetensors, _weight_files, check_layout,
                          checkpoint_layout, checkpoint_state_dict, module_state_from_checkpoint, read_layout)
 from .language import LanguageKeyMap
 from .sa2va import Sa2VAModel
@@ -86,7 +86,7 @@ def load_upstream_sft(source: UpstreamSFTSource, lora_mode: str = "keep", torch_
     vocab = len(tokenizer) if added else base_rows
     config = sa2va_config_from_base(base, vocab, source.template,
                                     source.grounding_config or base.get("grounding_config"))
-    with _default_dtype(torch_dtype or torch.float32), no_init_weights():
+    with default_dtype(torch_dtype or torch.float32), no_init_weights():
         model = Sa2VAModel(config, attn_implementation=attn_implementation)
     where = os.fspath(source.pretrained_pth) if source.pretrained_pth else "pretrained_pth"
     sft = parse_upstream_state(_drop_ignored(read_xtuner_checkpoint(source.pretrained_pth)), where) \
