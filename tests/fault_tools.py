@@ -17,6 +17,7 @@ import signal
 import socket
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -50,15 +51,9 @@ def _fork_server():
     ``PYTHONPATH``, set only while it starts."""
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload([__name__])
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent), saved]))
-    try:
+    path = os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))
+    with mock.patch.dict(os.environ, PYTHONPATH=path):
         forkserver.ensure_running()
-    finally:
-        if saved is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = saved
     return ctx
 
 
