@@ -175,7 +175,8 @@ def test_method_summary_needs_the_baselines_and_pairs_differences():
     from projects.llava_sam2.rl_train.prompt_rl.selection import best_fixed_prompt, summarize_methods
 
     dice = np.array([[0.2, 0.6], [0.4, 0.5], [0.9, 0.1], [0.3, 0.7]])
-    arrays = {m: dice for m in ("dice", "iou", "precision", "recall")}
+    arrays = {m: dice for m in ("dice", "precision", "recall")}
+    arrays["iou"] = np.array([[0.1, 0.4], [0.2, 0.3], [0.8, 0.05], [0.2, 0.5]])
     arrays["is_heldout"] = np.array([False, False, True, True])
     data = QualityData(arrays)
     assert best_fixed_prompt(data, np.array([0, 1])) == 1  # train means 0.3 vs 0.55
@@ -184,6 +185,9 @@ def test_method_summary_needs_the_baselines_and_pairs_differences():
     out = summarize_methods(data, rows, choices, n_resamples=50)
     assert out["oracle"]["dice"]["value"] == pytest.approx(0.8)  # (0.9 + 0.7) / 2
     assert out["best_fixed"]["dice_minus_default"]["value"] == pytest.approx(-0.2)  # (0.1 + 0.7 - 0.9 - 0.3) / 2
+    assert out["best_fixed"]["iou_minus_default"]["value"] == pytest.approx(-0.225)  # (0.05 + 0.5 - 0.8 - 0.2) / 2
+    assert out["oracle"]["iou_minus_best_fixed"]["value"] == pytest.approx(0.375)  # (0.8 + 0.5 - 0.05 - 0.5) / 2
+    assert "iou_minus_default" not in out["default"]
     assert out["oracle"]["prompt_counts"] == [1, 1]
     with pytest.raises(ValueError, match="lack 'best_fixed'"):
         summarize_methods(data, rows, {"default": choices["default"]})

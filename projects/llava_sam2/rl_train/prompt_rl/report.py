@@ -45,12 +45,15 @@ def quality_table(results: dict) -> str:
 
 
 def selection_table(results: dict) -> str:
-    """Held-out Dice / recall / precision per method and its paired Dice gain over default and best fixed."""
+    """Held-out Dice / IoU / recall / precision per method, its paired Dice gain over default and best fixed and
+    its paired IoU gain over default (``n/a`` in results written before IoU differences were kept)."""
     rows = []
     for name, m in sorted(results["methods"].items(), key=lambda kv: -kv[1]["dice"]["value"]):
-        rows.append([name, fmt(m["dice"]), fmt(m["recall"]), fmt(m["precision"]),
-                     fmt(m.get("dice_minus_default")), fmt(m.get("dice_minus_best_fixed"))])
-    return table(["method", "Dice", "recall", "precision", "ΔDice vs default", "ΔDice vs best fixed"], rows)
+        rows.append([name, fmt(m["dice"]), fmt(m["iou"]), fmt(m["recall"]), fmt(m["precision"]),
+                     fmt(m.get("dice_minus_default")), fmt(m.get("dice_minus_best_fixed")),
+                     fmt(m.get("iou_minus_default"))])
+    return table(["method", "Dice", "IoU", "recall", "precision", "ΔDice vs default", "ΔDice vs best fixed",
+                  "ΔIoU vs default"], rows)
 
 
 def postprocess_table(results: dict) -> str:

@@ -2,8 +2,8 @@
 
 Every method maps each evaluated image to one of the K prompts; its per-image Dice / IoU / recall / precision are
 read from the quality table (true metrics vs ground truth). Summaries carry percentile-bootstrap CIs over images
-(``evaluation.bootstrap``) and paired differences against the default prompt and the best fixed prompt, the two
-baselines every claim is measured against; the per-image oracle is the upper bound.
+(``evaluation.bootstrap``) and paired Dice / IoU differences against the default prompt and the best fixed prompt,
+the two baselines every claim is measured against; the per-image oracle is the upper bound.
 """
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import numpy as np
 
 from ..evaluation.bootstrap import DEFAULT_RESAMPLES, bootstrap_mean, paired_difference
 from .quality_data import METRICS, QualityData
+
+PAIRED_METRICS = ("dice", "iou")  # metrics with paired differences against the baselines
 
 
 def best_fixed_prompt(data: QualityData, train_rows: np.ndarray) -> int:
@@ -35,7 +37,8 @@ def chosen_metrics(data: QualityData, rows: np.ndarray, choice: np.ndarray) -> d
 def summarize_methods(data: QualityData, rows: np.ndarray, choices: dict[str, np.ndarray], *,
                       reference: str = "default", best_fixed: str = "best_fixed",
                       n_resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> dict[str, dict]:
-    """Per method: mean of each metric with a CI, paired Dice difference vs ``reference`` and ``best_fixed``,
+    """Per method: mean of each metric with a CI, paired Dice and IoU differences vs ``reference`` and ``best_fixed``
+    (``dice_minus_default``, ``iou_minus_best_fixed``, ...),
     the prompt-usage histogram. ``choices`` must hold ``reference`` and ``best_fixed``."""
     for key in (reference, best_fixed):
         if key not in choices:
@@ -46,9 +49,10 @@ def summarize_methods(data: QualityData, rows: np.ndarray, choices: dict[str, np
     for name, metrics in per.items():
         entry = {m: bootstrap_mean(v, what=f"{name} {m}", **knobs).to_dict() for m, v in metrics.items()}
         for base in (reference, best_fixed):
-            if base != name:
-                entry[f"dice_minus_{base}"] = paired_difference(metrics["dice"], per[base]["dice"],
-                                                                what=f"{name} - {base}", **knobs).to_dict()
+            for metric in PAIRED_METRICS:
+                if base != name:
+                    entry[f"{metric}_minus_{base}"] = paired_difference(
+                        metrics[metric], per[base][metric], what=f"{name} - {base} {metric}", **knobs).to_dict()
         entry["prompt_counts"] = np.bincount(np.asarray(choices[name]), minlength=data.num_prompts).tolist()
         out[name] = entry
     return out

@@ -112,6 +112,9 @@ def build_report(run: Path, out: Path, n_resamples: int) -> str:
             lines += [f"Text sensitivity on {ts['num_scenes']} multi-object scenes: Dice with the target is "
                       f"{ts['dice_target_prompt']} when the target is named and {ts['dice_distractor_prompt']} when "
                       "another object is named (equal values: the model ignores the text).", ""]
+    else:
+        lines += ["## Segmenter", "", f"Checkpoint {quality.meta.get('checkpoint')} (not trained by the `segmenter` "
+                  "step: no segmenter/train_log.json in the run directory).", ""]
     spread = quality.dice[held].std(1).mean()
     lines += [f"Prompt sensitivity: mean within-image std of Dice across the K prompts = {spread:.4f}; "
               f"degenerate masks in the cache: {quality.meta['degenerate']}.", ""]
