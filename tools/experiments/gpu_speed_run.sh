@@ -32,6 +32,10 @@ MASK_ACTION_S=${MASK_ACTION_S:-80}
 # under work_dirs/speed_run/ (relative to the repository root) so that they come back in speed_run.tgz <<<
 MASK_ACTION_ARGS=${MASK_ACTION_ARGS:-}
 STAGES=${STAGES:-ABCD}  # the stages to run (e.g. ACD: no 8b point, its time goes to the 4b run)
+# stage A's scaling points (bench --sweep) and how long after the bench's start it may still begin one
+SWEEP=${SWEEP:-"backend=fast_adapters G=16 T=256 tiles=13 G=4 T=64 tiles=1"}
+SWEEP_UNTIL_S=${SWEEP_UNTIL_S:-160}
+A_CAP_S=${A_CAP_S:-240}
 
 left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
 reserve_d() { if [ -f "$MASK_ACTION_MODULE" ] && wants D; then echo "$MASK_ACTION_S"; else echo 0; fi; }
@@ -52,10 +56,10 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$WORK/gp
 
 # A: the acceptance run (priority a), then 4b scaling points while its time lasts (priority b)
 KEEP=$(( $(budget_of B 80) + $(budget_of C 35) + $(reserve_d) ))  # the least that stages B, C and D need
-wants A && run_stage A_4b 240 150 $BENCH --preset $PRESET_A $REAL --warmup 1 --iters 2 --baselines generate --baseline-warmup 0 \
+wants A && run_stage A_4b "$A_CAP_S" 150 $BENCH --preset $PRESET_A $REAL --warmup 1 --iters 2 --baselines generate --baseline-warmup 0 \
   --baseline-iters 1 --profile "$WORK/rl_step_4b_profile.json" --profile-top 60 \
-  --sweep "backend=fast_adapters G=16 T=256 tiles=13 G=4 T=64 tiles=1" --sweep-warmup 1 --sweep-iters 1 \
-  --time-limit-s 160 --json "$WORK/rl_step_4b.json"
+  --sweep "$SWEEP" --sweep-warmup 1 --sweep-iters 1 \
+  --time-limit-s "$SWEEP_UNTIL_S" --json "$WORK/rl_step_4b.json"
 cp "$WORK/rl_step_4b.json" "$OUT/rl_step_4b.json" 2>/dev/null
 
 # B: 8b with host-stored partner and reference (does it fit 80 GB?)
