@@ -59,8 +59,8 @@ def local_options(name: str, files: dict[str, str]) -> dict:
                                                "train_dataloader.dataset.pretrained_path": ckpt,
                                                "train_dataloader.dataset.region_dataset.ann_file": ann},
         "rl/demo/grpo_shapes_cpu.py": {"model.pretrained_path": ckpt, "train_dataloader.dataset.ann_file": ann},
-        "rl/demo/grpo_shapes_fidelity_cpu.py": {"model.pretrained_path": ckpt,
-                                                 "train_dataloader.dataset.ann_file": ann},
+        "rl/demo/grpo_shapes_cycle_only_cpu.py": {"model.pretrained_path": ckpt,
+                                                   "train_dataloader.dataset.ann_file": ann},
         "rl/tiny_grpo_reward_net_cpu.py": {
             "model.pretrained_path": ckpt,
             "train_cfg.algorithm.rewards.caption_to_mask.0.checkpoint": files["reward_net"]},

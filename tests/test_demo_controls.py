@@ -1,13 +1,14 @@
 """demo/controls.py and demo/summary.py without training: which runs the controls make, and the goal checks."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from projects.llava_sam2.rl_train.demo.controls import (
     ALGO, KL_BETA, MASK_VARIANTS, algorithm_config, control_specs, mask_variant_name)
-from projects.llava_sam2.rl_train.demo.pipeline import DemoSettings
+from projects.llava_sam2.rl_train.demo.pipeline import REPO_ROOT, DemoSettings, subprocess_env
 from projects.llava_sam2.rl_train.demo.summary import Row, goal_checks
 from projects.llava_sam2.rl_train.evaluation.bootstrap import Estimate
 from projects.llava_sam2.rl_train.grpo.config import GRPOConfig
@@ -48,6 +49,35 @@ def test_control_specs_cover_loops_mask_variants_kl_and_sft(tmp_path):
     for name, (config_path, options) in specs.items():  # every GRPO control starts where the demo's GRPO starts
         if name != "sft_more":
             assert config_path == s.rl_config and f"model.pretrained_path={s.rl_start}" in options
+
+
+def test_demo_subprocesses_keep_the_callers_pythonpath(monkeypatch):
+    # an environment installed with `pip --target DIR` lives on PYTHONPATH (the lent GPU machines): the demo's
+    # training and evaluation children must still see it, after the checkout
+    monkeypatch.setenv("PYTHONPATH", "/opt/site")
+    assert subprocess_env()["PYTHONPATH"].split(os.pathsep) == [str(REPO_ROOT), "/opt/site"]
+    monkeypatch.delenv("PYTHONPATH")
+    assert subprocess_env()["PYTHONPATH"] == str(REPO_ROOT)
+
+
+def test_demo_loop1_reward_keeps_the_caption_true(tmp_path):
+    # the demo pays loop 1 for the cycle IoU and for METEOR against the GT caption (docs/demo.md, "Loop 1's reward");
+    # the cycle-only control config drops the second term
+    from mmengine.config import Config
+
+    demo = Config.fromfile(DemoSettings(tmp_path).rl_config).train_cfg.algorithm.rewards.mask_to_caption
+    assert [(r["type"].__name__, r["weight"]) for r in demo] == [("IoUReward", 1.0), ("MeteorReward", 0.5)]
+    control = Path(DemoSettings(tmp_path).rl_config).with_name("grpo_shapes_cycle_only_cpu.py")
+    only = Config.fromfile(str(control)).train_cfg.algorithm.rewards.mask_to_caption
+    assert [r["type"].__name__ for r in only] == ["IoUReward"]
+
+
+def test_controls_refuse_zero_jobs(capsys):
+    from projects.llava_sam2.rl_train.demo.controls import main
+
+    with pytest.raises(SystemExit):
+        main(["--jobs", "0", "--controls"])
+    assert "--jobs" in capsys.readouterr().err
 
 
 def test_rl_options_reach_the_algorithm_config(tmp_path):

@@ -15,7 +15,11 @@ pkgs=(addict==2.4.0 annotated_types==0.8.0 antlr4-python3-runtime==4.9.3 dataset
       termcolor==3.3.0 tokenizers==0.21.4 transformers==4.48.0 transformers_stream_generator==0.0.5
       typing_inspection==0.4.5 xtuner==0.2.0 yapf==0.43.0 peft==0.21.2
       openai==3.52.0 httpx2==2.16.2 httpcore2==2.16.2 jiter==0.19.0 sniffio==1.3.1 truststore==0.10.5
-      inflect==7.5.0 more_itertools==11.2.1 typeguard==4.6.0)
+      inflect==7.5.0 more_itertools==11.2.1 typeguard==4.6.0
+      # the demo's CPU experiments on the machine's cores (tools/experiments/cpu_battery.sh): its report's plots,
+      # and the CI test module tools/experiments/demo_test_margins.py imports
+      matplotlib==3.11.2 contourpy==1.4.0 cycler==0.12.1 fonttools==4.68.0 kiwisolver==1.5.1 pyparsing==3.3.3
+      pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1)
 for p in "${pkgs[@]}"; do
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     "${plat[@]}" -d "$dest" "$p" 2>/dev/null \

@@ -25,7 +25,7 @@
    mask variants and the CPU seconds of every run.
 
 Finished steps are skipped when run again (same bookkeeping as the demo). Cost: one GRPO run + one evaluation per
-control and seed, two processes at a time.
+control and seed, ``--jobs`` processes at a time (default 2).
 """
 from __future__ import annotations
 
@@ -141,9 +141,9 @@ def control_job(s: DemoSettings, name: str, config: str, options: list[str]) -> 
                       *text_command(s, checkpoint, key)])
 
 
-def run_controls(s: DemoSettings, names: list[str], force: bool = False) -> dict[str, Path]:
-    """Train, export and evaluate the controls ``names`` on seed ``s.seed`` (two at a time); returns name -> its
-    evaluation directory."""
+def run_controls(s: DemoSettings, names: list[str], force: bool = False, jobs_at_once: int = 2) -> dict[str, Path]:
+    """Train, export and evaluate the controls ``names`` on seed ``s.seed`` (``jobs_at_once`` at a time, one core
+    each); returns name -> its evaluation directory."""
     sft_iters = sft_more_iters(s) if "sft_more" in names else None
     specs = {n: spec for n, spec in control_specs(s, sft_iters).items() if n in names}
     jobs, prints = [], {}
@@ -153,8 +153,8 @@ def run_controls(s: DemoSettings, names: list[str], force: bool = False) -> dict
             print(f"-- seed {s.seed} control {name}: finished earlier, skipped")
             continue
         jobs.append(control_job(s, name, config, options))
-    for start in range(0, len(jobs), 2):  # one core each
-        pair = jobs[start:start + 2]
+    for start in range(0, len(jobs), jobs_at_once):
+        pair = jobs[start:start + jobs_at_once]
         banner(f"seed {s.seed} controls: " + " + ".join(job.name for job in pair))
         run_jobs(pair, env=subprocess_env())
         for job in pair:
@@ -172,7 +172,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="controls to run (default: all of control_specs; none: only the seeds)")
     parser.add_argument("--every-seed", nargs="*", default=["loop1_only"],
                         help="controls run on every seed (the others on the first seed only)")
+    parser.add_argument("--jobs", type=int, default=2,
+                        help="controls trained side by side, one process (one core) each")
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs: {args.jobs}; at least 1 control must run at a time")
     seeds, root = args.seeds, Path(args.work_dir).resolve()
     settings = settings_from_args(DemoSettings, args, work_dir=root)
     per_seed = {seed: DemoSettings(**{**settings.__dict__, "work_dir": root / f"seed{seed}", "seed": seed})
@@ -189,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             run_demo(s, force=args.force)
         for seed, s in per_seed.items():
             wanted = names if seed == seeds[0] else [n for n in names if n in args.every_seed]
-            controls[seed] = run_controls(s, wanted, force=args.force) if wanted else {}
+            controls[seed] = run_controls(s, wanted, force=args.force, jobs_at_once=args.jobs) if wanted else {}
     except JobError as error:
         print(f"\ncontrols FAILED: {error}", file=sys.stderr)
         return error.returncode

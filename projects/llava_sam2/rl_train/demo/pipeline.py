@@ -319,9 +319,11 @@ def run_row(s: DemoSettings, row: tuple[str, ...], force: bool, only=None) -> bo
 
 def subprocess_env(threads: int = 1) -> dict:
     """One intra-op thread per process: the tiny model's ops gain nothing from a second thread, and the demo runs
-    two processes side by side on two cores (OpenMP spin-waiting makes oversubscription very slow)."""
+    two processes side by side on two cores (OpenMP spin-waiting makes oversubscription very slow). The checkout
+    goes first on PYTHONPATH, before what the caller had there (an environment installed with --target)."""
+    path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
-               TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1", PYTHONPATH=str(REPO_ROOT))
+               TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1", PYTHONPATH=path)
     env.setdefault("NLTK_DATA", str(REPO_ROOT / ".cache/nltk_data"))
     return env
 

@@ -15,6 +15,8 @@ with read_base():
     from .._base_.sa2va_grpo_base import *  # noqa: F401,F403
     from .sft_shapes_cpu import coco_region_dataset, env_cfg, model, optim_wrapper, randomness  # noqa: F401
 
+from projects.llava_sam2.rl_train.rewards import IoUReward, MeteorReward  # noqa: E402
+
 # ---- model: sft_shapes_cpu.py's (the pretrained checkpoint, a fresh LoRA r=16; trainable: LoRA, mlp1, SAM2 mask
 # decoder, text_hidden_fcs; embeddings frozen, so the reference policy is "adapter off") ------------------------
 
@@ -40,6 +42,14 @@ train_cfg.algorithm.config.update(  # noqa: F405
     mask_importance_sampling_level="sequence",
     mask_length_norm="sqrt",
 )
+# ---- loop-1 reward: the cycle IoU plus a caption-fidelity term. With the cycle IoU alone the captions drift to what
+# the partner segments anyway (it picks objects by colour, so "a big <colour> circle" scores as well as a true
+# caption); METEOR against the ground-truth caption keeps the caption true (docs/demo.md, "Loop 1's reward").
+# grpo_shapes_cycle_only_cpu.py is the cycle-IoU-only control.
+train_cfg.algorithm.rewards.mask_to_caption = [  # noqa: F405
+    dict(type=IoUReward, weight=1.0),  # IoU(gt_mask, partner's mask for the policy's caption)
+    dict(type=MeteorReward, weight=0.5),  # METEOR(policy caption, gt_caption)
+]
 train_cfg.algorithm.update(seg_answer_max_tokens=16)  # noqa: F405  room for the longest SFT answer + stop
 max_iters = 60
 train_cfg.update(max_iters=max_iters)  # noqa: F405
