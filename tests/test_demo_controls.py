@@ -66,7 +66,7 @@ def test_demo_loop1_reward_keeps_the_caption_true(tmp_path):
     from mmengine.config import Config
 
     demo = Config.fromfile(DemoSettings(tmp_path).rl_config).train_cfg.algorithm.rewards.mask_to_caption
-    assert [(r["type"].__name__, r["weight"]) for r in demo] == [("IoUReward", 1.0), ("MeteorReward", 0.5)]
+    assert [(r["type"].__name__, r["weight"]) for r in demo] == [("IoUReward", 1.0), ("MeteorReward", 1.0)]
     control = Path(DemoSettings(tmp_path).rl_config).with_name("grpo_shapes_cycle_only_cpu.py")
     only = Config.fromfile(str(control)).train_cfg.algorithm.rewards.mask_to_caption
     assert [r["type"].__name__ for r in only] == ["IoUReward"]

@@ -4,6 +4,7 @@
 # process, its output in work_dirs/battery/NAME.log; all start at once (the demo pipelines start their own
 # 1-thread subprocesses). After the last one (or at KILL_AFTER_S) the small outputs (reports, stage records, metrics,
 # text dependence, training scalars, margins) come back as $OUT/battery.tgz; checkpoints and images stay.
+# POST (optional): one command run after them all, before the outputs are packed (e.g. a report over their runs).
 # Usage (after the wheel install and PYTHONPATH export of docs/benchmarks.md, WordNet zipped under $NLTK_ROOT):
 #   bash tools/experiments/cpu_battery.sh tools/experiments/plans/PLAN.txt KILL_AFTER_S NLTK_ROOT
 set -u
@@ -25,6 +26,7 @@ done < "$PLAN"
 LOADER=$!
 wait $(jobs -p | grep -v "^$LOADER$")
 kill $LOADER 2>/dev/null
+if [ -n "${POST:-}" ]; then bash -c "$POST" > "$LOGS/post.log" 2>&1; echo "post rc=$?" >> "$LOGS/status.txt"; fi
 cat "$LOGS/status.txt"
 cd work_dirs && find . \( -path ./battery -o -name report.md -o -path "*/stages/*.json" -o -name metrics.json \
   -o -name text_dependence.json -o -name scalars.json -o -name margins.json -o -name "*.log" \) -size -5M -print0 \
