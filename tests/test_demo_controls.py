@@ -109,3 +109,29 @@ def test_goal_checks_use_the_paired_ci(diff, gap, passed):
     assert {k: c["passed"] for k, c in checks.items()} == passed
     regressed = [_row("caption", "METEOR_nltk", True, (0.69, 0.66, 0.72), (0.6, 0.57, 0.63), (-0.09, -0.12, -0.06))]
     assert not goal_checks(regressed)["no_regression"]["passed"] and "text_gap" not in goal_checks(regressed)
+
+
+def test_sft_more_length_comes_from_every_probe_iteration(tmp_path, monkeypatch):
+    # the SFT config logs every 10th iteration: a 20-iteration probe left no timed iteration after the warm-up and
+    # the control divided by zero; the probe now logs each iteration
+    import json
+
+    from projects.llava_sam2.rl_train.demo import controls
+
+    s = DemoSettings(tmp_path)
+    rl_scalars = s.path("rl", "20260101_000000", "vis_data", "scalars.json")
+    rl_scalars.parent.mkdir(parents=True)
+    rl_scalars.write_text("".join(json.dumps({"time": 2.0, "iter": i}) + "\n" for i in range(1, 61)))
+
+    def fake_run_jobs(jobs, env=None):  # the probe's training, at 0.5 s an iteration, logged as its options say
+        argv = jobs[0].commands[0].argv
+        options = argv[argv.index("--cfg-options") + 1:]
+        interval = next((int(o.split("=")[1]) for o in options if o.startswith("default_hooks.logger.interval=")), 10)
+        out = s.path("controls", "sft_probe", "20260101_000001", "vis_data", "scalars.json")
+        out.parent.mkdir(parents=True)
+        out.write_text("".join(json.dumps({"time": 0.5, "iter": i}) + "\n"
+                               for i in range(interval, controls.SFT_PROBE_ITERS + 1, interval)))
+        jobs[0].seconds = [{"wall_s": 1.0, "cpu_s": 1.0}]
+
+    monkeypatch.setattr(controls, "run_jobs", fake_run_jobs)
+    assert controls.sft_more_iters(s) == 240  # 60 GRPO iterations x 2 s / 0.5 s per SFT iteration

@@ -123,13 +123,17 @@ def sft_more_iters(s: DemoSettings) -> int:
     """Iterations of SFT that take the GRPO run's training time: Σ GRPO iteration times / mean SFT iteration time,
     the latter from a probe run of SFT_PROBE_ITERS iterations (its first 2 left out: warm-up)."""
     probe = s.path("controls/sft_probe")
-    options = sft_options(s, start=s.rl_start, iters=SFT_PROBE_ITERS)
+    # every iteration logged (the SFT config logs every 10th: 2 rows of 20, none left after the warm-up)
+    options = [*sft_options(s, start=s.rl_start, iters=SFT_PROBE_ITERS), "default_hooks.logger.interval=1"]
     if not is_finished(s, "control_sft_probe", control_fingerprint(s, s.sft_config, options)):
         job = Job("sft_probe", train_and_export(s, "controls/sft_probe", s.sft_config, options)[:1])
         run_jobs([job], env=subprocess_env())
         write_marker(s, "control_sft_probe", {"commands": job.seconds}, control_fingerprint(s, s.sft_config, options))
     sft = _iteration_seconds(probe)[2:]
     rl = _iteration_seconds(s.path("rl"))
+    if not sft or not rl:
+        raise RuntimeError(f"control sft_more: no per-iteration times to compare (SFT probe {probe}: {len(sft)} "
+                           f"after the warm-up, GRPO run {s.path('rl')}: {len(rl)}); check their logger interval")
     return max(2, round(sum(rl) / (sum(sft) / len(sft))))
 
 
