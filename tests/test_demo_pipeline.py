@@ -10,13 +10,14 @@ Shortened settings: the same PROMPTS training scenes in every batch (each point 
 prompts, so a rising mean is learning, not easier batches), G = 4, captions of at most 12 tokens, a larger step
 than the demo's, no KL term (it would add the reference pass). The rise of a loop = mean training reward over the last WINDOW iterations − over the first WINDOW.
 
-The margins (MARGINS) come from three seeds of this very run (docs/demo.md, "The CI test";
-``python -m tools.experiments.demo_test_margins --seeds 0 1 2``): the same run at learning rate 0 measures the noise
-of the rise (sampling only: the policy and the EMA partner stay the pretrained model), and each margin is the largest
-null rise of its loop rounded up (loop 1: +0.0065 -> 0.01; loop 2: +0.0389 -> 0.04). At the test's seed (0, CPU runs
-are deterministic) the learning rises are +0.0285 and +0.0498. Caveat, measured: at seeds 1 and 2 this short run
-does not clear these margins (loop 1 +0.011 / -0.001, loop 2 +0.028 / +0.027), so the run shows learning beyond
-noise on seed 0 only; the test pins that seed as a regression check of the whole pipeline.
+The margins (MARGINS) come from six seeds of this very run (docs/demo.md, "The CI test";
+``python -m tools.experiments.demo_test_margins --seeds 0 1 2 3 4 5``, run on the lent machine's CPU cores with
+tools/experiments/plans/demo_round2.txt and demo_round3.txt): the same run at learning rate 0 measures the noise of
+the rise (sampling only: the policy and the EMA partner stay the pretrained model), and each margin is above the
+largest null rise of its loop (loop 1: +0.047 -> 0.05; loop 2: +0.035 -> 0.04). Learning rises over the six seeds:
+loop 1 +0.070 +0.088 +0.050 +0.065 +0.100 +0.112, loop 2 +0.075 +0.072 +0.107 +0.030 +0.089 +0.007, so learning
+clears the margins on 5 and 4 of 6 seeds (above its own seed's null rise on all six, by +0.05 to +0.12 and +0.02 to
++0.07). The test pins seed 0 (CPU runs are deterministic) as a regression check of the whole pipeline.
 """
 from __future__ import annotations
 
@@ -27,13 +28,13 @@ import pytest
 from projects.llava_sam2.rl_train.demo.pipeline import DemoSettings, run_demo
 from projects.llava_sam2.rl_train.demo.summary import REWARD_KEYS, reward_trend
 
-PROMPTS, RL_ITERS, WINDOW = 8, 16, 4
+PROMPTS, RL_ITERS, WINDOW = 8, 24, 4
 # the knobs that make the run short (the demo's config otherwise)
 RL_OPTIONS = [f"train_dataloader.batch_size={PROMPTS}", "train_cfg.algorithm.config.num_generations=4",
-              "train_cfg.algorithm.config.max_completion_length=12", "optim_wrapper.optimizer.lr=1e-3",
+              "train_cfg.algorithm.config.max_completion_length=12", "optim_wrapper.optimizer.lr=3e-3",
               "default_hooks.rollout_logging.interval=1000",
               "train_cfg.algorithm.config.beta=0.0"]  # no reference pass: the run MARGINS were calibrated on
-MARGINS = dict(zip(REWARD_KEYS, (0.01, 0.04)))  # loop 1, loop 2: the largest null rise of 3 seeds, rounded up
+MARGINS = dict(zip(REWARD_KEYS, (0.05, 0.04)))  # loop 1, loop 2: above every null rise of 6 seeds (docstring)
 
 
 def short_demo(work_dir, seed: int = 0, options: list[str] = (), rl_iters: int = RL_ITERS
