@@ -21,17 +21,4 @@ for name in "${!VARIANT[@]}"; do
     > logs/$name.log 2>&1 &
 done
 wait
-for name in "${!VARIANT[@]}"; do cp runs/$name/pretrain_log.json logs/$name.json 2>/dev/null; done
-tar czf "$OUT/logs.tgz" logs
-for name in "${!VARIANT[@]}"; do tar cf "$OUT/ckpt_$name.tar" -C runs --exclude pretrain_log.json $name; done
-python3 - <<'PY'
-import glob, json
-for path in sorted(glob.glob("logs/*.json")):
-    log = json.load(open(path))
-    td = log.get("held_out", {}).get("text_dependence", {})
-    tasks = log.get("held_out", {}).get("tasks", {})
-    stages = " ".join(f"{s['name']}:{s['steps_done']}/{s['planned_steps']}" for s in log["stages"])
-    print(path, stages, "train_s", log["train_seconds"], "wall_s", log.get("wall_seconds"),
-          {k: round(v["value"], 3) for k, v in td.items() if isinstance(v, dict)},
-          {t: {k: round(v["value"], 3) for k, v in m.items()} for t, m in tasks.items()})
-PY
+python3 -m tools.experiments.pretrain_summary --out "$OUT" "${!VARIANT[@]}"

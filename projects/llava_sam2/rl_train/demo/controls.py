@@ -158,10 +158,10 @@ def run_controls(s: DemoSettings, names: list[str], force: bool = False, jobs_at
             continue
         jobs.append(control_job(s, name, config, options))
     for start in range(0, len(jobs), jobs_at_once):
-        pair = jobs[start:start + jobs_at_once]
-        banner(f"seed {s.seed} controls: " + " + ".join(job.name for job in pair))
-        run_jobs(pair, env=subprocess_env())
-        for job in pair:
+        batch = jobs[start:start + jobs_at_once]
+        banner(f"seed {s.seed} controls: " + " + ".join(job.name for job in batch))
+        run_jobs(batch, env=subprocess_env())
+        for job in batch:
             write_marker(s, f"control_{job.name}", {"commands": job.seconds,
                                                      "cpu_s": round(sum(c["cpu_s"] for c in job.seconds), 1)},
                          prints[job.name])

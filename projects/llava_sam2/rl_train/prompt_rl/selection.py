@@ -49,10 +49,11 @@ def summarize_methods(data: QualityData, rows: np.ndarray, choices: dict[str, np
     for name, metrics in per.items():
         entry = {m: bootstrap_mean(v, what=f"{name} {m}", **knobs).to_dict() for m, v in metrics.items()}
         for base in (reference, best_fixed):
+            if base == name:
+                continue
             for metric in PAIRED_METRICS:
-                if base != name:
-                    entry[f"{metric}_minus_{base}"] = paired_difference(
-                        metrics[metric], per[base][metric], what=f"{name} - {base} {metric}", **knobs).to_dict()
+                entry[f"{metric}_minus_{base}"] = paired_difference(
+                    metrics[metric], per[base][metric], what=f"{name} - {base} {metric}", **knobs).to_dict()
         entry["prompt_counts"] = np.bincount(np.asarray(choices[name]), minlength=data.num_prompts).tolist()
         out[name] = entry
     return out
