@@ -23,7 +23,7 @@ def test_bench_rl_step_runs_ours_and_both_baselines_on_cpu(tmp_path):
     result = bench.run_benchmark(["--preset", "tiny", "--batch", "2", "--num-generations", "2",
                                   "--max-new-tokens", "4", "--warmup", "0", "--iters", "1", "--naive-samples", "1",
                                   "--storage", "cpu", "--force-seg", "--caption-lengths", "2,3",
-                                  "--baseline-warmup", "0", "--sweep", "G=4", "--sweep-warmup", "0",
+                                  "--baseline-warmup", "0", "--sweep", "G=4 amp=bfloat16", "--sweep-warmup", "0",
                                   "--profile", str(prof), "--json", str(out)])
     assert {name: getattr(cycle, name) for name in before} == before and DECODE_BACKENDS == backends
     assert TokenChooser.__call__ is choose
@@ -35,6 +35,10 @@ def test_bench_rl_step_runs_ours_and_both_baselines_on_cpu(tmp_path):
     sweep = result["sweep"]["G=4"]
     assert sweep["num_generations"] == 4 and sweep["rollouts_per_s"] > 0
     assert sweep["tokens_per_iteration"]["policy_caption_tokens"] <= 3 * 8
+    # CPU default: no autocast; the amp point runs rollout and loss forward under bf16 autocast (GRPOLoop's AMP path)
+    assert result["amp_dtype"] == "none" and sweep["amp_dtype"] == "none"
+    assert result["sweep"]["amp=bfloat16"]["amp_dtype"] == "bfloat16"
+    assert result["sweep"]["amp=bfloat16"]["rollouts_per_s"] > 0
     for variant in (result, *result["baselines"].values()):
         assert variant["rollouts_per_s"] > 0 and variant["tokens_per_iteration"]["policy_caption_tokens"] > 0
         assert {"encode", "rollout", "logprob_backward", "optimizer", "ema_partner"} <= set(variant["seconds"])
@@ -49,3 +53,9 @@ def test_bench_rl_step_runs_ours_and_both_baselines_on_cpu(tmp_path):
     table = json.loads(prof.read_text())
     assert table["top"] and all(row["count"] > 0 for row in table["top"])
     assert {row["name"] for row in table["phases"]} >= {"encode", "rollout", "logprob_backward"}
+
+
+def test_sweep_point_rejects_an_unknown_amp_dtype():
+    assert bench.sweep_point("amp=none,G=4") == {"amp_dtype": "none", "num_generations": 4}
+    with pytest.raises(ValueError, match="amp=int8"):
+        bench.sweep_point("amp=int8")

@@ -5,7 +5,8 @@ from transformers import Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausa
 
 from projects.llava_sam2.rl_train.model.generation import completion_logprobs
 from projects.llava_sam2.rl_train.model.lora import (
-    LORA_TARGET_MODULES, apply_lora, configure_trainable, default_target_modules, trainable_parameters)
+    LORA_TARGET_MODULES, adapter_compute_dtype, apply_lora, configure_trainable, default_target_modules,
+    trainable_parameters)
 
 
 def tiny_qwen2(seed=0):
@@ -155,3 +156,48 @@ def test_greedy_sampling_through_peft_follows_the_adapter_switch():
         with peft_lm.disable_adapter():
             reference = sample_completions(peft_lm, embeds, attention, **kw).ids
     assert torch.equal(reference, base) and not torch.equal(policy, base)
+
+
+def lora_a_output_dtypes(peft_lm):
+    """Record the dtype every adapter's A projection computes in (forward hooks); returns the set and the handles."""
+    seen, handles = set(), []
+    for name, module in peft_lm.named_modules():
+        if name.endswith("lora_A.default"):
+            handles.append(module.register_forward_hook(lambda _m, _i, out: seen.add(out.dtype)))
+    return seen, handles
+
+
+def test_adapters_of_a_bf16_model_compute_in_bf16_under_amp_and_in_fp32_without():
+    lm = apply_lora(tiny_qwen2().to(torch.bfloat16), r=4, lora_alpha=8, lora_dropout=0.0)
+    perturb_lora_b(lm)
+    assert {p.dtype for n, p in lm.named_parameters() if "lora_" in n} == {torch.float32}  # peft keeps fp32 masters
+    seen, handles = lora_a_output_dtypes(lm)
+    plain = score(lm)
+    assert seen == {torch.float32}  # the old path: every adapter GEMM in fp32
+    seen.clear()
+    with adapter_compute_dtype(lm, torch.bfloat16):
+        amp = score(lm)
+    assert seen == {torch.bfloat16}
+    assert all(m.cast_input_dtype_enabled for _, m in lm.named_modules() if hasattr(m, "cast_input_dtype_enabled"))
+    torch.testing.assert_close(amp.float(), plain.float(), atol=0.1, rtol=0.05)  # bf16 rounding only
+    assert not torch.equal(amp.float(), plain.float())
+    # forward under autocast, backward outside it (as MMEngine's train_step): fp32 gradients reach the adapters
+    lm.train()
+    with adapter_compute_dtype(lm, torch.bfloat16, enter_autocast=False):
+        with adapter_compute_dtype(lm, torch.bfloat16):
+            loss = -score(lm).float().sum()
+        loss.backward()
+    grads = [p.grad for n, p in lm.named_parameters() if "lora_A" in n]
+    assert all(g is not None and g.dtype == torch.float32 and g.abs().sum() > 0 for g in grads)
+    for handle in handles:
+        handle.remove()
+
+
+def test_adapter_compute_dtype_none_or_fp32_changes_nothing():
+    lm = apply_lora(tiny_qwen2(), r=4, lora_alpha=8, lora_dropout=0.0)
+    perturb_lora_b(lm)
+    reference = score(lm)
+    for dtype in (None, torch.float32):
+        with adapter_compute_dtype(lm, dtype):
+            assert not torch.is_autocast_enabled("cpu")
+            assert torch.equal(score(lm), reference)

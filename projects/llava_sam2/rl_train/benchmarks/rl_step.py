@@ -10,7 +10,9 @@ checkpointing on CUDA, the fp32 EMA partner and the reference snapshot (``Weight
 memory: ``--storage``), and times ``--iters`` iterations (after ``--warmup``) of: encode → rollout (loop 1 and
 loop 2, each with its reference and partner passes) → rewards → advantages → log-probs with grad + backward →
 optimizer step → EMA partner update, on a shapes-world batch of ``--image-size`` images (896 px → 2×2 tiles +
-thumbnail = 1,280 image tokens per prompt on the real presets).
+thumbnail = 1,280 image tokens per prompt on the real presets). As ``GRPOLoop`` under the GPU configs'
+``AmpOptimWrapper(dtype='bfloat16')``, the rollout and the loss forward run under bf16 autocast with peft's fp32
+adapters computing in bf16 (``--amp-dtype``; ``none`` gives the fp32 adapter GEMMs of the figures before session 6).
 
 Then, in the same process on the same batch (``--baselines``):
 
@@ -40,7 +42,7 @@ ids before decoding (``id % len(tokenizer)``), so captions have realistic length
 Caption rewards: a token-overlap F1 stub (``--caption-reward stub``, default) or the configured METEOR + judge.
 
 ``--sweep 'G=4 G=16 T=64 tiles=13 G=16,T=64'`` then runs ours at each point (keys G, T, B, tiles ∈ {1, 5, 10, 13},
-backend = a decode backend) on the same model, ``--sweep-warmup`` + ``--sweep-iters`` iterations each; a point that
+backend = a decode backend, amp = an ``--amp-dtype``) on the same model, ``--sweep-warmup`` + ``--sweep-iters`` iterations each; a point that
 runs out of memory is recorded as such and the sweep goes on.
 """
 from __future__ import annotations
@@ -65,7 +67,7 @@ from projects.llava_sam2.rl_train.grpo.mask_policy import MASK_POLICIES
 from projects.llava_sam2.rl_train.grpo.trainer import CycleGRPO
 from projects.llava_sam2.rl_train.grpo.weights import WeightSets
 from projects.llava_sam2.rl_train.model.fast_generation import DECODE_BACKENDS
-from projects.llava_sam2.rl_train.model.lora import apply_lora, configure_trainable
+from projects.llava_sam2.rl_train.model.lora import adapter_compute_dtype, apply_lora, configure_trainable
 from projects.llava_sam2.rl_train.model.presets import build_preset
 from projects.llava_sam2.rl_train.model.processor import Sa2VAProcessor
 from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
@@ -126,19 +128,23 @@ def instrumented(clock: PhaseClock, weights: WeightSets, texts, forced: ForcedAn
         del weights.reference
 
 
-def run_iteration(algo, model, optimizer, params, batch, clock: PhaseClock) -> dict:
+def run_iteration(algo, model, optimizer, params, batch, clock: PhaseClock, amp: torch.dtype | None = None) -> dict:
+    """One step as ``GRPOLoop`` runs it; ``amp``: the dtype its ``AmpOptimWrapper`` autocasts to (rollout and loss
+    forward under autocast, backward outside; engine/loop.py), None for no autocast."""
     with clock("encode"):
         features = algo.encode(batch)
-    with clock("rollout"):
+    with clock("rollout"), adapter_compute_dtype(model, amp):
         rollouts = algo.rollout(features)
     with clock("rewards"):
         algo.score(rollouts)
     with clock("advantages"):
         algo.compute_advantages(rollouts)
     model.train()
-    with clock("logprob_backward"):
+    with clock("logprob_backward"), adapter_compute_dtype(model, amp, enter_autocast=False):
         for minibatch in algo.minibatches(rollouts):
-            algo.policy_loss(model, minibatch)["loss"].backward()
+            with adapter_compute_dtype(model, amp):
+                loss = algo.policy_loss(model, minibatch)["loss"]
+            loss.backward()
     with clock("optimizer"):
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
@@ -148,7 +154,8 @@ def run_iteration(algo, model, optimizer, params, batch, clock: PhaseClock) -> d
     return token_counts(rollouts)
 
 
-def run_variant(algo, model, optimizer, params, batch, clock, warmup: int, iters: int) -> dict:
+def run_variant(algo, model, optimizer, params, batch, clock, warmup: int, iters: int,
+                amp: torch.dtype | None = None) -> dict:
     """Warm-up iterations, then ``iters`` timed ones of ``algo``; the summary of the mean iteration."""
     counts = defaultdict(float)
     clock.take()
@@ -156,7 +163,7 @@ def run_variant(algo, model, optimizer, params, batch, clock, warmup: int, iters
         clock.active = iteration >= warmup
         if iteration == warmup:
             reset_peak(clock.device)
-        for key, value in run_iteration(algo, model, optimizer, params, batch, clock).items():
+        for key, value in run_iteration(algo, model, optimizer, params, batch, clock, amp).items():
             if clock.active:
                 counts[key] += value
     seconds = {k: v / iters for k, v in clock.take().items()}
@@ -184,6 +191,10 @@ def parse_args(argv=None):
                         help="where partner/reference/swap values live: beside the parameters, or pinned host memory")
     parser.add_argument("--caption-reward", default="stub", choices=["stub", "default"])
     parser.add_argument("--grad-ckpt", default=None, choices=["on", "off"], help="default: on for CUDA")
+    parser.add_argument("--amp-dtype", default=None, choices=["bfloat16", "float16", "none"],
+                        help="autocast of rollout and loss forward, as the configs' AmpOptimWrapper (engine/loop.py): "
+                             "default bfloat16 on CUDA, none on CPU; none = LoRA GEMMs in fp32 (figures before "
+                             "session 6)")
     parser.add_argument("--force-seg", action="store_true",
                         help="the partner's loop-1 answers are forced to 'Sure, [SEG].' + stop (the [SEG] path runs)")
     parser.add_argument("--caption-lengths", default=None, metavar="LO,HI",
@@ -220,7 +231,8 @@ def parse_args(argv=None):
 
 # sweep keys -> argument names; tiles -> image (width, height) on the 448 px presets (1..12 tiles + thumbnail)
 SWEEP_KEYS = {"G": "num_generations", "T": "max_new_tokens", "B": "batch", "backend": "decode_backend",
-              "tiles": "tiles"}
+              "tiles": "tiles", "amp": "amp_dtype"}
+TEXT_KEYS = ("backend", "amp")
 TILE_IMAGES = {1: (448, 448), 5: (896, 896), 10: (1344, 1344), 13: (1792, 1344)}
 
 
@@ -231,7 +243,9 @@ def sweep_point(text: str) -> dict:
         key, _, value = item.partition("=")
         if key not in SWEEP_KEYS or not value:
             raise ValueError(f"--sweep: bad point item {item!r}; use KEY=VALUE with KEY in {sorted(SWEEP_KEYS)}")
-        point[SWEEP_KEYS[key]] = value if key == "backend" else int(value)
+        point[SWEEP_KEYS[key]] = value if key in TEXT_KEYS else int(value)
+    if point.get("amp_dtype", "none") not in ("bfloat16", "float16", "none"):
+        raise ValueError(f"--sweep: amp={point['amp_dtype']}; use bfloat16, float16 or none")
     if point.get("tiles", 5) not in TILE_IMAGES:
         raise ValueError(f"--sweep: tiles={point['tiles']}; use one of {sorted(TILE_IMAGES)}")
     return point
@@ -274,6 +288,8 @@ def run_benchmark(argv: list[str] | None = None) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     grad_ckpt = (args.grad_ckpt or ("on" if device.type == "cuda" else "off")) == "on"
+    amp_name = args.amp_dtype or ("bfloat16" if device.type == "cuda" else "none")
+    amp = None if amp_name == "none" else getattr(torch, amp_name)
     torch.manual_seed(0)
     start = time.perf_counter()
     model, processor = build(args.preset, device, dtype, args.lora_r, grad_ckpt)
@@ -289,10 +305,10 @@ def run_benchmark(argv: list[str] | None = None) -> dict:
     texts = folded_texts(processor.tokenizer, cycle.completion_texts)
     memory = weights.memory()
     result = {"preset": args.preset, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-              "dtype": str(dtype), "torch": torch.__version__, "build_s": build_s,
+              "dtype": str(dtype), "amp_dtype": amp_name, "torch": torch.__version__, "build_s": build_s,
               "params": sum(p.numel() for p in model.parameters()), "trainable_params": sum(p.numel() for p in params),
               "gradient_checkpointing": grad_ckpt, "n_tiles": processor.preprocess_image(batch[0].image).n_tiles,
-              **{k: v for k, v in vars(args).items() if k not in ("json", "profile")},
+              **{k: v for k, v in vars(args).items() if k not in ("json", "profile", "amp_dtype")},
               "model_gib": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30,
               "partner_reference_swap_gib": memory.total_bytes / 2**30,
               "partner_reference_device_gib": memory.device_bytes / 2**30,
@@ -309,25 +325,25 @@ def run_benchmark(argv: list[str] | None = None) -> dict:
         algo = make_algo(model, processor, weights, args, args.decode_backend)
         for loop in algo.loops:
             clock.wrap_loop(loop)
-        result.update(run_variant(algo, model, optimizer, params, batch, clock, args.warmup, args.iters))
+        result.update(run_variant(algo, model, optimizer, params, batch, clock, args.warmup, args.iters, amp))
         save()
         run_baselines(args, algo, model, processor, weights, optimizer, params, batch, clock, texts,
-                      result["baselines"], save)
+                      result["baselines"], save, amp)
         if args.profile:
             def profiled() -> set[str]:
                 clock.take()
-                run_iteration(algo, model, optimizer, params, batch, clock)
+                run_iteration(algo, model, optimizer, params, batch, clock, amp)
                 return set(clock.take())
             profile_iteration(args.profile, args.profile_top, profiled)
         deadline = None if args.time_limit_s is None else started + args.time_limit_s
-        run_sweep(args, model, processor, weights, optimizer, params, clock, result["sweep"], save, deadline)
+        run_sweep(args, model, processor, weights, optimizer, params, clock, result["sweep"], save, deadline, amp)
     print(json.dumps(result, indent=2))
     print_table(result)
     return result
 
 
 def run_baselines(args, algo, model, processor, weights, optimizer, params, batch, clock, texts, out: dict,
-                  save) -> None:
+                  save, amp: torch.dtype | None = None) -> None:
     """The ``--baselines`` after ours, on the same model, batch and weight sets, into ``out``."""
     names = list(filter(None, args.baselines.split(",")))
     if "generate" in names:
@@ -335,7 +351,7 @@ def run_baselines(args, algo, model, processor, weights, optimizer, params, batc
         for loop in generate.loops:
             clock.wrap_loop(loop)
         out["generate"] = run_variant(generate, model, optimizer, params, batch, clock, args.baseline_warmup,
-                                      args.baseline_iters)
+                                      args.baseline_iters, amp)
         save()
     if "naive" in names:
         clock.active = True
@@ -350,7 +366,8 @@ def run_baselines(args, algo, model, processor, weights, optimizer, params, batc
         save()
 
 
-def run_sweep(args, model, processor, weights, optimizer, params, clock, out: dict, save, deadline) -> None:
+def run_sweep(args, model, processor, weights, optimizer, params, clock, out: dict, save, deadline,
+              amp: torch.dtype | None = None) -> None:
     """Ours at each ``--sweep`` point (same model and weight sets) into ``out``; an out-of-memory point is recorded,
     not fatal; no point starts after ``deadline`` (``time.perf_counter()`` value, None: no limit)."""
     for label, point in args.sweep:
@@ -364,9 +381,12 @@ def run_sweep(args, model, processor, weights, optimizer, params, clock, out: di
             algo = make_algo(model, processor, weights, settings, settings.decode_backend)
             for loop in algo.loops:
                 clock.wrap_loop(loop)
-            summary = run_variant(algo, model, optimizer, params, batch, clock, args.sweep_warmup, args.sweep_iters)
+            point_amp = amp if "amp_dtype" not in point else getattr(torch, point["amp_dtype"], None)
+            summary = run_variant(algo, model, optimizer, params, batch, clock, args.sweep_warmup, args.sweep_iters,
+                                  point_amp)
             out[label] = {**summary, "batch": settings.batch, "num_generations": settings.num_generations,
                           "max_new_tokens": settings.max_new_tokens, "decode_backend": settings.decode_backend,
+                          "amp_dtype": str(point_amp).removeprefix("torch.") if point_amp else "none",
                           "n_tiles": processor.preprocess_image(batch[0].image).n_tiles}
         except torch.cuda.OutOfMemoryError as err:
             out[label] = {"error": f"out of memory: {str(err).splitlines()[0]}", "peak_gib": peak_gib(clock.device)}

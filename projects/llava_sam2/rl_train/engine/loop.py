@@ -40,10 +40,12 @@ from typing import Any
 
 import torch
 from mmengine.logging import print_log
+from mmengine.optim import AmpOptimWrapper
 from mmengine.registry import LOOPS
 from torch.utils.data import DataLoader
 
 from ..grpo.protocol import GRPOAlgorithm, GRPOTrainModel, check_algorithm
+from ..model.lora import adapter_compute_dtype
 from .atomic_files import read_pointer
 from .checkpointing import unwrap_model
 from .guard import NonFiniteGuard
@@ -52,6 +54,17 @@ from .stats import PhaseTimer, mean_of_logs, reduce_across_ranks, rollout_metric
 
 BATCHES_DRAWN = "grpo_batches_drawn"  # message-hub entry: prompt batches taken from the dataloader so far
 EMPTY_BATCHES = "grpo_empty_batches"  # message-hub entry: run total of batches replaced for being empty
+
+
+def autocast_dtype(optim_wrapper, model) -> torch.dtype | None:
+    """The dtype ``optim_wrapper`` autocasts the loss pass to (MMEngine's ``AmpOptimWrapper``: its ``dtype``, by default
+    fp16 on CUDA and bf16 on CPU, as ``mmengine.runner.amp.autocast``); None for a wrapper that does not autocast."""
+    if not isinstance(optim_wrapper, AmpOptimWrapper):
+        return None
+    if optim_wrapper.cast_dtype is not None:
+        return optim_wrapper.cast_dtype
+    on_cpu = next(unwrap_model(model).parameters()).device.type == "cpu"
+    return torch.bfloat16 if on_cpu else torch.float16
 
 
 @LOOPS.register_module()
@@ -134,16 +147,20 @@ class GRPOLoop(IterationLoop):
         runner.call_hook("before_train_iter", batch_idx=self._iter, data_batch=data_batch)
         with timer("encode"):
             features = algo.encode(data_batch)
-        with timer("rollout"):
+        # rollout and update compute the adapters in the dtype the optimizer wrapper autocasts the loss pass to, so the
+        # rollout's log-probs come from the same arithmetic as the loss pass's (and no adapter GEMM runs in fp32)
+        model, dtype = unwrap_model(runner.model), autocast_dtype(runner.optim_wrapper, runner.model)
+        with timer("rollout"), adapter_compute_dtype(model, dtype):
             rollouts = algo.rollout(features)
         runner.call_hook("after_rollout", batch_idx=self._iter, data_batch=data_batch, rollouts=rollouts)
         with timer("score"):
             algo.score(rollouts)
         runner.call_hook("after_reward", batch_idx=self._iter, data_batch=data_batch, rollouts=rollouts)
         algo.compute_advantages(rollouts)
-        with timer("update"):
+        # train_step autocasts the forward itself (and leaves the backward outside autocast, as torch recommends)
+        with timer("update"), adapter_compute_dtype(model, dtype, enter_autocast=False):
             step_logs = self._update(algo, rollouts)
-            algo.after_optimizer_step()
+        algo.after_optimizer_step()
         outputs = reduce_across_ranks({**step_logs, **rollout_metrics(rollouts), **timer.seconds,
                                        **self._guard.end_iteration(), **self._empty_draws})
         self._check_finite(outputs)
