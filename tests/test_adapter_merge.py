@@ -134,3 +134,17 @@ def test_compiled_step_on_merged_weights_compiles_once(monkeypatch):
     second = fast_merged_completions(lm, embeds, attention, compile_step=True, **kw)
     assert counters["stats"]["unique_graphs"] == graphs and torch.equal(first.ids, second.ids)
     assert torch.equal(first.ids, fast_sample_completions(lm, embeds, attention, **kw).ids)
+
+
+def test_merged_weight_is_summed_in_fp32_inside_a_rollouts_autocast():
+    """GRPOLoop runs the rollout under the AMP autocast (engine/loop.py); the merge must not round B A to bf16."""
+    lm = lora_lm().to(torch.bfloat16)
+    for name, p in lm.named_parameters():
+        if "lora_" in name:
+            p.data = p.data.float()  # peft's layout on a bf16 model: fp32 adapters
+    with merged_adapters(lm):
+        plain = {n: getattr(m, MERGED_WEIGHT).clone() for n, m in lm.named_modules() if hasattr(m, MERGED_WEIGHT)}
+    with torch.autocast("cpu", dtype=torch.bfloat16), merged_adapters(lm):
+        amp = {n: getattr(m, MERGED_WEIGHT) for n, m in lm.named_modules() if hasattr(m, MERGED_WEIGHT)}
+        assert plain.keys() == amp.keys() and plain
+        assert all(torch.equal(plain[n], amp[n]) for n in plain)

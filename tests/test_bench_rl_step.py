@@ -23,7 +23,7 @@ def test_bench_rl_step_runs_ours_and_both_baselines_on_cpu(tmp_path):
     result = bench.run_benchmark(["--preset", "tiny", "--batch", "2", "--num-generations", "2",
                                   "--max-new-tokens", "4", "--warmup", "0", "--iters", "1", "--naive-samples", "1",
                                   "--storage", "cpu", "--force-seg", "--caption-lengths", "2,3",
-                                  "--baseline-warmup", "0", "--sweep", "G=4 amp=bfloat16", "--sweep-warmup", "0",
+                                  "--baseline-warmup", "0", "--sweep", "G=4 amp=bfloat16 T=8", "--sweep-warmup", "0",
                                   "--profile", str(prof), "--json", str(out)])
     assert {name: getattr(cycle, name) for name in before} == before and DECODE_BACKENDS == backends
     assert TokenChooser.__call__ is choose
@@ -39,6 +39,10 @@ def test_bench_rl_step_runs_ours_and_both_baselines_on_cpu(tmp_path):
     assert result["amp_dtype"] == "none" and sweep["amp_dtype"] == "none"
     assert result["sweep"]["amp=bfloat16"]["amp_dtype"] == "bfloat16"
     assert result["sweep"]["amp=bfloat16"]["rollouts_per_s"] > 0
+    # a T point scales the forced caption lengths with T (2-3 at T = 4 -> 4-6 at T = 8), then restores them
+    longer = result["sweep"]["T=8"]
+    assert longer["caption_lengths"] == (4, 6) and 4 * 4 <= longer["tokens_per_iteration"]["policy_caption_tokens"] <= 4 * 6
+    assert result["sweep"]["G=4"]["caption_lengths"] == (2, 3)
     for variant in (result, *result["baselines"].values()):
         assert variant["rollouts_per_s"] > 0 and variant["tokens_per_iteration"]["policy_caption_tokens"] > 0
         assert {"encode", "rollout", "logprob_backward", "optimizer", "ema_partner"} <= set(variant["seconds"])

@@ -321,7 +321,8 @@ def run_benchmark(argv: list[str] | None = None) -> dict:
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=2)
 
-    with instrumented(clock, weights, texts, forced_answers(args, processor, model, clock)):
+    forced = forced_answers(args, processor, model, clock)
+    with instrumented(clock, weights, texts, forced):
         algo = make_algo(model, processor, weights, args, args.decode_backend)
         for loop in algo.loops:
             clock.wrap_loop(loop)
@@ -336,7 +337,8 @@ def run_benchmark(argv: list[str] | None = None) -> dict:
                 return set(clock.take())
             profile_iteration(args.profile, args.profile_top, profiled)
         deadline = None if args.time_limit_s is None else started + args.time_limit_s
-        run_sweep(args, model, processor, weights, optimizer, params, clock, result["sweep"], save, deadline, amp)
+        run_sweep(args, model, processor, weights, optimizer, params, clock, result["sweep"], save, deadline, amp,
+                  forced)
     print(json.dumps(result, indent=2))
     print_table(result)
     return result
@@ -367,9 +369,12 @@ def run_baselines(args, algo, model, processor, weights, optimizer, params, batc
 
 
 def run_sweep(args, model, processor, weights, optimizer, params, clock, out: dict, save, deadline,
-              amp: torch.dtype | None = None) -> None:
+              amp: torch.dtype | None = None, forced: ForcedAnswers | None = None) -> None:
     """Ours at each ``--sweep`` point (same model and weight sets) into ``out``; an out-of-memory point is recorded,
-    not fatal; no point starts after ``deadline`` (``time.perf_counter()`` value, None: no limit)."""
+    not fatal; no point starts after ``deadline`` (``time.perf_counter()`` value, None: no limit). A point with its
+    own T scales the forced caption lengths with it (``--caption-lengths 32,128`` at T = 256: 64-256), so T measures
+    longer captions, not only a higher cap."""
+    lengths = forced.caption_lengths if forced is not None else None
     for label, point in args.sweep:
         if deadline is not None and time.perf_counter() > deadline:
             out[label] = {"error": "skipped: --time-limit-s reached"}
@@ -377,6 +382,9 @@ def run_sweep(args, model, processor, weights, optimizer, params, clock, out: di
         settings = argparse.Namespace(**{**vars(args), **point})
         width, height = TILE_IMAGES[point["tiles"]] if "tiles" in point else (args.image_size or 896,) * 2
         batch = make_batch(settings.batch, width, height)
+        if lengths is not None:
+            scale = settings.max_new_tokens / args.max_new_tokens
+            forced.caption_lengths = (max(1, round(lengths[0] * scale)), max(1, round(lengths[1] * scale)))
         try:
             algo = make_algo(model, processor, weights, settings, settings.decode_backend)
             for loop in algo.loops:
@@ -387,10 +395,13 @@ def run_sweep(args, model, processor, weights, optimizer, params, clock, out: di
             out[label] = {**summary, "batch": settings.batch, "num_generations": settings.num_generations,
                           "max_new_tokens": settings.max_new_tokens, "decode_backend": settings.decode_backend,
                           "amp_dtype": str(point_amp).removeprefix("torch.") if point_amp else "none",
+                          "caption_lengths": forced.caption_lengths if forced is not None else None,
                           "n_tiles": processor.preprocess_image(batch[0].image).n_tiles}
         except torch.cuda.OutOfMemoryError as err:
             out[label] = {"error": f"out of memory: {str(err).splitlines()[0]}", "peak_gib": peak_gib(clock.device)}
         finally:
+            if lengths is not None:
+                forced.caption_lengths = lengths
             optimizer.zero_grad(set_to_none=True)
             if clock.device.type == "cuda":
                 torch.cuda.empty_cache()

@@ -64,9 +64,10 @@ def _merged_weight(module: nn.Module) -> Tensor:
     """``W + Σ_a s_a B_a A_a`` in fp32, rounded once to W's dtype: ``[out, in]``."""
     weight = module.base_layer.weight
     merged = weight.float()
-    for adapter in module.active_adapters:
-        if adapter in module.lora_A:
-            merged = merged + module.get_delta_weight(adapter).float()
+    with torch.autocast(weight.device.type, enabled=False):  # inside a rollout's autocast B A would round to bf16
+        for adapter in module.active_adapters:
+            if adapter in module.lora_A:
+                merged = merged + module.get_delta_weight(adapter).float()
     return merged.to(weight.dtype)
 
 
