@@ -5,6 +5,7 @@ half-right caption; ``after`` shifts by 1 px and gets the caption right. The rep
 difference whose CI excludes 0, and readable PNGs.
 """
 import json
+import os
 
 import numpy as np
 import pytest
@@ -128,6 +129,19 @@ def test_curves_name_missing_keys(runs, tmp_path):
         plot_curves(scalars, str(tmp_path / "c.png"), {"loop 3": "loop3/reward"})
     with pytest.raises(ValueError, match="no <timestamp>/vis_data/scalars.json"):
         plot_curves(str(tmp_path / "empty"), str(tmp_path / "c.png"))
+
+
+def test_default_curves_plot_the_loops_the_run_trained(tmp_path):
+    """A run with loop 2 switched off logs no caption_to_mask rewards (demo-controls' loop1_only, or `sa2va-rl demo
+    --rl-options ...caption_to_mask_weight=0`): its report plots loop 1 instead of failing."""
+    path = tmp_path / "wd" / "20250101_000000" / "vis_data" / "scalars.json"
+    path.parent.mkdir(parents=True)
+    path.write_text("".join(json.dumps({"mask_to_caption/reward_mean": 0.1 * step, "step": step}) + "\n"
+                            for step in range(1, 11)))
+    png = plot_curves(str(tmp_path / "wd"), str(tmp_path / "c.png"))
+    assert os.path.getsize(png) > 0
+    with pytest.raises(ValueError, match=r"no values for scalar keys \['caption_to_mask/reward_mean'\]"):
+        plot_curves(str(tmp_path / "wd"), str(tmp_path / "c.png"), {"loop 2": "caption_to_mask/reward_mean"})
 
 
 def test_make_report_tool(runs, tmp_path, capsys):

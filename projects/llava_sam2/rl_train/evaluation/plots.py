@@ -66,11 +66,14 @@ def _moving_average(values: np.ndarray, window: int) -> np.ndarray:
 def plot_curves(scalars: str, out_png: str, curves: Mapping[str, str] | None = None,
                 smooth: int | None = None) -> str:
     """One panel per curve: raw values (faint) and a trailing moving average (``smooth`` points,
-    default ~5% of the points). ``curves`` maps a panel title to a scalar key (default: the two loop
-    rewards). Keys missing from the file raise, listing the keys it has."""
-    curves = dict(DEFAULT_CURVES if curves is None else curves)
+    default ~5% of the points). ``curves`` maps a panel title to a scalar key (default: the reward of each loop the
+    run trained, so a run with one loop switched off plots that loop). Requested keys missing from the file raise,
+    listing the keys it has."""
     rows = read_scalars(find_scalars(scalars))
     available = sorted({k for row in rows for k in row} - {"step"})
+    if curves is None:
+        curves = {title: key for title, key in DEFAULT_CURVES.items() if key in available} or DEFAULT_CURVES
+    curves = dict(curves)
     missing = [key for key in curves.values() if not any(key in row for row in rows)]
     if missing or not curves:
         raise ValueError(f"{scalars}: no values for scalar keys {missing}; the file has {available[:40]}. "
