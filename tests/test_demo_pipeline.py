@@ -74,3 +74,17 @@ def test_grpo_raises_both_loops_training_reward_beyond_noise(demo_run):
             f"{key}: mean over the last {WINDOW} iterations {trend[key]['last']:.4f} - first {WINDOW} "
             f"{trend[key]['first']:.4f} = {rise:+.4f}, not above the noise margin {MARGINS[key]}; the GRPO run did "
             "not raise this loop's training reward")
+
+
+def test_reward_trend_reports_the_loops_the_run_trained(tmp_path):
+    """Loop 1 alone (loop 2's weight 0) logs no loop-2 reward: the trend covers loop 1 instead of raising."""
+    path = tmp_path / "rl" / "20250101_000000" / "vis_data" / "scalars.json"
+    path.parent.mkdir(parents=True)
+    path.write_text("".join(json.dumps({"mask_to_caption/reward_mean": float(step), "step": step}) + "\n"
+                            for step in range(1, 9)))
+    trend = reward_trend(tmp_path / "rl")
+    assert list(trend) == ["mask_to_caption/reward_mean"]
+    assert trend["mask_to_caption/reward_mean"]["first"] == 1.5 and trend["mask_to_caption/reward_mean"]["last"] == 7.5
+    path.write_text(json.dumps({"lr": 1.0, "step": 1}) + "\n")
+    with pytest.raises(ValueError, match="none of"):
+        reward_trend(tmp_path / "rl")

@@ -154,11 +154,15 @@ def reward_trend(rl_work_dir: str | os.PathLike, keys: Sequence[str] = REWARD_KE
     rows = read_scalars(find_scalars(str(rl_work_dir)))
     out = {}
     for key in keys:
+        if not any(key in row for row in rows):
+            continue  # that loop was switched off (its weight 0): it logs no reward
         values = [float(row[key]) for row in rows if key in row and math.isfinite(float(row[key]))]
         if not values:
-            raise ValueError(f"{rl_work_dir}: no finite '{key}' in scalars.json; is it a GRPO run with that loop on?")
+            raise ValueError(f"{rl_work_dir}: '{key}' is never finite in scalars.json")
         k = window or max(1, len(values) // 4)
         out[key] = {"first": sum(values[:k]) / k, "last": sum(values[-k:]) / k, "window": k, "n": len(values)}
+    if not out:
+        raise ValueError(f"{rl_work_dir}: none of {list(keys)} in scalars.json; is it a GRPO run?")
     return out
 
 
