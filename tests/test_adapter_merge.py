@@ -148,3 +148,30 @@ def test_merged_weight_is_summed_in_fp32_inside_a_rollouts_autocast():
         amp = {n: getattr(m, MERGED_WEIGHT) for n, m in lm.named_modules() if hasattr(m, MERGED_WEIGHT)}
         assert plain.keys() == amp.keys() and plain
         assert all(torch.equal(plain[n], amp[n]) for n in plain)
+
+
+def autocast_seen(lm) -> list[bool]:
+    seen = []
+    lm.base_model.model.model.layers[0].mlp.register_forward_pre_hook(
+        lambda m, args: seen.append(torch.is_autocast_enabled("cpu")))
+    return seen
+
+
+def test_merged_decode_leaves_the_rollouts_autocast_when_no_adapter_computes():
+    """Every adapter merged: the decode under a rollout's autocast is the decode without it, bit for bit; with an
+    adapter still computing (active dropout) autocast stays on."""
+    lm = lora_lm()
+    embeds, attention = prompts(lm)
+    kw = dict(num_generations=2, max_new_tokens=6, do_sample=True, temperature=0.8, stop_token_ids=[NEVER])
+    plain = fast_merged_completions(lm, embeds, attention, generator=torch.Generator().manual_seed(3), **kw)
+    seen = autocast_seen(lm)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        amp = fast_merged_completions(lm, embeds, attention, generator=torch.Generator().manual_seed(3), **kw)
+        assert torch.is_autocast_enabled("cpu")  # restored after the call
+    assert seen and not any(seen)
+    assert torch.equal(plain.ids, amp.ids) and torch.equal(plain.token_logp, amp.token_logp)
+    dropout = lora_lm(dropout=0.3).train()
+    seen = autocast_seen(dropout)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fast_merged_completions(dropout, embeds, attention, generator=torch.Generator().manual_seed(3), **kw)
+    assert seen and all(seen)

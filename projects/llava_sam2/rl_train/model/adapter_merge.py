@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -90,3 +90,23 @@ def merged_adapters(lm: nn.Module) -> Iterator[int]:
             module.__class__ = cls
             if MERGED_WEIGHT in vars(module):
                 delattr(module, MERGED_WEIGHT)
+
+
+def _computes_adapter(module: nn.Module) -> bool:
+    """A LoRA layer that will run its adapters (B A x) on its next call: not merged, adapters not disabled."""
+    return hasattr(module, "lora_A") and not isinstance(module, MergedForward) and \
+        not getattr(module, "disable_adapters", False)
+
+
+def autocast_off_when_merged(lm: nn.Module):
+    """Inside :func:`merged_adapters`: autocast off when no adapter of ``lm`` still computes, else nothing.
+
+    The rollout runs under the AMP autocast for peft's fp32 adapters (``lora.adapter_compute_dtype``); once every
+    adapter is merged (or disabled) the LM is bf16 end to end, and autocast would only add its per-op dispatch to the
+    decode's eager kernels. With any adapter left computing (active dropout, DoRA) autocast stays: its bf16 input
+    would otherwise meet an fp32 weight.
+    """
+    if any(_computes_adapter(m) for m in lm.modules()):
+        return nullcontext()
+    device = next(lm.parameters()).device.type
+    return torch.autocast(device, enabled=False)

@@ -57,7 +57,7 @@ from torch import Tensor, nn
 from transformers import DynamicCache, StaticCache, TopPLogitsWarper
 
 from . import fast_decode_step
-from .adapter_merge import merged_adapters
+from .adapter_merge import autocast_off_when_merged, merged_adapters
 from .fast_decode_step import (CACHE_ALIGN, GQA_DECODE_ATTENTION, DecodeState, DecoderParts, GraphedCall,
                                TokenChooser, attention_implementation, compiled_decode_logits, decode_logits,
                                rope_table)
@@ -265,8 +265,9 @@ def _completions(state: DecodeState, return_step_probs: bool) -> Completions | t
 def fast_merged_completions(lm: nn.Module, inputs_embeds: Tensor, attention_mask: Tensor, **kwargs) -> Completions:
     """:func:`fast_sample_completions` with every LoRA-adapted linear of ``lm`` on a merged scratch weight
     ``W + s·BA`` (``adapter_merge.merged_adapters``): one GEMM per linear instead of five kernels, the live weights
-    untouched. Same completions up to float rounding; costs one scratch copy of the adapted weights per call."""
-    with merged_adapters(lm):
+    untouched. Same completions up to float rounding; costs one scratch copy of the adapted weights per call. Under a
+    rollout's AMP autocast the call runs with autocast off once every adapter is merged (nothing left in fp32)."""
+    with merged_adapters(lm), autocast_off_when_merged(lm):
         return fast_sample_completions(lm, inputs_embeds, attention_mask, **kwargs)
 
 
