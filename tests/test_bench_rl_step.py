@@ -63,3 +63,9 @@ def test_sweep_point_rejects_an_unknown_amp_dtype():
     assert bench.sweep_point("amp=none,G=4") == {"amp_dtype": "none", "num_generations": 4}
     with pytest.raises(ValueError, match="amp=int8"):
         bench.sweep_point("amp=int8")
+
+
+def test_repeated_sweep_points_keep_every_result():
+    args = bench.parse_args(["--sweep", "amp=none amp=bfloat16 amp=none G=4 amp=none"])
+    assert [label for label, _ in args.sweep] == ["amp=none", "amp=bfloat16", "amp=none #2", "G=4", "amp=none #3"]
+    assert args.sweep[2][1] == {"amp_dtype": "none"}

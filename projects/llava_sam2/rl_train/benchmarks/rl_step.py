@@ -223,7 +223,10 @@ def parse_args(argv=None):
             parser.error(f"--caption-lengths {args.caption_lengths}: need 1 <= LO <= HI")
         args.caption_lengths = (lo, hi)
     try:
-        args.sweep = [(text, sweep_point(text)) for text in args.sweep.split()]
+        texts = args.sweep.split()
+        # a point repeated (A/B/A/B, to see order effects) gets its occurrence number, so no result overwrites another
+        args.sweep = [(text if texts[:i].count(text) == 0 else f"{text} #{texts[:i].count(text) + 1}",
+                       sweep_point(text)) for i, text in enumerate(texts)]
     except ValueError as err:
         parser.error(str(err))
     return args
