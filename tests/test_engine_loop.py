@@ -169,23 +169,11 @@ def test_skipped_sample_hook_counts_distinct_bad_samples_and_reports():
     assert "2 bad sample(s) skipped" in messages[-1] and "bad_mask: 1" in messages[-1]
 
 
-def test_autocast_dtype_follows_the_optim_wrapper(monkeypatch):
-    from mmengine.optim import AmpOptimWrapper, OptimWrapper
-    from mmengine.optim.optimizer import amp_optimizer_wrapper
-
-    from projects.llava_sam2.rl_train.engine.loop import autocast_dtype
-
-    monkeypatch.setattr(amp_optimizer_wrapper, "is_cuda_available", lambda: True)  # AmpOptimWrapper asserts a GPU
-    model = torch.nn.Linear(2, 2)
-    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
-    assert autocast_dtype(OptimWrapper(sgd), model) is None
-    assert autocast_dtype(AmpOptimWrapper(optimizer=sgd, dtype="bfloat16"), model) == torch.bfloat16
-    assert autocast_dtype(AmpOptimWrapper(optimizer=sgd), model) == torch.bfloat16  # mmengine's CPU default
-
-
-def test_rollout_runs_under_the_loss_pass_autocast_and_the_update_leaves_it_to_train_step(tmp_path, monkeypatch):
+def test_rollout_runs_in_the_amp_wrappers_autocast_like_train_steps_forward(tmp_path, monkeypatch):
+    """OptimWrapper: nothing autocasts. AmpOptimWrapper: the rollout runs in the wrapper's own autocast (its dtype, or
+    MMEngine's default: bf16 on CPU), the same as train_step's forward."""
     import engine_toy
-    from projects.llava_sam2.rl_train.engine import loop as loop_module
+    from mmengine.optim.optimizer import amp_optimizer_wrapper
 
     def autocast_state():
         return torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
@@ -198,8 +186,10 @@ def test_rollout_runs_under_the_loss_pass_autocast_and_the_update_leaves_it_to_t
                         lambda self, model, mb: seen["loss"].append(autocast_state()) or policy_loss(self, model, mb))
     run_toy(tmp_path / "plain", **{"train_cfg.max_iters": 2})
     assert set(seen["rollout"]) == {None} and set(seen["loss"]) == {None}  # OptimWrapper: nothing autocasts
-    seen["rollout"].clear(), seen["loss"].clear()
-    monkeypatch.setattr(loop_module, "autocast_dtype", lambda optim_wrapper, model: torch.bfloat16)
-    run_toy(tmp_path / "amp", **{"train_cfg.max_iters": 2})
-    assert seen["rollout"] == [torch.bfloat16] * 2
-    assert set(seen["loss"]) == {None}  # the toy's OptimWrapper train_step does not autocast; the loop adds none
+    monkeypatch.setattr(amp_optimizer_wrapper, "is_cuda_available", lambda: True)  # AmpOptimWrapper asserts a GPU
+    for dtype in ("bfloat16", None):
+        seen["rollout"].clear(), seen["loss"].clear()
+        run_toy(tmp_path / f"amp_{dtype}", **{"train_cfg.max_iters": 2, "optim_wrapper.type": "AmpOptimWrapper",
+                                              "optim_wrapper.dtype": dtype})
+        assert seen["rollout"] == [torch.bfloat16] * 2
+        assert seen["loss"] == [torch.bfloat16] * 2  # train_step's forward: the same autocast

@@ -1,6 +1,7 @@
 """model/lora.py: LoRA wrap, adapter-disabled reference log-probs, the trainable set."""
 import pytest
 import torch
+from peft.helpers import disable_input_dtype_casting
 from transformers import Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from projects.llava_sam2.rl_train.model.generation import completion_logprobs
@@ -183,7 +184,7 @@ def test_adapters_of_a_bf16_model_compute_in_bf16_under_amp_and_in_fp32_without(
     assert not torch.equal(amp.float(), plain.float())
     # forward under autocast, backward outside it (as MMEngine's train_step): fp32 gradients reach the adapters
     lm.train()
-    with adapter_compute_dtype(lm, torch.bfloat16, enter_autocast=False):
+    with disable_input_dtype_casting(lm):
         with adapter_compute_dtype(lm, torch.bfloat16):
             loss = -score(lm).float().sum()
         loss.backward()

@@ -58,6 +58,7 @@ from functools import partial
 
 import numpy as np
 import torch
+from peft.helpers import disable_input_dtype_casting
 from PIL import Image
 from transformers import LogitsProcessorList
 
@@ -140,7 +141,8 @@ def run_iteration(algo, model, optimizer, params, batch, clock: PhaseClock, amp:
     with clock("advantages"):
         algo.compute_advantages(rollouts)
     model.train()
-    with clock("logprob_backward"), adapter_compute_dtype(model, amp, enter_autocast=False):
+    # as GRPOLoop: the forward under autocast, the backward outside it with peft's input upcast still off
+    with clock("logprob_backward"), disable_input_dtype_casting(model, active=amp is not None):
         for minibatch in algo.minibatches(rollouts):
             with adapter_compute_dtype(model, amp):
                 loss = algo.policy_loss(model, minibatch)["loss"]
@@ -254,6 +256,11 @@ def sweep_point(text: str) -> dict:
     return point
 
 
+def amp_dtype(name: str) -> torch.dtype | None:
+    """``--amp-dtype`` / sweep ``amp=`` value → the autocast dtype (None for ``none``)."""
+    return None if name == "none" else getattr(torch, name)
+
+
 def make_batch(size: int, width: int, height: int):
     """B shapes-world samples of ``width`` × ``height`` (non-square ones resized from the square world)."""
     world = ShapesWorld("train", num_samples=size, seed=0, image_size=max(width, height))
@@ -292,7 +299,7 @@ def run_benchmark(argv: list[str] | None = None) -> dict:
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     grad_ckpt = (args.grad_ckpt or ("on" if device.type == "cuda" else "off")) == "on"
     amp_name = args.amp_dtype or ("bfloat16" if device.type == "cuda" else "none")
-    amp = None if amp_name == "none" else getattr(torch, amp_name)
+    amp = amp_dtype(amp_name)
     torch.manual_seed(0)
     start = time.perf_counter()
     model, processor = build(args.preset, device, dtype, args.lora_r, grad_ckpt)
@@ -392,7 +399,7 @@ def run_sweep(args, model, processor, weights, optimizer, params, clock, out: di
             algo = make_algo(model, processor, weights, settings, settings.decode_backend)
             for loop in algo.loops:
                 clock.wrap_loop(loop)
-            point_amp = amp if "amp_dtype" not in point else getattr(torch, point["amp_dtype"], None)
+            point_amp = amp_dtype(point["amp_dtype"]) if "amp_dtype" in point else amp
             summary = run_variant(algo, model, optimizer, params, batch, clock, args.sweep_warmup, args.sweep_iters,
                                   point_amp)
             out[label] = {**summary, "batch": settings.batch, "num_generations": settings.num_generations,

@@ -36,16 +36,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from contextlib import nullcontext
 from typing import Any
 
 import torch
 from mmengine.logging import print_log
 from mmengine.optim import AmpOptimWrapper
 from mmengine.registry import LOOPS
+from peft.helpers import disable_input_dtype_casting
 from torch.utils.data import DataLoader
 
 from ..grpo.protocol import GRPOAlgorithm, GRPOTrainModel, check_algorithm
-from ..model.lora import adapter_compute_dtype
 from .atomic_files import read_pointer
 from .checkpointing import unwrap_model
 from .guard import NonFiniteGuard
@@ -54,17 +55,6 @@ from .stats import PhaseTimer, mean_of_logs, reduce_across_ranks, rollout_metric
 
 BATCHES_DRAWN = "grpo_batches_drawn"  # message-hub entry: prompt batches taken from the dataloader so far
 EMPTY_BATCHES = "grpo_empty_batches"  # message-hub entry: run total of batches replaced for being empty
-
-
-def autocast_dtype(optim_wrapper, model) -> torch.dtype | None:
-    """The dtype ``optim_wrapper`` autocasts the loss pass to (MMEngine's ``AmpOptimWrapper``: its ``dtype``, by default
-    fp16 on CUDA and bf16 on CPU, as ``mmengine.runner.amp.autocast``); None for a wrapper that does not autocast."""
-    if not isinstance(optim_wrapper, AmpOptimWrapper):
-        return None
-    if optim_wrapper.cast_dtype is not None:
-        return optim_wrapper.cast_dtype
-    on_cpu = next(unwrap_model(model).parameters()).device.type == "cpu"
-    return torch.bfloat16 if on_cpu else torch.float16
 
 
 @LOOPS.register_module()
@@ -147,10 +137,13 @@ class GRPOLoop(IterationLoop):
         runner.call_hook("before_train_iter", batch_idx=self._iter, data_batch=data_batch)
         with timer("encode"):
             features = algo.encode(data_batch)
-        # rollout and update compute the adapters in the dtype the optimizer wrapper autocasts the loss pass to, so the
-        # rollout's log-probs come from the same arithmetic as the loss pass's (and no adapter GEMM runs in fp32)
-        model, dtype = unwrap_model(runner.model), autocast_dtype(runner.optim_wrapper, runner.model)
-        with timer("rollout"), adapter_compute_dtype(model, dtype):
+        # Under an AmpOptimWrapper the rollout runs in the wrapper's own autocast, as train_step's forward does: the
+        # rollout's log-probs come from the loss pass's arithmetic, and peft's fp32 adapters on a bf16 model compute
+        # in bf16. peft's upcast of each adapter's input is switched off under it (autocast would cast it back down).
+        amp = isinstance(runner.optim_wrapper, AmpOptimWrapper)
+        autocast = runner.optim_wrapper.optim_context(runner.model) if amp else nullcontext()
+        model = unwrap_model(runner.model)
+        with timer("rollout"), autocast, disable_input_dtype_casting(model, active=amp):
             rollouts = algo.rollout(features)
         runner.call_hook("after_rollout", batch_idx=self._iter, data_batch=data_batch, rollouts=rollouts)
         with timer("score"):
@@ -158,7 +151,7 @@ class GRPOLoop(IterationLoop):
         runner.call_hook("after_reward", batch_idx=self._iter, data_batch=data_batch, rollouts=rollouts)
         algo.compute_advantages(rollouts)
         # train_step autocasts the forward itself (and leaves the backward outside autocast, as torch recommends)
-        with timer("update"), adapter_compute_dtype(model, dtype, enter_autocast=False):
+        with timer("update"), disable_input_dtype_casting(model, active=amp):
             step_logs = self._update(algo, rollouts)
         algo.after_optimizer_step()
         outputs = reduce_across_ranks({**step_logs, **rollout_metrics(rollouts), **timer.seconds,

@@ -126,21 +126,19 @@ def trainable_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
 
 
 @contextmanager
-def adapter_compute_dtype(model: nn.Module, dtype: torch.dtype | None, enter_autocast: bool = True):
-    """Inside the block, LoRA adapters compute in ``dtype`` (bf16 / fp16) while their weights stay fp32.
+def adapter_compute_dtype(model: nn.Module, dtype: torch.dtype | None):
+    """Inside the block, LoRA adapters compute in ``dtype`` (bf16 / fp16) while their weights stay fp32: what
+    ``GRPOLoop`` does under MMEngine's ``AmpOptimWrapper`` (its ``optim_context``), for callers without one (the
+    step benchmark).
 
     peft keeps adapters in fp32 on a half-precision base (``autocast_adapter_dtype``) and casts each adapter's input
-    up to fp32, so without this every adapter GEMM of a bf16 model runs in fp32. Under ``torch.autocast(dtype)`` (what
-    MMEngine's ``AmpOptimWrapper`` wraps the loss pass in) they run in ``dtype``; peft's input upcast is switched off
-    here because autocast would only cast the input back down (two extra kernels per adapter call).
-    ``enter_autocast=False``: only the upcast is switched off, for a block whose forward autocasts itself (MMEngine's
-    ``train_step``); never use it where nothing autocasts (bf16 input, fp32 weight). ``dtype`` None or fp32: nothing
-    changes.
+    up to fp32, so outside autocast every adapter GEMM of a bf16 model runs in fp32. Under ``torch.autocast(dtype)``
+    they run in ``dtype``; peft's input upcast is switched off here because autocast would only cast the input back
+    down (two extra kernels per adapter call). ``dtype`` None or fp32: nothing changes.
     """
     if dtype is None or dtype == torch.float32:
         yield
         return
     device_type = next(model.parameters()).device.type
-    with torch.autocast(device_type=device_type, dtype=dtype, enabled=enter_autocast), \
-            disable_input_dtype_casting(model):
+    with torch.autocast(device_type=device_type, dtype=dtype), disable_input_dtype_casting(model):
         yield
