@@ -61,6 +61,8 @@ def local_options(name: str, files: dict[str, str]) -> dict:
         "rl/demo/grpo_shapes_cpu.py": {"model.pretrained_path": ckpt, "train_dataloader.dataset.ann_file": ann},
         "rl/demo/grpo_shapes_cycle_only_cpu.py": {"model.pretrained_path": ckpt,
                                                    "train_dataloader.dataset.ann_file": ann},
+        "rl/demo/grpo_shapes_oracle_iou_cpu.py": {"model.pretrained_path": ckpt,
+                                                  "train_dataloader.dataset.ann_file": ann},
         "rl/demo/grpo_shapes_reward_net_cpu.py": {
             "model.pretrained_path": ckpt, "train_dataloader.dataset.ann_file": ann,
             "train_cfg.algorithm.rewards.caption_to_mask.1.checkpoint": files["reward_net"]},
