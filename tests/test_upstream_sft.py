@@ -41,9 +41,17 @@ FAST_REWARDS = {"train_cfg.algorithm.rewards": dict(mask_to_caption=[dict(type="
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    return make_tiny_sft_run(tmp_path_factory.mktemp("sa2va_checkout"), seed=0, deepspeed=HAS_DEEPSPEED,
-                             world_size=2)
+def torch_extensions(tmp_path_factory):
+    """Where a JIT-built torch extension of the fixture's writer would land (TORCH_EXTENSIONS_DIR)."""
+    return tmp_path_factory.mktemp("torch_extensions")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, torch_extensions):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TORCH_EXTENSIONS_DIR", str(torch_extensions))
+        return make_tiny_sft_run(tmp_path_factory.mktemp("sa2va_checkout"), seed=0, deepspeed=HAS_DEEPSPEED,
+                                 world_size=2)
 
 
 @pytest.fixture()
@@ -90,6 +98,14 @@ def test_deepspeed_dir_reads_as_deepspeed_and_xtuner_read_it(run):
     trained = read_xtuner_checkpoint(run.path(SFT_PTH))  # the .pth holds upstream's trained subset
     assert set(trained) < set(ours)
     assert all(torch.equal(trained[k], ours[k]) for k in trained)
+
+
+@pytest.mark.skipif(not HAS_DEEPSPEED, reason="writing the DeepSpeed fixture needs deepspeed")
+def test_deepspeed_writer_compiles_no_op(run, torch_extensions):
+    """The ZeRO-2 writer starts its CPU process group without DeepSpeed's shared-memory all-reduce op, whose first
+    JIT build (ninja, C++) made this fixture the slowest of CI (37 s idle, 130-220 s beside the other test worker)."""
+    built = sorted(str(p.relative_to(torch_extensions)) for p in torch_extensions.rglob("*") if p.is_dir())
+    assert not built, f"the DeepSpeed fixture writer JIT-built torch extensions: {built}"
 
 
 @pytest.mark.parametrize("checkpoint", ["pth", "deepspeed"])

@@ -15,7 +15,8 @@ upgrade breaks the assumption. docs/architecture.md ("MMEngine seams") has the t
     ``device_ids=[LOCAL_RANK]`` to every DDP subclass, also when the config names one in ``model_wrapper_cfg``,
     and DDP rejects ``device_ids`` for CPU modules.
   - DeepSpeed's shared-memory all-reduce op (``deepspeed_shm_comm``, a ~40-75 s JIT compile with ninja the first
-    time a CPU process group starts) is marked unavailable, so collectives go through gloo.
+    time a CPU process group starts) is marked unavailable, so collectives go through gloo
+    (``model/deepspeed_zero.py without_shm_comm_op``, which the tiny ZeRO-2 fixture writer uses too).
 
 * ``resume_request(runner)``: the ``resume`` / ``load_from`` a runner was built with (``Runner`` and
   ``FlexibleRunner`` keep them as ``_resume`` / ``_load_from`` and offer no accessor).
@@ -32,11 +33,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+from ..model.deepspeed_zero import without_shm_comm_op
 
 LOOP_RESUME_ATTRIBUTES = ("_iter", "_epoch")  # set on train_loop by Runner.resume / FlexibleRunner.resume
 RUNNER_RESUME_ATTRIBUTES = ("_resume", "_load_from")  # Runner / FlexibleRunner.__init__ arguments, kept as is
@@ -90,26 +92,8 @@ def cpu_launch() -> Iterator[bool]:
         stack.enter_context(patched(torch.cuda, "set_device", _noop_set_device))
         stack.enter_context(patched(MMDistributedDataParallel, "__init__",
                                     _without_device_ids(MMDistributedDataParallel.__init__)))
-        if importlib.util.find_spec("deepspeed") is not None:
-            from deepspeed.ops import __compatible_ops__ as compatible_ops
-
-            stack.enter_context(_dict_entry(compatible_ops, "deepspeed_shm_comm", False))
+        stack.enter_context(without_shm_comm_op())
         yield True
-
-
-@contextlib.contextmanager
-def _dict_entry(table: dict, key: str, value: Any) -> Iterator[None]:
-    """``table[key] = value`` inside the block; the previous entry (or its absence) afterwards."""
-    missing = object()
-    original = table.get(key, missing)
-    table[key] = value
-    try:
-        yield
-    finally:
-        if original is missing:
-            table.pop(key, None)
-        else:
-            table[key] = original
 
 
 # ---- reads of runner state without an accessor ---------------------------------------------------------------

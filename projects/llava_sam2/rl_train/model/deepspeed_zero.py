@@ -22,9 +22,12 @@ buffers keep their saved dtype.
 """
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import math
 import pickle
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -170,3 +173,33 @@ def _merge_zero3(param_shapes: list[dict], flat_groups: list[list[torch.Tensor]]
         raise ValueError(f"ZeRO-3 checkpoint: the parameter shapes cover {offset} values per rank but each rank "
                          f"holds {held}; the model-states and optimizer files do not match.")
     return out
+
+
+SHM_COMM_OP = "deepspeed_shm_comm"
+
+
+@contextlib.contextmanager
+def without_shm_comm_op() -> Iterator[None]:
+    """DeepSpeed process groups started inside the block skip DeepSpeed's shared-memory all-reduce op.
+
+    On the CPU accelerator ``deepspeed.init_distributed`` JIT-compiles that op with ninja the first time on a machine
+    (~37 s on 2 idle cores, minutes when test workers compete for the build lock). ZeRO training never calls it: only
+    ``inference_all_reduce`` does, and that falls back to ``torch.distributed``. ``build_shm_op`` skips ops that
+    ``deepspeed.ops.__compatible_ops__`` marks incompatible, so the op is marked so inside the block and the entry
+    restored afterwards. A no-op without DeepSpeed installed.
+    """
+    if importlib.util.find_spec("deepspeed") is None:
+        yield
+        return
+    from deepspeed.ops import __compatible_ops__ as compatible_ops
+
+    missing = object()
+    original = compatible_ops.get(SHM_COMM_OP, missing)
+    compatible_ops[SHM_COMM_OP] = False
+    try:
+        yield
+    finally:
+        if original is missing:
+            compatible_ops.pop(SHM_COMM_OP, None)
+        else:
+            compatible_ops[SHM_COMM_OP] = original

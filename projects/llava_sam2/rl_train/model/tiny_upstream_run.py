@@ -36,6 +36,7 @@ from torch import nn
 
 from .checkpoint import checkpoint_state_dict
 from .constants import SA2VA_SPECIAL_TOKENS
+from .deepspeed_zero import without_shm_comm_op
 from .presets import build_preset
 from .sa2va import Sa2VAModel
 from .tokenizer import TINY_TOKENIZER_DIR, load_tiny_tokenizer
@@ -172,7 +173,8 @@ def _deepspeed_worker(rank: int, world_size: int, root: str, seed: int, port: in
     import deepspeed
 
     tree, _, _, _ = build_sft_tree(seed)
-    deepspeed.init_distributed(dist_backend="gloo")
+    with without_shm_comm_op():  # the op plays no part in the checkpoint; its first build is a ~40 s compile
+        deepspeed.init_distributed(dist_backend="gloo")
     optimizer = torch.optim.AdamW([p for p in tree.parameters() if p.requires_grad], lr=1e-4)
     config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2}, "bf16": {"enabled": False}}
     engine, *_ = deepspeed.initialize(model=tree, optimizer=optimizer, config=config)
