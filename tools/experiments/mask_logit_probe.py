@@ -17,10 +17,12 @@ import json
 
 import numpy as np
 import torch
+from torch.distributions import Bernoulli
 
 from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
 from projects.llava_sam2.rl_train.evaluation.loading import load_system
 from projects.llava_sam2.rl_train.model.pipeline import PromptRow, encode_images, greedy_answers
+from projects.llava_sam2.rl_train.rewards.mask_metrics import mask_metrics
 
 
 def first_seg_logits(checkpoint: str, samples: list, batch: int = 16) -> list[tuple]:
@@ -48,20 +50,13 @@ def first_seg_logits(checkpoint: str, samples: list, batch: int = 16) -> list[tu
     return results
 
 
-def iou(mask, gt) -> float:
-    mask, gt = np.asarray(mask, bool), np.asarray(gt, bool)
-    union = (mask | gt).sum()
-    return 1.0 if union == 0 else float((mask & gt).sum() / union)
-
-
 def summary(results: list[tuple], samples: list) -> dict:
     z = torch.stack([r[0] for r in results if r[0] is not None])  # [n, h, w]
-    p = torch.sigmoid(z)
-    entropy = -(p * p.clamp_min(1e-12).log() + (1 - p) * (1 - p).clamp_min(1e-12).log())
-    ious = [iou(m, s.gt_mask) if m is not None else 0.0 for (_, m), s in zip(results, samples)]
+    ious = [mask_metrics(m, s.gt_mask)["iou"].item() if m is not None else 0.0  # no [SEG]: IoU 0, as the evaluation
+            for (_, m), s in zip(results, samples)]
     return {"with_seg": len(z), "mean_abs_logit": z.abs().mean().item(),
             "share_cells_abs_logit_below_2": (z.abs() < 2).float().mean().item(),
-            "mean_cell_entropy_nats": entropy.mean().item(), "greedy_giou": float(np.mean(ious))}
+            "mean_cell_entropy_nats": Bernoulli(logits=z).entropy().mean().item(), "greedy_giou": float(np.mean(ious))}
 
 
 def main(argv=None) -> None:

@@ -30,6 +30,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from unittest import mock
 
 import torch
 
@@ -193,13 +194,5 @@ def without_shm_comm_op() -> Iterator[None]:
         return
     from deepspeed.ops import __compatible_ops__ as compatible_ops
 
-    missing = object()
-    original = compatible_ops.get(SHM_COMM_OP, missing)
-    compatible_ops[SHM_COMM_OP] = False
-    try:
+    with mock.patch.dict(compatible_ops, {SHM_COMM_OP: False}):
         yield
-    finally:
-        if original is missing:
-            compatible_ops.pop(SHM_COMM_OP, None)
-        else:
-            compatible_ops[SHM_COMM_OP] = original
