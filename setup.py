@@ -6,7 +6,8 @@ every distribution the package imports (tests/test_install_checkout.py checks it
 sources), with the pins that matter. Optional lines are extras: ``prompt_rl`` (prompt-selection
 policy: gymnasium, stable-baselines3), ``meteor_jar`` (official METEOR 1.5 for paper numbers:
 pycocoevalcap's jar, needs Java), ``deepspeed`` (ZeRO training; reading DeepSpeed checkpoints does
-not need it). ``pip install -e ".[all]"`` takes all of them.
+not need it), ``logging`` (MMEngine's TensorBoard backend, configs/rl/_base_/visualizers.py).
+``pip install -e ".[all]"`` takes all of them.
 
 Inside a Sa2VA checkout: ``projects/`` and ``projects/llava_sam2/`` have no ``__init__.py`` here or
 upstream (PEP 420 namespace packages), so ``projects.llava_sam2.rl_train`` installs beside upstream's
@@ -18,6 +19,7 @@ EXTRAS = {
     "prompt_rl": ["gymnasium", "stable-baselines3"],
     "meteor_jar": ["pycocoevalcap==1.2"],
     "deepspeed": ["deepspeed==0.16.2"],
+    "logging": ["tensorboard"],
 }
 EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -193,3 +194,27 @@ def test_rollout_runs_in_the_amp_wrappers_autocast_like_train_steps_forward(tmp_
                                               "optim_wrapper.dtype": dtype})
         assert seen["rollout"] == [torch.bfloat16] * 2
         assert seen["loss"] == [torch.bfloat16] * 2  # train_step's forward: the same autocast
+
+
+def test_tensorboard_backend_from_one_config_line_receives_scalars_and_rollout_images(tmp_path):
+    """configs/rl/_base_/visualizers.py: `tensorboard_visualizer` as the config's visualizer sends LoggerHook's
+    scalars (loss, the loop's rewards) to TensorBoard event files, one point per iteration."""
+    from mmengine.config import Config
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    base = Path(__file__).resolve().parents[1] / "projects/llava_sam2/configs/rl/_base_/visualizers.py"
+    shipped = Config.fromfile(str(base)).tensorboard_visualizer
+    # the toy config is a string config, which holds registered names, not classes: the shipped entry by name
+    visualizer = dict(type=shipped.type.__name__, vis_backends=[dict(type=b.type.__name__) for b in shipped.vis_backends])
+    assert visualizer == dict(type="Visualizer", vis_backends=[dict(type="LocalVisBackend"),
+                                                               dict(type="TensorboardVisBackend")])
+    run_toy(tmp_path, **{"train_cfg.max_iters": 2,
+                         "visualizer": dict(_delete_=True, **visualizer),  # the toy config has visualizer=None
+                         "default_hooks.logger.interval": 1})
+    events = sorted(tmp_path.glob("*/vis_data/events.out.tfevents.*"))
+    assert events, list(tmp_path.rglob("*"))
+    acc = EventAccumulator(str(events[0].parent), size_guidance={"scalars": 0})
+    acc.Reload()
+    scalars = set(acc.Tags()["scalars"])
+    assert {"loss", "toy/reward_mean"} <= scalars, scalars
+    assert [event.step for event in acc.Scalars("loss")] == [1, 2]

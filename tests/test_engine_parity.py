@@ -5,8 +5,8 @@
 per-rank count makes the result depend on how the batch is split whenever ranks hold different token counts, which
 the fixed batch here does (asserted). ``scale_rewards='batch'`` uses the global batch std, and the logged reward
 metrics are global. ``bnpo`` normalises by each rank's own tokens by definition (TRL: "normalization is performed
-over the local batch only"), so it is expected to differ. Runs tests/parity_worker.py under torchrun (2 processes;
-rank 0 first trains alone, without a process group, as a 1-GPU run does).
+over the local batch only"), so it is expected to differ. Runs engine/parity.py (what `sa2va-rl check gpu` runs on
+GPUs) under torchrun with 2 gloo processes; rank 0 first trains alone, without a process group, as a 1-GPU run does.
 """
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from projects.llava_sam2.rl_train.engine.parity import LOCAL_BY_DEFINITION, compare
 from projects.llava_sam2.rl_train.grpo.losses import LOSS_AGGREGATIONS
 
 REPO = Path(__file__).resolve().parents[1]
-LOCAL_BY_DEFINITION = {"bnpo": "bnpo normalises by the local batch's tokens by definition (TRL GRPOConfig)"}
 CASES = [pytest.param(f"{name}/group", marks=pytest.mark.xfail(strict=True, reason=LOCAL_BY_DEFINITION[name]))
          if name in LOCAL_BY_DEFINITION else f"{name}/group" for name in LOSS_AGGREGATIONS] + ["grpo/batch"]
 
@@ -41,7 +41,8 @@ def results(tmp_path_factory) -> dict[int, dict]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PARITY_WATCHDOG_S": "500"}
     with open(path.with_suffix(".log"), "w") as log:
         code = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                               f"--master_port={free_port()}", str(REPO / "tests/parity_worker.py"), str(path)],
+                               f"--master_port={free_port()}", "-m", "projects.llava_sam2.rl_train.engine.parity",
+                               str(path)],
                               cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=600).returncode
     assert code == 0, path.with_suffix(".log").read_text()[-5000:]
     return {int(world): cases for world, cases in json.loads(path.read_text()).items()}
@@ -63,3 +64,11 @@ def test_logged_rollout_metrics_are_those_of_the_global_batch(results):
         for stat in ("reward_mean", "reward_std", "frac_reward_zero_std", "frac_unscored", "completion_length"):
             key = f"{loop}/{stat}"
             assert two[key] == pytest.approx(one[key], rel=1e-6, abs=1e-9), key
+
+
+def test_the_check_commands_verdict_agrees(results):
+    """`sa2va-rl check gpu` judges parity with engine.parity.compare: every case passes (bnpo is reported only)."""
+    rows = compare({str(world): cases for world, cases in results.items()}, rel=2e-5)
+    assert [row["case"] for row in rows] == [f"{name}/group" for name in LOSS_AGGREGATIONS] + ["grpo/batch"]
+    assert all(row["ok"] for row in rows), rows
+    assert [row["expected_equal"] for row in rows].count(False) == len(LOCAL_BY_DEFINITION)

@@ -39,6 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "judge": (f"{PACKAGE}.cli.judge", "LLM judge: score predictions on DLC-Bench, pre-generate judge questions"),
     "prompt-rl": (f"{PACKAGE}.cli.prompt_rl",
                   "optional GT-free line: quality cache, reward network, prompt policy, post-processing, report"),
+    "check": (f"{PACKAGE}.cli.check", "check an install on a GPU host: 1 GPU, DDP, ZeRO-2, parity, resume, scaling"),
     "setup": (f"{PACKAGE}.cli.setup", "offline set-up: WordNet for METEOR, the tiny tokenizer, a tiny checkpoint"),
 }
 

@@ -135,16 +135,18 @@ class GRPOLoop(IterationLoop):
         runner, algo, timer = self.runner, self._algorithm, PhaseTimer()
         self._guard.iteration = self._iter + 1
         runner.call_hook("before_train_iter", batch_idx=self._iter, data_batch=data_batch)
-        with timer("encode"):
-            features = algo.encode(data_batch)
-        # Under an AmpOptimWrapper the rollout runs in the wrapper's own autocast, as train_step's forward does: the
-        # rollout's log-probs come from the loss pass's arithmetic, and peft's fp32 adapters on a bf16 model compute
-        # in bf16. peft's upcast of each adapter's input is switched off under it (autocast would cast it back down).
+        # Under an AmpOptimWrapper the encoders and the rollout run in the wrapper's own autocast, as train_step's
+        # forward does: the rollout's log-probs come from the loss pass's arithmetic, and the fp32 trained tensors
+        # (LoRA, mlp1, mask decoder) of a bf16 model compute in bf16. peft's upcast of each adapter's input is switched
+        # off under it (autocast would cast it back down).
         amp = isinstance(runner.optim_wrapper, AmpOptimWrapper)
         autocast = runner.optim_wrapper.optim_context(runner.model) if amp else nullcontext()
         model = unwrap_model(runner.model)
-        with timer("rollout"), autocast, disable_input_dtype_casting(model, active=amp):
-            rollouts = algo.rollout(features)
+        with autocast, disable_input_dtype_casting(model, active=amp):
+            with timer("encode"):
+                features = algo.encode(data_batch)
+            with timer("rollout"):
+                rollouts = algo.rollout(features)
         runner.call_hook("after_rollout", batch_idx=self._iter, data_batch=data_batch, rollouts=rollouts)
         with timer("score"):
             algo.score(rollouts)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
+from contextlib import nullcontext
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,7 +30,7 @@ from peft import PeftModel
 from ..grpo.config import GRPOConfig
 from ..grpo.protocol import GRPOAlgorithm
 from ..grpo.weights import WeightSets
-from ..model.lora import apply_lora, configure_trainable
+from ..model.lora import apply_lora, check_compute_dtype, configure_trainable, keep_trainable_in
 from ..model.processor import Sa2VAProcessor
 from ..model.sa2va import Sa2VAModel
 from ..model.sft_loss import sft_loss
@@ -57,7 +58,11 @@ def _build_sa2va(pretrained_path, preset, upstream_sft, tokenizer, dtype):
     tokenizer = build_tokenizer(tokenizer, pretrained_path, preset)
     if pretrained_path is not None:
         return Sa2VAModel.from_pretrained(pretrained_path, torch_dtype=dtype).train(), tokenizer, True
-    sa2va = Sa2VAModel(model_config(None, preset, vocab_size=len(tokenizer)))
+    # random weights are drawn where the model will run: a 4B model initialised on the CPU costs minutes and 16 GB
+    # of host memory per process (MMEngine has set this process's GPU before it builds the model)
+    init_device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+    with init_device or nullcontext():
+        sa2va = Sa2VAModel(model_config(None, preset, vocab_size=len(tokenizer)))
     if dtype is not None:
         sa2va.to(dtype)
     return sa2va, tokenizer, True
@@ -88,6 +93,11 @@ class Sa2VATrainModel(BaseModel):
         train_embeddings: also train the LLM input embeddings and LM head (upstream SFT does; off for RL).
         gradient_checkpointing: LLM gradient checkpointing (memory for compute).
         torch_dtype: parameter dtype (``'bfloat16'`` ...); None keeps the checkpoint's (fp32 for presets).
+        trainable_dtype: dtype of the trained tensors (LoRA, ``mlp1``, mask decoder, ``text_hidden_fcs``): fp32 master
+            weights by default, whatever ``torch_dtype`` is, so small AdamW steps are not rounded away in bf16 and
+            AMP's gradient unscale sees fp32 gradients; the arithmetic runs in the optimizer wrapper's autocast
+            (``AmpOptimWrapper(dtype='bfloat16')``). Under DeepSpeed the engine casts the module to its bf16 and
+            keeps the fp32 masters itself. None keeps them in ``torch_dtype``.
         processor_cfg: overrides of ``Sa2VAProcessor.from_config`` (e.g. ``empty_region='dilate_to_one_cell'``).
         sft_loss_cfg: keyword arguments of ``model.sft_loss.sft_loss`` (e.g. ``num_points``).
         data_preprocessor: MMEngine data preprocessor config (default: move tensors to the model's device).
@@ -100,6 +110,7 @@ class Sa2VATrainModel(BaseModel):
                  upstream_sft: Mapping[str, Any] | None = None, tokenizer: Any = None,
                  lora: Mapping[str, Any] = DEFAULT_LORA, train_embeddings: bool = False,
                  gradient_checkpointing: bool = False, torch_dtype: str | torch.dtype | None = None,
+                 trainable_dtype: str | torch.dtype | None = "float32",
                  processor_cfg: Mapping[str, Any] | None = None, sft_loss_cfg: Mapping[str, Any] | None = None,
                  data_preprocessor: dict | None = None, weights_storage_device: str | None = None) -> None:
         super().__init__(data_preprocessor=data_preprocessor)
@@ -113,6 +124,8 @@ class Sa2VATrainModel(BaseModel):
         if not self.is_lora_from_sft:
             sa2va.language_model = apply_lora(sa2va.language_model, **dict(lora))
         configure_trainable(sa2va, train_embeddings=train_embeddings, train_mask_decoder=train_mask_decoder)
+        if trainable_dtype is not None:
+            keep_trainable_in(sa2va, _dtype(trainable_dtype))
         self.sa2va = sa2va
         self.processor = Sa2VAProcessor.from_config(tokenizer, sa2va.config, **dict(processor_cfg or {}))
         self.sft_loss_cfg = dict(sft_loss_cfg or {})
@@ -156,6 +169,7 @@ class Sa2VATrainModel(BaseModel):
         if (grpo_batch is None) != (algorithm is None):
             raise ValueError("Sa2VATrainModel.forward: grpo_batch= and algorithm= go together (the minibatch's loss is "
                              "algorithm.policy_loss(model, grpo_batch)); GRPOLoop passes both.")
+        check_compute_dtype(self.sa2va, "Sa2VATrainModel.forward")
         losses: dict[str, torch.Tensor] = {}
         if grpo_batch is not None:
             out = dict(algorithm.policy_loss(self.sa2va, grpo_batch))

@@ -45,6 +45,7 @@ import torch
 from torch import Tensor, nn
 
 from ..model.decoding import TextDecoding, group_chunks
+from ..model.lora import check_compute_dtype
 from ..model.pipeline import SEG_ANSWER, seg_answer_ids
 from ..rewards import RewardComposer
 from .advantages import group_advantages, reward_moments, std_from_moments
@@ -225,6 +226,7 @@ class CycleGRPO:
 
     def rollout(self, features: StepFeatures) -> list[Rollout]:
         """One rollout per active loop (loop 1 first), no grad; rewards stay NaN until ``score``."""
+        check_compute_dtype(self.model, "CycleGRPO.rollout")
         self._features, self._pending = features, {}
         needs_old_logp = self.config.num_iterations > 1 or self._num_chunks(features) > 1
         rollouts = []

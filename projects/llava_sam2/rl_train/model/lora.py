@@ -125,6 +125,41 @@ def trainable_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
     return {name: param for name, param in model.named_parameters() if param.requires_grad}
 
 
+def keep_trainable_in(model: nn.Module, dtype: torch.dtype) -> int:
+    """Store every trainable tensor of ``model`` in ``dtype`` (the master weights of mixed precision); returns how
+    many were cast.
+
+    A bf16 model keeps its frozen weights in bf16 and its trained ones in fp32: AdamW's steps (lr x update, ~1e-5 of
+    a weight) are below bf16's resolution (2^-8 relative) and would round away, and CUDA's AMP gradient unscale has
+    no bf16 kernel. The arithmetic still runs in bf16 under the optimizer wrapper's autocast (``check_compute_dtype``
+    says so where none is active). DeepSpeed casts the whole module to its own dtype and keeps fp32 masters itself.
+    """
+    cast = 0
+    for param in trainable_parameters(model).values():
+        if param.dtype != dtype:
+            param.data = param.data.to(dtype)
+            cast += 1
+    return cast
+
+
+def check_compute_dtype(model: nn.Module, where: str) -> None:
+    """Raise a clear error when ``model`` mixes floating dtypes (frozen bf16, trained fp32: ``keep_trainable_in``)
+    and no autocast is active on its device: the first matmul of a bf16 activation with an fp32 weight would fail
+    with a bare dtype error."""
+    dtypes = {param.dtype for param in model.parameters() if param.is_floating_point()}
+    if len(dtypes) < 2:
+        return
+    device_type = next(model.parameters()).device.type
+    if torch.is_autocast_enabled(device_type):
+        return
+    names = ", ".join(sorted(str(dtype).replace("torch.", "") for dtype in dtypes))
+    raise RuntimeError(
+        f"{where}: the model holds {names} weights (frozen weights in torch_dtype, trained tensors in fp32 master "
+        "weights), which compute together only under an autocast. Train with optim_wrapper=dict(type=AmpOptimWrapper, "
+        "dtype='bfloat16', ...) as the GPU configs do, or DeepSpeed (--deepspeed deepspeed_zero2), or set the model's "
+        "trainable_dtype=None (trained tensors in torch_dtype; bf16 loses small updates).")
+
+
 @contextmanager
 def adapter_compute_dtype(model: nn.Module, dtype: torch.dtype | None):
     """Inside the block, LoRA adapters compute in ``dtype`` (bf16 / fp16) while their weights stay fp32: what

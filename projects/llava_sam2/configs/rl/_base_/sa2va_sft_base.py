@@ -31,7 +31,7 @@ model = dict(
     lora=dict(r=128, lora_alpha=256, lora_dropout=0.05),  # upstream LoraConfig (alpha = 2 r)
     train_embeddings=False,  # upstream SFT also trains embed_tokens / lm_head (2 x vocab x D more weights)
     gradient_checkpointing=True,  # recompute LLM activations in backward: memory for ~30% more compute
-    torch_dtype="bfloat16",
+    torch_dtype="bfloat16",  # frozen weights; the trained tensors stay fp32 (trainable_dtype, the optimizer's masters)
     processor_cfg=dict(empty_region="raise"),  # region under one 16x16 cell: raise | keep | dilate_to_one_cell
 )
 max_length = 8192  # SFT tokens per sample
@@ -43,7 +43,9 @@ optim_wrapper = dict(
     optimizer=dict(type=AdamW, lr=4e-5, betas=(0.9, 0.999), weight_decay=0.05),
     clip_grad=dict(max_norm=1.0, error_if_nonfinite=False),
     accumulative_counts=4,  # SFT micro-batches per optimizer step
-    loss_scale="dynamic",
+    # bf16 autocast over fp32 master weights (the model's trainable_dtype): bf16 has fp32's exponent range, so the
+    # loss needs no scaling (upstream's "dynamic" scaler exists for fp16). Set loss_scale="dynamic" with dtype="float16".
+    loss_scale=dict(enabled=False),
     dtype="bfloat16",
 )
 max_iters = 10000
