@@ -120,3 +120,39 @@ def test_weights_storage_device_reaches_the_weight_sets(storage):
     assert memory.storage_device == storage
     # host storage: the partner and reference hold no bytes beside the parameters
     assert (memory.device_bytes == 0) == (storage == "cpu")
+
+
+def test_gpu_base_config_trains_fp32_master_weights_under_bf16_autocast(sft_batch, monkeypatch):
+    """Issue #24 item 1: with the GPU configs' choice (torch_dtype bf16, AmpOptimWrapper bf16) the trained tensors are
+    fp32 masters: their gradients are fp32 (CUDA's AMP unscale has no bf16 kernel: the crash at the first optimizer
+    step on one GPU and DDP), no loss scaling is applied, and an lr-1e-5 AdamW step moves every trained tensor (in bf16
+    the step is below the weights' resolution and rounds away). The model's frozen weights stay bf16 and the forward
+    runs in the wrapper's bf16 autocast; without an autocast the mixed model says what to change."""
+    from mmengine.config import Config
+    from mmengine.optim import build_optim_wrapper
+    from mmengine.optim.optimizer import amp_optimizer_wrapper
+
+    base = Config.fromfile("projects/llava_sam2/configs/rl/_base_/sa2va_grpo_base.py")
+    assert base.model.torch_dtype == "bfloat16" and base.optim_wrapper.dtype == "bfloat16"
+    model = Sa2VATrainModel(**{**TINY, "torch_dtype": base.model.torch_dtype})
+    perturb_lora_b(model)
+    trained = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    assert {p.dtype for p in trained.values()} == {torch.float32}
+    assert {p.dtype for p in model.parameters() if not p.requires_grad} == {torch.bfloat16}
+    with pytest.raises(RuntimeError, match="autocast"):
+        model(**sft_batch, mode="loss")
+
+    monkeypatch.setattr(amp_optimizer_wrapper, "is_cuda_available", lambda: True)  # AmpOptimWrapper asserts a GPU
+    optim_cfg = base.optim_wrapper.copy()
+    optim_cfg.optimizer = dict(optim_cfg.optimizer, lr=1e-5)
+    optim_wrapper = build_optim_wrapper(model, optim_cfg)
+    assert not optim_wrapper.loss_scaler.is_enabled()  # bf16: no loss scaling
+    before = {n: p.detach().clone() for n, p in trained.items()}
+    with optim_wrapper.optim_context(model):
+        losses = model(**sft_batch, mode="loss")
+    loss, _ = model.parse_losses(losses)
+    optim_wrapper.backward(loss)
+    assert {p.grad.dtype for p in trained.values() if p.grad is not None} == {torch.float32}
+    optim_wrapper.step()
+    moved = [n for n, p in trained.items() if not torch.equal(p, before[n])]
+    assert len(moved) == len(trained), sorted(set(trained) - set(moved))[:5]

@@ -11,11 +11,12 @@ stub server. Each check is a separate launch of ``sa2va-rl train`` (torchrun for
 it:
 
 * ``single``: one GPU, no DeepSpeed (MMEngine's ``AmpOptimWrapper``); ``ddp``: plain DDP over NCCL; ``zero2``:
-  DeepSpeed ZeRO-2 (``--deepspeed deepspeed_zero2``). 10 iterations each, a checkpoint at 5 and 10.
+  DeepSpeed ZeRO-2 (``--deepspeed deepspeed_zero2``). ``--iters`` (10) iterations each, a checkpoint halfway and at
+  the end.
 * ``parity``: one GRPO update of the same global batch on 1 and on 2 ranks, for every ``loss_type``
   (``engine/parity.py``): equal loss and gradient norm within ``--parity-rel`` (bnpo differs by definition).
-* ``resume``: the ``ddp`` and ``zero2`` runs resumed from their iteration-5 checkpoint into a new work dir;
-  iterations 6-10 must equal the uninterrupted run's within ``--resume-rel``.
+* ``resume``: the ``ddp`` and ``zero2`` runs resumed from their halfway checkpoint (iteration 5 of 10) into a new
+  work dir; the later iterations (6-10) must equal the uninterrupted run's within ``--resume-rel``.
 * ``scaling`` (not in the default set): the same config, 5 iterations on 1 GPU and on every GPU (DDP); seconds
   per iteration after the first two, rollouts/s (2 loops x B x G per GPU) and MMEngine's peak memory per GPU.
 
@@ -42,7 +43,6 @@ CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "rl"
 DEFAULT_CHECKS = ("single", "ddp", "zero2", "parity", "resume")
 ALL_CHECKS = DEFAULT_CHECKS + ("scaling",)
 LOGGED = ("loss", "grad_norm", "mask_to_caption/reward_mean", "caption_to_mask/reward_mean")
-RESUMED_ITERS = range(6, 11)
 
 
 def free_port() -> int:
@@ -71,6 +71,8 @@ class Launcher:
 
     def __init__(self, config: Path, work_dir: Path, env: dict[str, str], cpu: bool, iters: int) -> None:
         self.config, self.work_dir, self.env, self.cpu, self.iters = config, work_dir, env, cpu, iters
+        # a checkpoint halfway and at the end: the resume check restarts from the first
+        self.checkpoint_options = (f"default_hooks.checkpoint.interval={max(1, iters // 2)}",)
 
     def train(self, name: str, nproc: int, *, deepspeed: str | None = None, resume: Path | None = None,
               options: tuple[str, ...] = ()) -> tuple[int, Path, float]:
@@ -123,10 +125,11 @@ def checkpoint_at(work: Path, iteration: int) -> Path | None:
     return path if path.exists() else None
 
 
-def compare_resumed(full: dict[int, dict], resumed: dict[int, dict], rel: float) -> tuple[bool, float, str]:
-    """(ok, largest relative difference, what differs) over ``RESUMED_ITERS`` and ``LOGGED``."""
+def compare_resumed(full: dict[int, dict], resumed: dict[int, dict], iters: range,
+                    rel: float) -> tuple[bool, float, str]:
+    """(ok, largest relative difference, what differs) over the resumed iterations ``iters`` and ``LOGGED``."""
     worst, problem = 0.0, ""
-    for it in RESUMED_ITERS:
+    for it in iters:
         if it not in full or it not in resumed:
             return False, math.inf, f"iteration {it} missing ({'resumed' if it in full else 'uninterrupted'} run)"
         for key in LOGGED:
@@ -140,8 +143,7 @@ def compare_resumed(full: dict[int, dict], resumed: dict[int, dict], rel: float)
 
 
 def train_check(launcher: Launcher, name: str, nproc: int, deepspeed: str | None) -> dict:
-    code, work, seconds = launcher.train(name, nproc, deepspeed=deepspeed,
-                                         options=("default_hooks.checkpoint.interval=5",))
+    code, work, seconds = launcher.train(name, nproc, deepspeed=deepspeed, options=launcher.checkpoint_options)
     scalars = logged_scalars(work)
     finite = bool(scalars) and all(math.isfinite(float(row.get("loss", math.nan))) for row in scalars.values())
     ok = code == 0 and len(scalars) == launcher.iters and finite
@@ -157,14 +159,15 @@ def _median_time(scalars: dict[int, dict], skip: int = 2) -> float | None:
 
 
 def resume_check(launcher: Launcher, of: str, nproc: int, deepspeed: str | None, rel: float) -> dict:
-    name = f"resume_{of}"
+    name, half = f"resume_{of}", launcher.iters // 2
     full_work = launcher.work_dir / of
-    start = checkpoint_at(full_work, 5)
+    start = checkpoint_at(full_work, half)
     if start is None:
-        return {"check": name, "ok": False, "detail": f"no iteration-5 checkpoint in {full_work} (run {of} first)"}
+        return {"check": name, "ok": False, "detail": f"no iteration-{half} checkpoint in {full_work} (run {of} first)"}
     code, work, seconds = launcher.train(name, nproc, deepspeed=deepspeed, resume=start,
-                                         options=("default_hooks.checkpoint.interval=5",))
-    ok, worst, problem = compare_resumed(logged_scalars(full_work), logged_scalars(work), rel)
+                                         options=launcher.checkpoint_options)
+    ok, worst, problem = compare_resumed(logged_scalars(full_work), logged_scalars(work),
+                                         range(half + 1, launcher.iters + 1), rel)
     return {"check": name, "ok": code == 0 and ok, "exit_code": code, "wall_s": round(seconds, 1),
             "max_rel_diff": worst, "detail": problem}
 
@@ -229,7 +232,7 @@ def gpu(argv: list[str] | None) -> int:
                         help="train config to launch (default: configs/rl/gpu_smoke_<preset>.py, with --cpu "
                              "configs/rl/tiny_grpo_cycle_cpu.py)")
     parser.add_argument("--gpus", type=int, default=2, help="processes of the multi-GPU checks")
-    parser.add_argument("--iters", type=int, default=10, help="iterations per training check (resume needs 10)")
+    parser.add_argument("--iters", type=int, default=10, help="iterations per training check (>= 2)")
     parser.add_argument("--only", default=",".join(DEFAULT_CHECKS),
                         help=f"comma-separated checks out of {','.join(ALL_CHECKS)}")
     parser.add_argument("--work-dir", type=Path, default=Path("work_dirs/gpu_check"))
@@ -270,9 +273,10 @@ def gpu(argv: list[str] | None) -> int:
                 rows.append(train_check(launcher, "zero2", args.gpus, deepspeed))
             elif check == "parity":
                 rows.append(parity_check(args.work_dir, env, preset, args.gpus, args.cpu, parity_rel))
-            elif check == "resume":
-                rows.append(resume_check(launcher, "ddp", args.gpus, None, resume_rel))
-                rows.append(resume_check(launcher, "zero2", args.gpus, deepspeed, resume_rel))
+            elif check == "resume":  # each multi-process run of this invocation (or left in the work dir)
+                for of, of_deepspeed in (("ddp", None), ("zero2", deepspeed)):
+                    if of in checks or (args.work_dir / of).is_dir():
+                        rows.append(resume_check(launcher, of, args.gpus, of_deepspeed, resume_rel))
             elif check == "scaling":
                 from mmengine.config import Config
 
