@@ -25,6 +25,13 @@ model.update(  # noqa: F405
     processor_cfg=dict(empty_region="dilate_to_one_cell"),
 )
 train_cfg.algorithm.config.update(num_generations=8, max_completion_length=32)  # noqa: F405
+# loop 1 also asks the judge about the policy's own caption: with random weights the partner never answers with
+# [SEG], so its IoU is 0 for every rollout, and the judge (answers that vary with the caption, from the check's
+# stub server) gives the step a non-zero loss for the parity and resume comparisons
+train_cfg.algorithm.rewards.mask_to_caption = [  # noqa: F405
+    dict(type=IoUReward, weight=1.0),  # noqa: F405
+    dict(type=DLCJudgeReward, weight=0.5, judge=dict(max_concurrency=64, timeout_s=60.0)),  # noqa: F405
+]
 train_cfg.algorithm.update(seg_answer_max_tokens=8)  # noqa: F405
 max_iters = 10
 train_cfg.update(max_iters=max_iters)  # noqa: F405

@@ -26,6 +26,7 @@ import re
 import sys
 import threading
 import time
+import zlib
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,6 +71,22 @@ def default_responder(prompt: str, attempt: int) -> str:
         n = int(re.search(r"\((\d+) letters\)", prompt).group(1))
         return json.dumps({"answers": ["A"] * n})
     return "A"
+
+
+def varied_responder(prompt: str, attempt: int) -> str:
+    """Like ``default_responder``, but each answer letter is "A" or "B" by a hash of the prompt (zlib.crc32: the same
+    in every process): captions that differ get different judge scores, so GRPO groups scored by the judge have
+    non-zero advantages (``sa2va-rl check gpu`` trains random-weight models with it)."""
+    if prompts.is_question_generation_prompt(prompt):
+        return json.dumps(GENERATED_QA)
+    letter = "AB"[zlib.crc32(prompt.encode()) % 2]
+    if prompts.is_batched_eval_prompt(prompt):
+        n = int(re.search(r"\((\d+) letters\)", prompt).group(1))
+        return json.dumps({"answers": ["AB"[zlib.crc32(f"{prompt}#{i}".encode()) % 2] for i in range(n)]})
+    return letter
+
+
+RESPONDERS = {"default": default_responder, "varied": varied_responder}
 
 
 def _completion(text: str, model: str) -> dict:
@@ -191,8 +208,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description="OpenAI-compatible stub server (default answers)")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--latency-ms", type=float, default=0.0)
+    parser.add_argument("--answers", choices=sorted(RESPONDERS), default="default",
+                        help="default: always 'A'; varied: 'A' or 'B' by a hash of the prompt")
     args = parser.parse_args()
-    server = StubServer(latency_s=args.latency_ms / 1000.0, port=args.port).start()
+    server = StubServer(RESPONDERS[args.answers], latency_s=args.latency_ms / 1000.0, port=args.port).start()
     print(f"READY {server.base_url}", flush=True)
     try:
         sys.stdin.read()  # serve until the parent closes our stdin

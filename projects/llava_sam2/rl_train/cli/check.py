@@ -15,8 +15,8 @@ it:
   the end.
 * ``parity``: one GRPO update of the same global batch on 1 and on 2 ranks, for every ``loss_type``
   (``engine/parity.py``): equal loss and gradient norm within ``--parity-rel`` (bnpo differs by definition).
-* ``resume``: the ``ddp`` and ``zero2`` runs resumed from their halfway checkpoint (iteration 5 of 10) into a new
-  work dir; the later iterations (6-10) must equal the uninterrupted run's within ``--resume-rel``.
+* ``resume``: each training run of the invocation resumed from its halfway checkpoint (iteration 5 of 10) into a
+  new work dir; the later iterations (6-10) must equal the uninterrupted run's within ``--resume-rel``.
 * ``scaling`` (not in the default set): the same config, 5 iterations on 1 GPU and on every GPU (DDP); seconds
   per iteration after the first two, rollouts/s (2 loops x B x G per GPU) and MMEngine's peak memory per GPU.
 
@@ -53,8 +53,9 @@ def free_port() -> int:
 
 @contextmanager
 def judge_stub_server():
-    """The project's OpenAI-compatible stub server in a child process; yields its base URL."""
-    proc = subprocess.Popen([sys.executable, "-m", f"{PACKAGE}.benchmarks.openai_stub_server"],
+    """The project's OpenAI-compatible stub server in a child process; yields its base URL. Its answers vary with
+    the prompt, so a random-weights model's loop 2 gets non-constant rewards (a non-zero loss to compare)."""
+    proc = subprocess.Popen([sys.executable, "-m", f"{PACKAGE}.benchmarks.openai_stub_server", "--answers", "varied"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline().strip()
@@ -230,7 +231,7 @@ def gpu(argv: list[str] | None) -> int:
     parser.add_argument("--preset", default="1b", choices=("1b", "4b"), help="size of the smoke config")
     parser.add_argument("--config", type=Path, default=None,
                         help="train config to launch (default: configs/rl/gpu_smoke_<preset>.py, with --cpu "
-                             "configs/rl/tiny_grpo_cycle_cpu.py)")
+                             "configs/rl/check_tiny_cpu.py)")
     parser.add_argument("--gpus", type=int, default=2, help="processes of the multi-GPU checks")
     parser.add_argument("--iters", type=int, default=10, help="iterations per training check (>= 2)")
     parser.add_argument("--only", default=",".join(DEFAULT_CHECKS),
@@ -253,7 +254,7 @@ def gpu(argv: list[str] | None) -> int:
               "use --gpus N, --only single, or --cpu.", file=sys.stderr)
         return 2
     preset = "tiny" if args.cpu else args.preset
-    config = args.config or CONFIG_DIR / ("tiny_grpo_cycle_cpu.py" if args.cpu else f"gpu_smoke_{args.preset}.py")
+    config = args.config or CONFIG_DIR / ("check_tiny_cpu.py" if args.cpu else f"gpu_smoke_{args.preset}.py")
     parity_rel = args.parity_rel if args.parity_rel is not None else (2e-5 if args.cpu else 2e-2)
     resume_rel = args.resume_rel if args.resume_rel is not None else (0.0 if args.cpu else 1e-2)
     deepspeed = str(CONFIG_DIR / "deepspeed_zero2_cpu.json") if args.cpu else "deepspeed_zero2"
@@ -273,10 +274,11 @@ def gpu(argv: list[str] | None) -> int:
                 rows.append(train_check(launcher, "zero2", args.gpus, deepspeed))
             elif check == "parity":
                 rows.append(parity_check(args.work_dir, env, preset, args.gpus, args.cpu, parity_rel))
-            elif check == "resume":  # each multi-process run of this invocation (or left in the work dir)
-                for of, of_deepspeed in (("ddp", None), ("zero2", deepspeed)):
-                    if of in checks or (args.work_dir / of).is_dir():
-                        rows.append(resume_check(launcher, of, args.gpus, of_deepspeed, resume_rel))
+            elif check == "resume":  # each training check of this invocation
+                for of, nproc, of_deepspeed in (("single", 1, None), ("ddp", args.gpus, None),
+                                                ("zero2", args.gpus, deepspeed)):
+                    if of in checks:
+                        rows.append(resume_check(launcher, of, nproc, of_deepspeed, resume_rel))
             elif check == "scaling":
                 from mmengine.config import Config
 
