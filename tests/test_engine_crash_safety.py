@@ -52,3 +52,18 @@ def test_train_py_resume_auto_picks_the_newest_complete_checkpoint(tmp_path):
     checkpoint = torch.load(tmp_path / "iter_3.pth", weights_only=False)
     assert checkpoint["meta"]["iter"] == 3 and checkpoint["message_hub"]["runtime_info"]["iter"] == 2
     assert checkpoint["ema_partner"]["num_updates"] == 3  # resumed after 2 updates, then one more
+
+
+def test_rng_state_restores_from_a_checkpoint_loaded_to_another_device_or_dtype():
+    """A one-process GPU run's resume loads the checkpoint dict to its GPU, so the saved generator states arrive as
+    CUDA tensors, which torch.set_rng_state refuses ("RNG state must be a torch.ByteTensor"); they are restored as
+    CPU byte tensors whatever the tensors' device and dtype."""
+    from projects.llava_sam2.rl_train.engine.checkpointing import capture_rng_state, restore_rng_state
+
+    torch.manual_seed(5)
+    state = capture_rng_state()
+    expected = torch.rand(3)
+    moved = {**state, "torch": state["torch"].to(torch.int64)}  # what a map_location / dtype change leaves
+    torch.manual_seed(6)
+    restore_rng_state(moved)
+    assert torch.equal(torch.rand(3), expected)

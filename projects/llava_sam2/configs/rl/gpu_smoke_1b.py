@@ -17,10 +17,10 @@ with read_base():
     from ._base_.datasets.shapes_regions import region_collate_fn, shapes_region_dataset
     from ._base_.sa2va_grpo_base import *  # noqa: F401,F403
 
-from projects.llava_sam2.rl_train.model.tokenizer import TINY_TOKENIZER_DIR  # noqa: E402
+from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer  # noqa: E402
 
 model.update(  # noqa: F405
-    pretrained_path=None, preset="1b", tokenizer=str(TINY_TOKENIZER_DIR),
+    pretrained_path=None, preset="1b", tokenizer=dict(type=load_tiny_tokenizer),
     # a tiny random shape can cover less than one 16 x 16 region cell of the 448 px input
     processor_cfg=dict(empty_region="dilate_to_one_cell"),
 )

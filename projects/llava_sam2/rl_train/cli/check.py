@@ -70,8 +70,10 @@ def judge_stub_server():
 class Launcher:
     """Runs ``sa2va-rl train`` launches of one config, each with its own work dir and log."""
 
-    def __init__(self, config: Path, work_dir: Path, env: dict[str, str], cpu: bool, iters: int) -> None:
+    def __init__(self, config: Path, work_dir: Path, env: dict[str, str], cpu: bool, iters: int,
+                 deterministic: bool = False) -> None:
         self.config, self.work_dir, self.env, self.cpu, self.iters = config, work_dir, env, cpu, iters
+        self.deterministic = deterministic
         # a checkpoint halfway and at the end: the resume check restarts from the first
         self.checkpoint_options = (f"default_hooks.checkpoint.interval={max(1, iters // 2)}",)
 
@@ -81,7 +83,7 @@ class Launcher:
         work = self.work_dir / name
         shutil.rmtree(work, ignore_errors=True)
         args = [str(self.config), "--work-dir", str(work), "--cfg-options", f"train_cfg.max_iters={self.iters}",
-                *options]
+                *options, *(["randomness.deterministic=True"] if self.deterministic else [])]
         if deepspeed:
             args += ["--deepspeed", deepspeed]
         if resume:
@@ -242,6 +244,10 @@ def gpu(argv: list[str] | None) -> int:
     parser.add_argument("--resume-rel", type=float, default=None,
                         help="relative tolerance of resume (default 1e-2 on GPU; 0 with --cpu: bit-exact)")
     parser.add_argument("--cpu", action="store_true", help="run the checks on CPU processes (tiny config, gloo)")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="train with torch's deterministic algorithms (MMEngine randomness.deterministic, "
+                             "CUBLAS_WORKSPACE_CONFIG=:4096:8): on GPUs the resumed iterations can then be compared "
+                             "exactly; without it nondeterministic backward kernels make any two runs drift apart")
     args = parser.parse_args(argv)
     checks = [c.strip() for c in args.only.split(",") if c.strip()]
     unknown = sorted(set(checks) - set(ALL_CHECKS))
@@ -263,7 +269,9 @@ def gpu(argv: list[str] | None) -> int:
     with judge_stub_server() as judge_url:
         env = {**os.environ, "JUDGE_BASE_URL": judge_url, "JUDGE_MODEL": "stub", "PYTHONUNBUFFERED": "1",
                "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1", "OPENAI_API_KEY": os.environ.get("OPENAI_API_KEY", "stub")}
-        launcher = Launcher(config, args.work_dir, env, args.cpu, args.iters)
+        if args.deterministic:
+            env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+        launcher = Launcher(config, args.work_dir, env, args.cpu, args.iters, args.deterministic)
         for check in checks:
             print(f"{PROG} gpu: {check} ...", flush=True)
             if check == "single":
@@ -283,7 +291,7 @@ def gpu(argv: list[str] | None) -> int:
                 from mmengine.config import Config
 
                 cfg = Config.fromfile(str(config))
-                scaling = Launcher(config, args.work_dir, env, args.cpu, 5)
+                scaling = Launcher(config, args.work_dir, env, args.cpu, 5)  # speed: never deterministic
                 rows += scaling_check(scaling, args.gpus, cfg.train_dataloader.batch_size,
                                       cfg.train_cfg.algorithm.config.num_generations)
             print(json.dumps(rows[-1], default=str)[:400], flush=True)

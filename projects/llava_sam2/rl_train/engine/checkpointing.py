@@ -84,12 +84,17 @@ def capture_rng_state() -> dict[str, Any]:
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:
-    """Inverse of :func:`capture_rng_state`."""
+    """Inverse of :func:`capture_rng_state`. The generator states go back as CPU byte tensors whatever device the
+    checkpoint was loaded to (a one-process GPU run's resume maps the checkpoint dict to its GPU)."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
+    torch.set_rng_state(_byte_state(state["torch"]))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([_byte_state(s) for s in state["cuda"]])
+
+
+def _byte_state(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to(device="cpu", dtype=torch.uint8)
 
 
 # ---- side files ----------------------------------------------------------------------------------------------
