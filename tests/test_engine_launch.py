@@ -173,3 +173,23 @@ def test_cpu_train_runs_inside_cpu_launch_with_one_thread(monkeypatch):
         torch.set_num_threads(threads)
     assert seen == dict(threads=1, omp="1", is_patched=True, argv=["sa2va-rl train", "config.py", "--seed", "1"])
     assert torch.cuda.set_device is set_device  # restored after the run
+
+
+def test_gpu_train_also_uses_one_cpu_thread_per_process(monkeypatch):
+    """A one-process GPU run (`sa2va-rl train` without torchrun) gets the one intra-op thread torchrun gives each
+    worker: with the default thread count the host-bound 4B step ran 1.6x slower on an H100 (docs/gpu.md)."""
+    import xtuner.tools.train as xtuner_train
+
+    seen, threads = {}, torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(xtuner_train, "main", lambda: seen.update(threads=torch.get_num_threads(),
+                                                                  omp=os.environ.get("OMP_NUM_THREADS")))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    torch.set_num_threads(2)
+    try:
+        assert train_main(["config.py"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert seen == dict(threads=1, omp="1")

@@ -7,8 +7,9 @@ Same arguments as ``xtuner train`` (``--work-dir``, ``--deepspeed``, ``--resume`
   CLI runs it in a child process and ignores the child's exit code; environment.md fact 10).
 * ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` is set unless already set: MMEngine and XTuner ``torch.load`` our own
   checkpoints (optimizer state, RNG state, EMA partner), which torch >= 2.6 refuses in weights-only mode (fact 18).
-* Without CUDA, the run happens inside ``engine/mmengine_seams.cpu_launch()`` (gloo DDP, DeepSpeed on CPU; fact
-  15), and a CPU run uses one intra-op thread per process unless ``OMP_NUM_THREADS`` is set.
+* Without CUDA, the run happens inside ``engine/mmengine_seams.cpu_launch()`` (gloo DDP, DeepSpeed on CPU). Every
+  run, CPU or GPU, uses one intra-op CPU thread per process unless ``OMP_NUM_THREADS`` is set, as torchrun's workers
+  do (``engine/launch.py``).
 * ``--resume auto`` resumes from the newest complete checkpoint of the work dir (none: a fresh start), and a
   worker started by torchrun dies with it (``engine/launch.py``; docs/failure_behaviour.md).
 
@@ -27,15 +28,12 @@ PROG = "sa2va-rl train"
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
-    import torch
-
     from projects.llava_sam2.rl_train.engine.launch import die_with_parent, resolve_resume, set_cpu_threads
     from projects.llava_sam2.rl_train.engine.mmengine_seams import cpu_launch
 
     die_with_parent()
     argv = resolve_resume(argv)
-    if not torch.cuda.is_available():
-        set_cpu_threads()
+    set_cpu_threads()  # GPU runs too: torchrun sets one thread per worker; a one-process run must not differ
     from xtuner.tools import train as xtuner_train
 
     sys.argv = [PROG, *argv]  # xtuner parses sys.argv (argv[0] only names the program in its --help)

@@ -10,11 +10,13 @@
   (``atomic_files.newest_complete_checkpoint``: ``last_checkpoint`` if it loads, else the highest step that
   does), or is dropped, with a log line, when the work dir has none (a first launch and a relaunch after a
   preemption are then the same command).
-* ``set_cpu_threads``: unless the user set ``OMP_NUM_THREADS``, a CPU run uses ``CPU_THREADS`` = 1 intra-op thread
-  per process (``torch.set_num_threads`` here, ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` for child processes). The
-  CPU configs are the tiny ones, whose ops are too small for a second thread to pay, and OpenMP spin-waiting makes
-  extra threads very slow on shared cores (tiny GRPO config: docs/benchmarks.md "CPU threads"). torchrun already
-  does the same for multi-process launches.
+* ``set_cpu_threads``: unless the user set ``OMP_NUM_THREADS``, every run uses ``CPU_THREADS`` = 1 intra-op thread
+  per process (``torch.set_num_threads`` here, ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` for child processes), as
+  torchrun does for its workers. On CPU the tiny configs' ops are too small for a second thread to pay, and OpenMP
+  spin-waiting makes extra threads very slow on shared cores (docs/benchmarks.md "CPU threads"). On a GPU the step is
+  host-bound (hundreds of thousands of kernel launches) and the host's small tensor work between them suffers the
+  same way: the 4B-shaped smoke step on one H100 took 11.0 s with the default 32 threads and 6.9 s with one
+  (docs/gpu.md).
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from .atomic_files import newest_complete_checkpoint
 
 logger = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
-CPU_THREADS = 1  # intra-op threads per CPU process when OMP_NUM_THREADS is unset (module doc)
+CPU_THREADS = 1  # intra-op CPU threads per process when OMP_NUM_THREADS is unset (module doc)
 
 
 def is_torchrun_worker() -> bool:
