@@ -13,7 +13,7 @@ export TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD := 1
 # tests/conftest.py gives each worker one torch thread. The slowest tests are listed at the end.
 PYTEST_ARGS ?= -q -n 2 --dist loadfile --durations=15
 
-.PHONY: setup test demo clean-venv gpu-wheels
+.PHONY: setup test demo clean-venv gpu-wheels gpu-check
 
 setup: $(STAMP) $(NLTK_DATA)/corpora/wordnet/lexnames
 
@@ -39,6 +39,10 @@ test: setup
 # The embedded demo: shapes world + the committed pretrained tiny Sa2VA -> GRPO cycle RL -> held-out report.
 demo: setup
 	$(BIN)/sa2va-rl demo --work-dir work_dirs/demo
+
+# On a GPU host: every launch path (1 GPU, DDP, ZeRO-2), parity and exact resume, with a table and JSON (docs/gpu.md).
+gpu-check: setup
+	$(BIN)/sa2va-rl check gpu --work-dir work_dirs/gpu_check
 
 # Wheels of the stack for a GPU machine without a package registry (docs/speed.md).
 gpu-wheels: setup

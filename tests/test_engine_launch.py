@@ -177,7 +177,7 @@ def test_cpu_train_runs_inside_cpu_launch_with_one_thread(monkeypatch):
 
 def test_gpu_train_also_uses_one_cpu_thread_per_process(monkeypatch):
     """A one-process GPU run (`sa2va-rl train` without torchrun) gets the one intra-op thread torchrun gives each
-    worker: with the default thread count the host-bound 4B step ran 1.6x slower on an H100 (docs/gpu.md)."""
+    worker: with the default thread count the host-bound 4B step ran 1.35x slower on an H100 (docs/gpu.md)."""
     import xtuner.tools.train as xtuner_train
 
     seen, threads = {}, torch.get_num_threads()

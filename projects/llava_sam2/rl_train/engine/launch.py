@@ -15,7 +15,7 @@
   torchrun does for its workers. On CPU the tiny configs' ops are too small for a second thread to pay, and OpenMP
   spin-waiting makes extra threads very slow on shared cores (docs/benchmarks.md "CPU threads"). On a GPU the step is
   host-bound (hundreds of thousands of kernel launches) and the host's small tensor work between them suffers the
-  same way: the 4B-shaped smoke step on one H100 took 11.0 s with the default 32 threads and 6.9 s with one
+  same way: the 4B-shaped smoke step on one H100 took 8.7 s with the default 32 threads and 6.4 s with one
   (docs/gpu.md).
 """
 from __future__ import annotations
