@@ -28,7 +28,8 @@ ALL_CONFIGS = sorted(CONFIG_ROOT.rglob("*.py"))
 # here it is loaded (test_config_loads) and read by engine/upstream_sft.py (test_upstream_sft.py), not built.
 RUNNABLE = [p for p in ALL_CONFIGS if "_base_" not in p.parts and "upstream_sft" not in p.parts]
 SIZED = {p: m.group(1) for p in RUNNABLE if (m := re.fullmatch(r"sa2va_(\d+b)_.*\.py", p.name))}
-CPU = [p for p in RUNNABLE if p not in SIZED]
+GPU_SMOKE = {p: m.group(1) for p in RUNNABLE if (m := re.fullmatch(r"gpu_smoke_(\d+b)\.py", p.name))}
+CPU = [p for p in RUNNABLE if p not in SIZED and p not in GPU_SMOKE]
 # GRPO hooks by their default_hooks name; registered in this order (class priority, then config order), the order
 # they had as custom_hooks
 GRPO_HOOKS = {"ema_partner": "EMAPartnerHook", "reward_failures": "RewardFailureHook",
@@ -119,3 +120,22 @@ def test_released_size_config_builds_on_the_meta_device(path):
     hooks = {name: HOOKS.build(dict(hook)) for name, hook in cfg.default_hooks.items()}
     assert {name: type(hooks[name]).__name__ for name in GRPO_HOOKS} == GRPO_HOOKS
     assert cfg.train_dataloader.dataset.type.__name__ == "DLCRegionDataset"  # data path: a local default to edit
+
+
+@pytest.mark.parametrize("path", sorted(GPU_SMOKE), ids=rel)
+def test_gpu_smoke_config_builds_on_the_meta_device_in_the_gpu_precision(path):
+    """`sa2va-rl check gpu`'s configs: the preset of their size with the tiny tokenizer, bf16 frozen weights and fp32
+    trained tensors (the AMP path), both loops with the judge on each, every GRPO hook; nothing to download."""
+    cfg = Config.fromfile(str(path))
+    assert cfg.model.preset == GPU_SMOKE[path] and cfg.model.pretrained_path is None
+    assert cfg.optim_wrapper.type.__name__ == "AmpOptimWrapper" and cfg.optim_wrapper.dtype == "bfloat16"
+    with torch.device("meta"):
+        model = MODELS.build(cfg.model.copy())
+        algorithm = model.build_algorithm(cfg.train_cfg.algorithm)
+    assert [loop.name for loop in algorithm.loops] == ["mask_to_caption", "caption_to_mask"]
+    assert {r.name for loop in algorithm.loops for r in loop.composer.rewards} == {"iou", "meteor", "dlc_judge"}
+    trained = {p.dtype for p in model.parameters() if p.requires_grad}
+    frozen = {p.dtype for p in model.parameters() if not p.requires_grad}
+    assert trained == {torch.float32} and frozen == {torch.bfloat16}
+    hooks = {name: HOOKS.build(dict(hook)) for name, hook in cfg.default_hooks.items()}
+    assert {name: type(hooks[name]).__name__ for name in GRPO_HOOKS} == GRPO_HOOKS
