@@ -213,6 +213,8 @@ def test_deterministic_loop2_scores_answer_tokens_only_and_pulls_toward_the_best
     out = step_loss(algo, model, [rollout])
     torch.testing.assert_close(out["loss"].detach(),
                                out["caption_to_mask/pg_term"] + out["caption_to_mask/dense_term"])
+    assert out["caption_to_mask/dense_term"] > 0
+    assert float(out["caption_to_mask/dense_frac"]) == pytest.approx(float(pulled.sum()) / rollout.num_rollouts)
     report = grads(model)
     assert group_total(report, DECODER + "output_upscaling") > 0
     assert all(v > 0 for n, v in report.items() if n.startswith("text_hidden_fcs."))
