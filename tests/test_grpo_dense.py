@@ -219,3 +219,29 @@ def test_deterministic_loop2_scores_answer_tokens_only_and_pulls_toward_the_best
     assert group_total(report, DECODER + "output_upscaling") > 0
     assert all(v > 0 for n, v in report.items() if n.startswith("text_hidden_fcs."))
     assert group_total(report, "lora_") > 0
+
+
+def test_both_dense_options_encode_each_image_once_and_replay_the_sampling_pass(monkeypatch):
+    """Loop 1's segmentation pass and loop 2's answer pass reuse the step's cached encoder features; with stored
+    ``old_logp`` (two minibatches, two iterations) the first ratio of the answer tokens is exactly 1."""
+    model, processor = build_tiny()
+    monkeypatch.setattr(cycle, "sample_text", with_seg_in_even_rows(cycle.sample_text, model.seg_token_id))
+    algo, _ = make_algo(model, processor, {"mask_to_caption": [CaptionParityReward()], "caption_to_mask": [AreaReward()]},
+                        use_partner_captions=False, mask_policy="deterministic", mask_to_caption_dense_weight=1.0,
+                        caption_to_mask_dense_weight=1.0, beta=0.04, num_iterations=2, minibatch_size=4,
+                        max_completion_length=8, temperature=2.0, seed=1, **FEW_POINTS)
+    calls = {"vision": 0, "grounding": 0}
+    encode_vision, encode_grounding = model.encode_vision, model.encode_grounding
+    monkeypatch.setattr(model, "encode_vision", lambda x: calls.__setitem__("vision", calls["vision"] + 1)
+                        or encode_vision(x))
+    monkeypatch.setattr(model, "encode_grounding", lambda x: calls.__setitem__("grounding", calls["grounding"] + 1)
+                        or encode_grounding(x))
+    _, rollouts = run_rollout(algo, shapes_batch(2))
+    assert all(r.old_logp is not None and r.ref_logp is not None for r in rollouts)
+    first = next(iter(algo.minibatches(rollouts)))
+    out = algo.policy_loss(model, first)
+    for loop in ("mask_to_caption", "caption_to_mask"):
+        assert float(out[f"{loop}/ratio_mean"]) == 1.0 and f"{loop}/dense_term" in out
+    for minibatch in algo.minibatches(rollouts):
+        algo.policy_loss(model, minibatch)["loss"].backward()
+    assert calls == {"vision": 1, "grounding": 1}, "the dense passes must not re-encode the images"
