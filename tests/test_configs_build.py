@@ -71,7 +71,7 @@ def local_options(name: str, files: dict[str, str]) -> dict:
                                                    "train_dataloader.dataset.ann_file": ann},
         **{f"rl/demo/grpo_shapes_{variant}_cpu.py": {"model.pretrained_path": ckpt,
                                                       "train_dataloader.dataset.ann_file": ann}
-           for variant in ("dense", "deterministic", "field")},
+           for variant in ("dense", "dense_light", "deterministic", "field")},
         "rl/tiny_grpo_prefiltered_cpu.py": {"train_dataloader.dataset.dataset.ann_file": ann,
                                              "train_dataloader.dataset.keep_ids_file": files["prompts"]},
         "rl/demo/grpo_shapes_oracle_iou_cpu.py": {"model.pretrained_path": ckpt,
