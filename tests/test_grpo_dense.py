@@ -226,8 +226,8 @@ def test_both_dense_options_encode_each_image_once_and_replay_the_sampling_pass(
     ``old_logp`` (two minibatches, two iterations) the first ratio of the answer tokens is exactly 1."""
     model, processor = build_tiny()
     monkeypatch.setattr(cycle, "sample_text", with_seg_in_even_rows(cycle.sample_text, model.seg_token_id))
-    algo, _ = make_algo(model, processor, {"mask_to_caption": [CaptionParityReward()], "caption_to_mask": [AreaReward()]},
-                        use_partner_captions=False, mask_policy="deterministic", mask_to_caption_dense_weight=1.0,
+    rewards = {"mask_to_caption": [CaptionParityReward()], "caption_to_mask": [AreaReward()]}
+    algo, _ = make_algo(model, processor, rewards, use_partner_captions=False, mask_policy="deterministic", mask_to_caption_dense_weight=1.0,
                         caption_to_mask_dense_weight=1.0, beta=0.04, num_iterations=2, minibatch_size=4,
                         max_completion_length=8, temperature=2.0, seed=1, **FEW_POINTS)
     calls = {"vision": 0, "grounding": 0}

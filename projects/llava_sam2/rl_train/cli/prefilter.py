@@ -6,11 +6,11 @@ mask policy) and its training dataset (``train_dataloader.dataset``), runs group
 prompts whose rewards vary (std > ``--threshold`` in some loop; per loop too). A config then trains on those
 prompts only with ``KeepIdsDataset`` (``engine/prompt_filter.py``)::
 
-    sa2va-rl prefilter projects/llava_sam2/configs/rl/demo/grpo_shapes_cpu.py --out work_dirs/prompts.json \\
-        --cfg-options train_dataloader.dataset.ann_file=work_dirs/demo/data/train/annotations.json
-    sa2va-rl train CONFIG --cfg-options train_dataloader.dataset.keep_ids_file=work_dirs/prompts.json  # a config
-        # whose dataset is KeepIdsDataset(dataset=..., keep_ids_file=...), e.g. configs/rl/demo/
-        # grpo_shapes_prefiltered_cpu.py
+    sa2va-rl prefilter projects/llava_sam2/configs/rl/tiny_grpo_prefiltered_cpu.py --out work_dirs/tiny_prompts.json \\
+        --cfg-options train_dataloader.dataset.dataset.ann_file=data/my_regions/annotations.json
+    sa2va-rl train projects/llava_sam2/configs/rl/tiny_grpo_prefiltered_cpu.py \\
+        --cfg-options train_dataloader.dataset.dataset.ann_file=data/my_regions/annotations.json \\
+        train_dataloader.dataset.keep_ids_file=work_dirs/tiny_prompts.json
 """
 from __future__ import annotations
 
