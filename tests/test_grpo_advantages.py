@@ -82,6 +82,16 @@ def test_unscored_and_constant_groups_never_produce_nan(scale_rewards):
     assert stats["frac_unscored"] == 3 / 8
 
 
+@pytest.mark.parametrize("scale_rewards", sorted(SCALE_REWARDS))
+def test_equal_rewards_give_exactly_zero_advantage_despite_fp32_rounding(scale_rewards):
+    # the fp32 mean of eight equal 0.3 / 0.7 / 0.8737 is off by an ulp: a std-based test saw spread there
+    rewards = torch.tensor([[0.3] * 8, [0.7] * 8, [0.8737] * 8, [0.3] * 7 + [NAN], [0.3] * 7 + [0.3000001]])
+    advantages, stats = group_advantages(rewards, scale_rewards)
+    assert torch.equal(advantages[:32], torch.zeros(32))
+    assert stats["frac_reward_zero_std"] == pytest.approx(0.8)  # a real difference, however small, is still signal
+    assert advantages[32:].abs().sum() > 0
+
+
 def test_rewards_to_tensor_maps_none_to_nan_in_group_layout():
     rewards = rewards_to_tensor([0.5, None, 1.0, 0.0], group_size=2)
     assert rewards.shape == (2, 2)

@@ -120,8 +120,11 @@ def group_advantages(
     rewards = torch.where(torch.isfinite(rewards), rewards, torch.full_like(rewards, float("nan")))  # inf -> NaN
     is_scored = ~torch.isnan(rewards)  # [B, G]
     group_mean = torch.nanmean(rewards, dim=1, keepdim=True)  # [B, 1]; NaN if the whole group is unscored
-    group_std = _nan_std(rewards, dim=1)  # [B]
-    is_std_zero = torch.isclose(group_std, torch.zeros_like(group_std))  # [B]
+    # a group has no spread when its scored rewards are all equal, tested exactly: the fp32 mean of equal values can
+    # be off by an ulp, which made std ~5e-8 and gave a flat group advantages of +-6e-4 (pure rounding noise)
+    high = torch.nan_to_num(rewards, nan=float("-inf")).max(dim=1).values  # [B]
+    low = torch.nan_to_num(rewards, nan=float("inf")).min(dim=1).values  # [B]
+    is_std_zero = (is_scored.sum(dim=1) < 2) | (high == low)  # [B]
 
     advantages = (rewards - group_mean) / SCALE_REWARDS[scale_rewards](rewards, eps, batch_std)  # [B, G]
     has_signal = is_scored & ~is_std_zero[:, None]  # [B, G]
