@@ -89,7 +89,9 @@ class GRPOConfig:
 
     # ---- partner -------------------------------------------------------------------------------------------
     ema_decay: float = 0.999
-    """EMA partner: partner = decay * partner + (1 - decay) * policy after each optimizer step."""
+    """EMA partner: partner = decay * partner + (1 - decay) * policy once per iteration, after all its optimizer steps
+    (num_iterations x minibatches); the partner is read once per iteration, when rollouts are scored, so the decay
+    counts iterations whatever the minibatching."""
 
     # ---- mask policy (loop 2 action) -----------------------------------------------------------------------
     mask_policy: str = "region"
