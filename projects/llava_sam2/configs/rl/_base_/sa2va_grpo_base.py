@@ -38,7 +38,7 @@ train_cfg = dict(
             mask_to_caption_weight=1.0,  # loop 1 (mask -> caption -> mask', IoU); 0 switches it off
             caption_to_mask_weight=1.0,  # loop 2 (caption -> mask -> caption', METEOR + judge)
             # partner
-            ema_decay=0.999,  # EMA partner decay, applied by EMAPartnerHook once per iteration, after its optimizer steps
+            ema_decay=0.999,  # EMA partner decay; EMAPartnerHook updates once per iteration, after its steps
             # loop-2 mask action (docs/mask_action.md): Bernoulli over the partner's g x g region cells, one clipped
             # ratio per mask (sequence level, sum of cell log-ratios / sqrt(T)); measured: every draw can change the
             # partner's input and loop 2's gradient on the shared trainables is of loop 1's scale
