@@ -44,8 +44,9 @@ train_cfg = dict(
             # partner's input and loop 2's gradient on the shared trainables is of loop 1's scale
             mask_policy="region",  # region | bernoulli | gaussian_seg | multimask
             importance_sampling_level="token",  # loop 1 (captions): token | sequence (GSPO), TRL's knob
-            mask_importance_sampling_level="sequence",  # loop 2: sequence | token | None (= the one above)
-            mask_length_norm="sqrt",  # loop 2 at sequence level: sqrt | mean (TRL/GSPO) | sum (whole-mask ratio)
+            mask_importance_sampling_level="sequence",  # loop 2: sequence | token | None (TRL's meaning of the above)
+            # loop 2 at sequence level: None = sqrt (TRL/GSPO's mean when the level above is None) | sqrt | mean | sum
+            mask_length_norm=None,
         ),
         # per loop, combined by RewardComposer (a failed reward falls back onto the others, counted and logged)
         rewards=dict(
