@@ -164,11 +164,15 @@ def test_compact_layout_needs_an_unmerged_adapter_and_auto_dtype_is_upstreams():
         xtuner_state_dict(model, layout="compact")
     full = xtuner_state_dict(model, layout="full")
     assert LLM + "model.layers.0.mlp.down_proj.base_layer.weight" in full and not any("lora_" in k for k in full)
-    apply_hf_dtype(model, "auto", "bfloat16")  # upstream: InternVL part in the base dtype, SAM2 and fcs in fp32
+    # upstream's convert_to_hf.py: ViT in the base dtype; the LLM in fp32 when the SFT config has llm_lora (peft's
+    # k-bit preparation upcasts it before the merge), else in the base dtype; mlp1, SAM2 and fcs in fp32
+    apply_hf_dtype(model, "auto", "bfloat16")
     assert model.vision_model.embeddings.patch_embedding.weight.dtype == torch.bfloat16
-    assert model.language_model.lm_head.weight.dtype == torch.bfloat16 and model.mlp1[1].weight.dtype == torch.bfloat16
-    assert model.text_hidden_fcs[0].weight.dtype == torch.float32
+    assert all(p.dtype == torch.float32 for p in model.language_model.parameters())
+    assert model.mlp1[1].weight.dtype == torch.float32 and model.text_hidden_fcs[0].weight.dtype == torch.float32
     assert all(p.dtype == torch.float32 for p in model.grounding_encoder.parameters())
+    apply_hf_dtype(model, "auto", "bfloat16", has_llm_lora=False)
+    assert model.language_model.lm_head.weight.dtype == torch.bfloat16 and model.mlp1[1].weight.dtype == torch.float32
 
 
 def test_frozen_sam2_decoder_is_honoured_and_sources_are_exclusive():
