@@ -120,3 +120,26 @@ def test_weights_storage_device_reaches_the_weight_sets(storage):
     assert memory.storage_device == storage
     # host storage: the partner and reference hold no bytes beside the parameters
     assert (memory.device_bytes == 0) == (storage == "cpu")
+
+
+def test_export_records_the_written_dtype_and_a_generation_config(tmp_path):
+    """A model whose config says bfloat16 (as an upstream base config does) but whose tensors are fp32 is exported
+    with torch_dtype float32; generation_config.json stops on the template's <|im_end|> (both were missing)."""
+    import json
+
+    from safetensors import safe_open
+    from transformers import GenerationConfig
+
+    torch.manual_seed(0)
+    model = Sa2VATrainModel(preset="tiny", lora=dict(r=2, lora_alpha=4))
+    model.sa2va.config.extra["torch_dtype"] = "bfloat16"
+    model.export_pretrained(tmp_path)
+    with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as handle:
+        dtypes = {handle.get_slice(key).get_dtype() for key in handle.keys()}
+    assert dtypes == {"F32"}
+    assert json.loads((tmp_path / "config.json").read_text())["torch_dtype"] == "float32"
+    generation = GenerationConfig.from_pretrained(tmp_path)
+    tokenizer = model.processor.tokenizer
+    assert tokenizer.convert_tokens_to_ids("<|im_end|>") in generation.eos_token_id
+    assert tokenizer.eos_token_id in generation.eos_token_id
+    assert generation.pad_token_id == model.processor.pad_token_id

@@ -29,6 +29,7 @@ from peft import PeftModel
 from ..grpo.config import GRPOConfig
 from ..grpo.protocol import GRPOAlgorithm
 from ..grpo.weights import WeightSets
+from ..model.decoding import TextDecoding
 from ..model.lora import apply_lora, configure_trainable
 from ..model.processor import Sa2VAProcessor
 from ..model.sa2va import Sa2VAModel
@@ -181,6 +182,15 @@ class Sa2VATrainModel(BaseModel):
         return loss, log_vars
 
     def export_pretrained(self, path: str | os.PathLike, max_shard_size: int | str = "5GB") -> None:
-        """Write the model (LoRA merged) and its tokenizer in the upstream HF Sa2VA layout."""
+        """Write the model (LoRA merged), its tokenizer and a ``generation_config.json`` in the upstream HF Sa2VA layout.
+
+        The generation config stops on the chat template's stop tokens (``<|im_end|>`` for Qwen2) and EOS, and pads
+        with the processor's pad id, so ``generate`` on the exported model ends answers where training did."""
+        from transformers import GenerationConfig
+
         self.sa2va.save_pretrained(path, max_shard_size=max_shard_size)
-        self.processor.tokenizer.save_pretrained(os.fspath(path))
+        tokenizer = self.processor.tokenizer
+        tokenizer.save_pretrained(os.fspath(path))
+        decoding = TextDecoding.from_processor(self.processor)
+        GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=list(decoding.stop_token_ids),
+                         pad_token_id=decoding.pad_token_id).save_pretrained(os.fspath(path))

@@ -62,9 +62,6 @@ def sft_to_hf(source: UpstreamSFTSource, save_path: str | os.PathLike, *, dtype:
     model, tokenizer, report = load_upstream_sft(source, lora_mode="merge")
     apply_hf_dtype(model, dtype, read_base_config(source.base_path).get("torch_dtype"),
                    has_llm_lora=source.lora is not None)
-    # transformers' save_pretrained records the dtype of the first floating parameter (the vision model)
-    model.config.extra["torch_dtype"] = str(model.vision_model.embeddings.patch_embedding.weight.dtype).removeprefix(
-        "torch.")
     model.save_pretrained(save_path, max_shard_size=max_shard_size)
     tokenizer.save_pretrained(os.fspath(save_path))
     if remote_code_dir is not None:
