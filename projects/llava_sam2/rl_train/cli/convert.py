@@ -126,8 +126,8 @@ def _to_xtuner(args) -> int:
     state = xtuner_state_dict(model, layout=layout, is_llm_wrapped=has_lora, upstream_targets=targets)
     save_xtuner_checkpoint(state, args.save_path, meta={"converted_from": os.fspath(origin), "layout": layout})
     print(f"wrote {len(state)} tensors ({layout} layout, upstream training names) to {args.save_path}; load it with "
-          "pretrained_pth= in the SFT config, or: python projects/llava_sam2/hf/convert_to_hf.py <SFT config> "
-          f"{args.save_path} --save-path <dir>")
+          "pretrained_pth= in the SFT config, or write its HF layout: sa2va-rl convert to-hf <SFT config> "
+          f"{args.save_path} --save-path <dir> (upstream's convert_to_hf.py fails under transformers 4.48)")
     return 0
 
 
