@@ -115,3 +115,41 @@ def test_inspect_reports_them_and_draws_the_good_ones(tmp_path, capsys):
         assert problem in printed
     assert "16x16 region grid" in printed  # says which check it applied without a model in the config
     assert out.is_file()
+
+
+@pytest.mark.parametrize("field", ["captions", "expressions"])
+def test_every_loader_rejects_a_lone_surrogate_through_finish_sample(field):
+    """finish_sample is the last step of the COCO, RefCOCO, DLC and GAR loaders: its text check covers all of them."""
+    import numpy as np
+    import PIL.Image
+
+    from projects.llava_sam2.rl_train.data.base import finish_sample
+
+    texts = {"captions": ["fine"], "expressions": ["also fine"], field: ["ok", "a grey \udcff box"]}
+    with pytest.raises(BadSampleError, match="bad_text") as info:
+        finish_sample(PIL.Image.new("RGB", (4, 4)), np.ones((4, 4), bool), sample_id="s/1#1", source="s",
+                      file="shard.tar", **texts)
+    assert info.value.file == "shard.tar" and "position 7" in str(info.value)
+
+
+@pytest.mark.parametrize("config, key", [("tiny_grpo_cycle_cpu.py", "train_dataloader.dataset"),
+                                         ("tiny_sft_cpu.py", "train_dataloader.dataset.region_dataset")])
+def test_inspect_finds_a_training_configs_dataset_and_says_which(config, key, tmp_path, capsys):
+    """`sa2va-rl inspect CONFIG` on a training config needed --key before; it now picks the dataset and the model's
+    check (the tiny preset's 8x8 grid, the config's empty_region) and names both."""
+    assert inspect_main([str(CONFIGS / config), "--out", str(tmp_path / "grid.png"), "--num", "2", "--check", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert f"dataset: {key} of {CONFIGS / config}" in printed
+    assert "8x8 region grid (preset 'tiny'), empty_region='dilate_to_one_cell'" in printed
+    assert "2 scanned, 2 good" in printed
+
+
+def test_the_shapes_world_applies_the_check_too():
+    from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
+
+    world = ShapesWorld("train", num_samples=1, seed=0, image_size=64)
+    world.set_input_check(InputCheck(region_grid_size=64, empty_region="raise"))  # every pixel a grid point: passes
+    assert isinstance(world[0], RegionSample)
+    world.set_input_check(InputCheck(region_grid_size=1, empty_region="raise"))  # one point, (0, 0): the background
+    with pytest.raises(BadSampleError, match="region_off_grid"):
+        world[0]
