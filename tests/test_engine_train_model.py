@@ -143,3 +143,22 @@ def test_export_records_the_written_dtype_and_a_generation_config(tmp_path):
     assert tokenizer.convert_tokens_to_ids("<|im_end|>") in generation.eos_token_id
     assert tokenizer.eos_token_id in generation.eos_token_id
     assert generation.pad_token_id == model.processor.pad_token_id
+
+
+def test_grpo_from_random_weights_says_why_its_rewards_are_zero(monkeypatch):
+    """README's first train command (tiny preset, random weights) logged all-zero loss and rewards with no word why;
+    the reason (no [SEG] from the partner, METEOR 0, equal rewards per group) was measured on tiny_grpo_cycle_cpu.py."""
+    from projects.llava_sam2.rl_train.engine import train_model
+    from projects.llava_sam2.rl_train.engine.registry import ALGORITHMS
+
+    class RecordingAlgorithm:
+        def __init__(self, **kwargs):
+            self.kwargs = kwargs
+
+    if "RecordingAlgorithm" not in ALGORITHMS:
+        ALGORITHMS.register_module(module=RecordingAlgorithm)
+    logged = []
+    monkeypatch.setattr(train_model, "print_log", lambda message, **kwargs: logged.append(message))
+    model = Sa2VATrainModel(**TINY)
+    model.build_algorithm(dict(type="RecordingAlgorithm", config=dict(num_generations=2)))
+    assert logged == [train_model.RANDOM_WEIGHTS_NOTE] and "no [SEG]" in logged[0]

@@ -15,6 +15,7 @@
 """
 from __future__ import annotations
 
+import logging
 import os
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -42,6 +43,13 @@ from .stats import sum_across_ranks
 
 # Upstream Sa2VA SFT LoRA (reference/sa2va.md §6).
 DEFAULT_LORA = dict(r=128, lora_alpha=256, lora_dropout=0.05)
+# Logged when GRPO starts from a preset: why its losses and rewards are 0 (measured on tiny_grpo_cycle_cpu.py)
+RANDOM_WEIGHTS_NOTE = (
+    "Sa2VATrainModel: the model is a size preset with random weights (no checkpoint). Expect rewards, advantages, "
+    "loss and grad_norm of 0 with the default rewards: the partner's answers contain no [SEG] (loop-1 IoU 0, "
+    "'partner/no_seg'), its captions share no word with the references (loop-2 METEOR 0), so every group's rewards "
+    "are equal and its advantages 0. Such a run checks that the stack runs; to see learning start from a trained "
+    "checkpoint (model.pretrained_path) or run `sa2va-rl demo`.")
 
 
 def _build_sa2va(pretrained_path, preset, upstream_sft, tokenizer, dtype):
@@ -115,6 +123,7 @@ class Sa2VATrainModel(BaseModel):
             sa2va.language_model = apply_lora(sa2va.language_model, **dict(lora))
         configure_trainable(sa2va, train_embeddings=train_embeddings, train_mask_decoder=train_mask_decoder)
         self.sa2va = sa2va
+        self.is_random_init = preset is not None  # a preset has no checkpoint: every weight is random
         self.processor = Sa2VAProcessor.from_config(tokenizer, sa2va.config, **dict(processor_cfg or {}))
         self.sft_loss_cfg = dict(sft_loss_cfg or {})
         self.weights_storage_device = weights_storage_device
@@ -127,6 +136,8 @@ class Sa2VATrainModel(BaseModel):
         ``ema_decay`` and a reference snapshot is kept when ``beta > 0``. The algorithm gets the engine's
         ``sum_across_ranks`` for its global statistics (dapo's token count, the batch std).
         """
+        if self.is_random_init:
+            print_log(RANDOM_WEIGHTS_NOTE, logger="current", level=logging.WARNING)
         args = dict(cfg.items())
         config = args.get("config")
         config = config if isinstance(config, GRPOConfig) else GRPOConfig(**dict(config or {}))
@@ -182,7 +193,7 @@ class Sa2VATrainModel(BaseModel):
         return loss, log_vars
 
     def export_pretrained(self, path: str | os.PathLike, max_shard_size: int | str = "5GB") -> None:
-        """Write the model (LoRA merged), its tokenizer and a ``generation_config.json`` in the upstream HF Sa2VA layout.
+        """Write the model (LoRA merged), its tokenizer and ``generation_config.json`` in the upstream HF layout.
 
         The generation config stops on the chat template's stop tokens (``<|im_end|>`` for Qwen2) and EOS, and pads
         with the processor's pad id, so ``generate`` on the exported model ends answers where training did."""
