@@ -186,6 +186,8 @@ def test_auto_layout_falls_back_to_full_for_internlm2_with_the_adapter_kept():
     qwen2 = Sa2VAModel(build_preset("tiny", vocab_size=96))
     qwen2.language_model = apply_lora(qwen2.language_model, r=2, lora_alpha=4)
     assert resolve_layout("auto", qwen2) == ("compact", None)
+    layout, why = resolve_layout("auto", qwen2, is_adapter_from_sft=False)  # RL's own adapter on merged SFT weights
+    assert layout == "full" and "lora_mode='merge'" in why
     internlm2 = Sa2VAModel(internlm2_config())
     internlm2.language_model = apply_lora(internlm2.language_model, r=2, lora_alpha=4)
     with pytest.raises(ValueError, match="layout='compact' needs"):  # what the old auto choice ran into

@@ -115,7 +115,8 @@ def _to_xtuner(args) -> int:
         if lora is None and spec is not None:
             lora = sft_source(spec["sft_model"], spec["template"])[0].lora
         layout, fallback = resolve_layout(args.layout, model, is_llm_wrapped=lora is not None or not args.sft_config,
-                                          upstream_targets=lora.target_modules if lora is not None else None)
+                                          upstream_targets=lora.target_modules if lora is not None else None,
+                                          is_adapter_from_sft=train_model.is_lora_from_sft)
         if fallback and train_model.is_lora_from_sft:
             print(f"--layout auto: writing the full layout ({fallback.split(';')[0]})")
         if spec is not None:  # the checkpoint holds trained tensors only: the config must rebuild the run's base

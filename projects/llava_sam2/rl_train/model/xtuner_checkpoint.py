@@ -263,8 +263,10 @@ def xtuner_state_dict(model: Sa2VAModel, *, layout: str = "full", is_llm_wrapped
 
 
 def compact_layout_problem(model: Sa2VAModel, *, is_llm_wrapped: bool = True,
-                           upstream_targets: tuple[str, ...] | None = None) -> str | None:
-    """Why ``model`` cannot be written in the ``compact`` layout, or None when it can (``xtuner_state_dict`` args).
+                           upstream_targets: tuple[str, ...] | None = None,
+                           is_adapter_from_sft: bool = True) -> str | None:
+    """Why ``model`` cannot be written in the ``compact`` layout, or None when it can (``xtuner_state_dict`` args;
+    ``is_adapter_from_sft``: the LLM's adapter is the SFT run's, so its base weights are still the base InternVL's).
 
     InternLM2 (Sa2VA-8B) cannot: upstream's adapter there is one fused ``wqkv`` LoRA (one A shared by q, k and v),
     loaded as three q/k/v adapters with equal A; once RL has trained them apart they have no fused form."""
@@ -276,6 +278,9 @@ def compact_layout_problem(model: Sa2VAModel, *, is_llm_wrapped: bool = True,
         return (f"layout='compact' needs an unmerged LoRA adapter on a Qwen2/Phi3/Llama LLM and an SFT config with "
                 f"llm_lora (this model: {arch}, adapter {adapter}); write layout='full' (every tensor, LoRA merged) "
                 "instead")
+    if not is_adapter_from_sft:
+        return ("layout='compact' keeps the base LLM weights out, but the SFT adapter was merged into them "
+                "(lora_mode='merge'); write layout='full'")
     targets = frozenset(upstream_targets or default_lora_targets(arch))
     leaves = {name.rsplit(".", 1)[-1] for name, module in model.language_model.base_model.model.named_modules()
               if hasattr(module, "lora_A")}
@@ -286,12 +291,14 @@ def compact_layout_problem(model: Sa2VAModel, *, is_llm_wrapped: bool = True,
 
 
 def resolve_layout(layout: str, model: Sa2VAModel, *, is_llm_wrapped: bool = True,
-                   upstream_targets: tuple[str, ...] | None = None) -> tuple[str, str | None]:
+                   upstream_targets: tuple[str, ...] | None = None,
+                   is_adapter_from_sft: bool = True) -> tuple[str, str | None]:
     """(layout to write, why ``'auto'`` fell back to ``'full'`` or None): ``'auto'`` is ``'compact'`` when
     ``compact_layout_problem`` finds nothing, else ``'full'``; other layouts are returned as given."""
     if layout != "auto":
         return layout, None
-    problem = compact_layout_problem(model, is_llm_wrapped=is_llm_wrapped, upstream_targets=upstream_targets)
+    problem = compact_layout_problem(model, is_llm_wrapped=is_llm_wrapped, upstream_targets=upstream_targets,
+                                     is_adapter_from_sft=is_adapter_from_sft)
     return ("full", problem) if problem else ("compact", None)
 
 
