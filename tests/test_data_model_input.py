@@ -113,7 +113,7 @@ def test_inspect_reports_them_and_draws_the_good_ones(tmp_path, capsys):
     assert "3 bad sample(s) skipped" in printed
     for problem in ("region_off_grid: 1", "image_too_small: 1", "bad_text: 1"):
         assert problem in printed
-    assert "16x16 region grid" in printed  # says which check it applied without a model in the config
+    assert "16x16 region grid (no model config found" in printed  # says which check it applied
     assert out.is_file()
 
 

@@ -10,7 +10,7 @@ The dataset is built from the config's ``dataset`` entry, or from a training con
 ``train_dataloader.dataset`` (its ``region_dataset`` for SFT); ``--key`` picks another entry. It is built
 with ``on_bad_sample='skip'`` so that every problem is listed instead of the first one raising, and with
 the model's input check (the config's model and ``processor_cfg.empty_region``; the released checkpoints'
-16x16 region grid when the config has no model), so samples the model cannot take are listed too.
+16x16 region grid when no model config is found), so samples the model cannot take are listed too.
 ``--check N`` scans the first N samples (default: all) for the counts.
 """
 from __future__ import annotations
@@ -20,10 +20,12 @@ import os
 import sys
 import textwrap
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 
 from projects.llava_sam2.rl_train.data.bad_samples import SkippedSample
+from projects.llava_sam2.rl_train.model.configuration import Sa2VAConfig
 from projects.llava_sam2.rl_train.model.input_check import UPSTREAM_REGION_GRID_SIZE, InputCheck, region_grid_size
 from projects.llava_sam2.rl_train.model.presets import build_preset
 
@@ -57,18 +59,20 @@ def find_dataset_cfg(cfg, config: str, key: str | None) -> tuple[str, object]:
 
 
 def input_check_of(cfg) -> tuple[InputCheck, str]:
-    """The model-side check of the config's model (tiny preset: its grid; a released checkpoint: 16x16), with the
-    config's ``model.processor_cfg.empty_region`` (default 'raise', the processor's), and where it came from."""
+    """The model-side check of the config's model (a preset's or a local checkpoint's config.json; else the released
+    checkpoints' 16x16 grid), with the config's ``model.processor_cfg.empty_region`` (default 'raise', the
+    processor's), and a note of where it came from."""
     model = lookup(cfg, "model") or {}
     empty_region = (lookup(cfg, "model.processor_cfg") or {}).get("empty_region", "raise")
+    config_file = Path(model["pretrained_path"]) / "config.json" if model.get("pretrained_path") else None
+    config, source = None, "no model config found: the released Sa2VA checkpoints'"
     if model.get("preset") is not None:
-        config = build_preset(model["preset"], vocab_size=None if model["preset"] == "tiny" else 1)
-        grid = region_grid_size(int(config.force_image_size or config.vision_config.image_size),
-                                int(config.vision_config.patch_size), float(config.downsample_ratio))
-        source = f"preset {model['preset']!r}"
-    else:
-        grid = UPSTREAM_REGION_GRID_SIZE
-        source = "the released Sa2VA checkpoints'" if model else "no model in this config: the released Sa2VA checkpoints'"
+        config, source = build_preset(model["preset"]), f"preset {model['preset']!r}"
+    elif config_file is not None and config_file.is_file():
+        config, source = Sa2VAConfig.from_json_file(config_file), str(config_file)
+    grid = UPSTREAM_REGION_GRID_SIZE if config is None else region_grid_size(
+        int(config.force_image_size or config.vision_config.image_size), int(config.vision_config.patch_size),
+        float(config.downsample_ratio))
     return InputCheck(grid, empty_region), f"{grid}x{grid} region grid ({source}), empty_region={empty_region!r}"
 
 
