@@ -140,8 +140,22 @@ def test_inspect_finds_a_training_configs_dataset_and_says_which(config, key, tm
     assert inspect_main([str(CONFIGS / config), "--out", str(tmp_path / "grid.png"), "--num", "2", "--check", "2"]) == 0
     printed = capsys.readouterr().out
     assert f"dataset: {key} of {CONFIGS / config}" in printed
-    assert "8x8 region grid (preset 'tiny'), empty_region='dilate_to_one_cell'" in printed
+    assert "8x8 region grid (the config's model), empty_region='dilate_to_one_cell'" in printed
     assert "2 scanned, 2 good" in printed
+
+
+def test_the_check_comes_from_the_model_config_when_the_model_is_not_built_yet():
+    """FlexibleRunner (DeepSpeed) builds the train loop, and so the dataloader, before the model: the check is then read
+    from the model config, with the same result as the built processor's."""
+    from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
+    from projects.llava_sam2.rl_train.engine.iteration_loop import give_input_check
+
+    world = ShapesWorld("train", num_samples=1, seed=0, image_size=64)
+    give_input_check(world, dict(type="Sa2VATrainModel", preset="tiny", processor_cfg=dict(empty_region="raise")))
+    processor = Sa2VAProcessor(load_tiny_tokenizer(), template="qwen_chat", image_size=224, empty_region="raise")
+    assert world.input_check == processor.input_check == InputCheck(8, "raise")
+    give_input_check(world, dict(type="Sa2VATrainModel", upstream_sft=dict()))  # nothing readable: left as it was
+    assert world.input_check == InputCheck(8, "raise")
 
 
 def test_the_shapes_world_applies_the_check_too():

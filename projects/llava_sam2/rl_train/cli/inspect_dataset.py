@@ -20,14 +20,12 @@ import os
 import sys
 import textwrap
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 
 from projects.llava_sam2.rl_train.data.bad_samples import SkippedSample
-from projects.llava_sam2.rl_train.model.configuration import Sa2VAConfig
-from projects.llava_sam2.rl_train.model.input_check import UPSTREAM_REGION_GRID_SIZE, InputCheck, region_grid_size
-from projects.llava_sam2.rl_train.model.presets import build_preset
+from projects.llava_sam2.rl_train.engine.builders import input_check_from_config
+from projects.llava_sam2.rl_train.model.input_check import UPSTREAM_REGION_GRID_SIZE, InputCheck
 
 PROG = "sa2va-rl inspect"
 
@@ -59,21 +57,15 @@ def find_dataset_cfg(cfg, config: str, key: str | None) -> tuple[str, object]:
 
 
 def input_check_of(cfg) -> tuple[InputCheck, str]:
-    """The model-side check of the config's model (a preset's or a local checkpoint's config.json; else the released
-    checkpoints' 16x16 grid), with the config's ``model.processor_cfg.empty_region`` (default 'raise', the
-    processor's), and a note of where it came from."""
+    """The input check training would apply (``engine.builders.input_check_from_config`` of the config's model), or
+    the released checkpoints' (16x16 grid, ``empty_region='raise'``) when there is no readable model config; and a
+    line saying which."""
     model = lookup(cfg, "model") or {}
-    empty_region = (lookup(cfg, "model.processor_cfg") or {}).get("empty_region", "raise")
-    config_file = Path(model["pretrained_path"]) / "config.json" if model.get("pretrained_path") else None
-    config, source = None, "no model config found: the released Sa2VA checkpoints'"
-    if model.get("preset") is not None:
-        config, source = build_preset(model["preset"]), f"preset {model['preset']!r}"
-    elif config_file is not None and config_file.is_file():
-        config, source = Sa2VAConfig.from_json_file(config_file), str(config_file)
-    grid = UPSTREAM_REGION_GRID_SIZE if config is None else region_grid_size(
-        int(config.force_image_size or config.vision_config.image_size), int(config.vision_config.patch_size),
-        float(config.downsample_ratio))
-    return InputCheck(grid, empty_region), f"{grid}x{grid} region grid ({source}), empty_region={empty_region!r}"
+    check = input_check_from_config(model) if model else None
+    source = "the config's model" if check is not None else "no model config found: the released Sa2VA checkpoints'"
+    check = check or InputCheck(UPSTREAM_REGION_GRID_SIZE, "raise")
+    grid = check.region_grid_size
+    return check, f"{grid}x{grid} region grid ({source}), empty_region={check.empty_region!r}"
 
 
 def build_dataset(config: str, key: str | None, cfg_options: dict | None, keep_raise: bool):

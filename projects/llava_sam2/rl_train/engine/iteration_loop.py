@@ -23,12 +23,15 @@ from __future__ import annotations
 import bisect
 import logging
 import time
+from collections.abc import Mapping
 
 from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
 from mmengine.runner import BaseLoop
 from mmengine.runner.utils import calc_dynamic_intervals
 from torch.utils.data import DataLoader
+
+from .builders import input_check_from_config
 
 EPOCH_PAUSE_S = 2.0  # between epochs of a loader that starts new worker processes each epoch (InfiniteBatches)
 
@@ -138,9 +141,13 @@ class IterationLoop(BaseLoop):
 
 def give_input_check(dataset, model) -> None:
     """Hand the model processor's ``input_check`` to ``dataset`` (and to each part of a concatenated dataset) when
-    both sides have one: ``Sa2VATrainModel.processor`` and ``data.base.RegionDataset.set_input_check``."""
+    both sides have one: ``Sa2VATrainModel.processor`` and ``data.base.RegionDataset.set_input_check``. Under
+    ``FlexibleRunner`` (DeepSpeed) the model is still its config here: the check is then read from that config."""
     model = model.module if is_model_wrapper(model) else model
-    check = getattr(getattr(model, "processor", None), "input_check", None)
+    if isinstance(model, Mapping):
+        check = input_check_from_config(model)
+    else:
+        check = getattr(getattr(model, "processor", None), "input_check", None)
     if check is None:
         return
     for part in getattr(dataset, "datasets", None) or [dataset]:
