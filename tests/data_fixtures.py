@@ -179,6 +179,37 @@ def make_bad_coco(root: str) -> tuple[str, list[Expected]]:
     return ann_file, expected
 
 
+def make_model_input_coco(root: str) -> tuple[str, list[Expected]]:
+    """Samples that load as images and masks but that the model cannot take, plus a lone-surrogate caption.
+
+    A 64x64 image holds one good region and a 3x3 region at rows/columns 1..3, which misses every point of a
+    16x16 region grid (nearest sampling picks rows and columns 0, 4, 8, ...); a 1x1 image holds a 1-px region;
+    a caption ends in the lone surrogate U+DCFF (what ``bytes.decode(errors='surrogateescape')`` leaves for a
+    byte that is not UTF-8). ``Expected.problem`` is the bad-sample kind under ``InputCheck(16, 'raise')``.
+    """
+    os.makedirs(os.path.join(root, "images"), exist_ok=True)
+    rgb_image(5, 64, 64).save(os.path.join(root, "images", "big.png"))
+    rgb_image(6, 1, 1).save(os.path.join(root, "images", "dot.png"))
+    good, off_grid = rect_mask(64, 64, (8, 8, 40, 30)), rect_mask(64, 64, (1, 1, 4, 4))
+    dot = np.ones((1, 1), dtype=bool)
+    cases = [  # (image id, mask, caption, problem)
+        (1, good, "a big box", None),
+        (1, off_grid, "a speck", "region_off_grid"),
+        (2, dot, "one pixel", "image_too_small"),
+        (1, good, "a grey \udcff box", "bad_text"),
+    ]
+    anns = [dict(id=10 + k, image_id=image_id, category_id=1, segmentation=rle(mask), caption=caption)
+            for k, (image_id, mask, caption, _) in enumerate(cases)]
+    data = {"images": [{"id": 1, "file_name": "images/big.png", "height": 64, "width": 64},
+                       {"id": 2, "file_name": "images/dot.png", "height": 1, "width": 1}],
+            "annotations": anns, "categories": [{"id": 1, "name": "thing"}]}
+    ann_file = os.path.join(root, "model_input_annotations.json")
+    with open(ann_file, "w") as handle:
+        json.dump(data, handle)  # ensure_ascii (default) writes the surrogate as the escape \udcff
+    return ann_file, [Expected(f"coco/{image_id}#{10 + k}", mask, [caption], [], "thing", mask.shape[::-1], problem)
+                      for k, (image_id, mask, caption, problem) in enumerate(cases)]
+
+
 # --------------------------------------------------------------------------- DLC
 DLC_KEYS = ("000000000139", "000000000285", "000000000632", "000000000724")
 

@@ -110,8 +110,9 @@ class ToyMinibatch:
 class ToyREINFORCE:
     def __init__(self, model: ToyPolicy, weights: WeightSets, num_generations: int = 4,
                  partner_bonus: float = 0.1, fail_at_iter: int | None = None, nan_loss_at: tuple[int, ...] = (),
-                 flaky_reward_at: tuple[int, ...] = ()) -> None:
+                 flaky_reward_at: tuple[int, ...] = (), num_iterations: int = 1) -> None:
         self.model, self.weights = model, weights
+        self.num_iterations = num_iterations  # passes over each iteration's rollouts: one optimizer step each
         self.num_generations, self.partner_bonus = num_generations, partner_bonus
         self.fail_at_iter, self.calls = fail_at_iter, 0
         self.nan_loss_at, self.flaky_reward_at = set(nan_loss_at), set(flaky_reward_at)
@@ -171,8 +172,9 @@ class ToyREINFORCE:
             rollouts[index] = rollout.with_advantages(advantages)
 
     def minibatches(self, rollouts: list[Rollout]):
-        for rollout in rollouts:
-            yield ToyMinibatch(rollout)
+        for _ in range(self.num_iterations):
+            for rollout in rollouts:
+                yield ToyMinibatch(rollout)
 
     def policy_loss(self, model: ToyPolicy, minibatch: ToyMinibatch) -> dict[str, torch.Tensor]:
         rollout = minibatch.rollout

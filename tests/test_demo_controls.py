@@ -135,3 +135,21 @@ def test_sft_more_length_comes_from_every_probe_iteration(tmp_path, monkeypatch)
 
     monkeypatch.setattr(controls, "run_jobs", fake_run_jobs)
     assert controls.sft_more_iters(s) == 240  # 60 GRPO iterations x 2 s / 0.5 s per SFT iteration
+
+
+def test_summary_comments_when_training_reward_and_held_out_metric_disagree():
+    """The demo's loop-1 training reward fell while its held-out cycle IoU rose, and the report said nothing."""
+    from projects.llava_sam2.rl_train.demo.summary import summary_markdown, summary_terminal, trend_disagreements
+
+    rows = [_row("cycle_iou", "cycle_IoU", False, (0.5, 0.45, 0.55), (0.6, 0.55, 0.65), (0.1, 0.05, 0.15)),
+            _row("cycle_caption", "cycle_METEOR_nltk", False, (0.3, 0.25, 0.35), (0.31, 0.26, 0.36),
+                 (0.01, -0.02, 0.04))]
+    trend = {"mask_to_caption/reward_mean": {"first": 0.40, "last": 0.30, "window": 2, "n": 8},
+             "caption_to_mask/reward_mean": {"first": 0.20, "last": 0.10, "window": 2, "n": 8}}
+    lines = trend_disagreements(rows, trend)
+    # loop 1 disagrees (reward down, held-out up beyond its CI); loop 2's held-out change is within its CI
+    assert len(lines) == 1 and "`mask_to_caption/reward_mean` fell" in lines[0] and "cycle_IoU rose" in lines[0]
+    assert lines[0] in summary_markdown(rows, {}, trend, 0.0, {}, ["sft", "rl"], {})
+    assert lines[0] in summary_terminal(rows, {}, trend, ["sft", "rl"])
+    agreeing = {**trend, "mask_to_caption/reward_mean": {"first": 0.30, "last": 0.40, "window": 2, "n": 8}}
+    assert trend_disagreements(rows, agreeing) == []

@@ -156,3 +156,45 @@ def test_gpu_base_config_trains_fp32_master_weights_under_bf16_autocast(sft_batc
     optim_wrapper.step()
     moved = [n for n, p in trained.items() if not torch.equal(p, before[n])]
     assert len(moved) == len(trained), sorted(set(trained) - set(moved))[:5]
+
+
+def test_export_records_the_written_dtype_and_a_generation_config(tmp_path):
+    """A model whose config says bfloat16 (as an upstream base config does) but whose tensors are fp32 is exported
+    with torch_dtype float32; generation_config.json stops on the template's <|im_end|> (both were missing)."""
+    import json
+
+    from safetensors import safe_open
+    from transformers import GenerationConfig
+
+    torch.manual_seed(0)
+    model = Sa2VATrainModel(preset="tiny", lora=dict(r=2, lora_alpha=4))
+    model.sa2va.config.extra["torch_dtype"] = "bfloat16"
+    model.export_pretrained(tmp_path)
+    with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as handle:
+        dtypes = {handle.get_slice(key).get_dtype() for key in handle.keys()}
+    assert dtypes == {"F32"}
+    assert json.loads((tmp_path / "config.json").read_text())["torch_dtype"] == "float32"
+    generation = GenerationConfig.from_pretrained(tmp_path)
+    tokenizer = model.processor.tokenizer
+    assert tokenizer.convert_tokens_to_ids("<|im_end|>") in generation.eos_token_id
+    assert tokenizer.eos_token_id in generation.eos_token_id
+    assert generation.pad_token_id == model.processor.pad_token_id
+
+
+def test_grpo_from_random_weights_says_why_its_rewards_are_zero(monkeypatch):
+    """README's first train command (tiny preset, random weights) logged all-zero loss and rewards with no word why;
+    the reason (no [SEG] from the partner, METEOR 0, equal rewards per group) was measured on tiny_grpo_cycle_cpu.py."""
+    from projects.llava_sam2.rl_train.engine import train_model
+    from projects.llava_sam2.rl_train.engine.registry import ALGORITHMS
+
+    class RecordingAlgorithm:
+        def __init__(self, **kwargs):
+            self.kwargs = kwargs
+
+    if "RecordingAlgorithm" not in ALGORITHMS:
+        ALGORITHMS.register_module(module=RecordingAlgorithm)
+    logged = []
+    monkeypatch.setattr(train_model, "print_log", lambda message, **kwargs: logged.append(message))
+    model = Sa2VATrainModel(**TINY)
+    model.build_algorithm(dict(type="RecordingAlgorithm", config=dict(num_generations=2)))
+    assert logged == [train_model.RANDOM_WEIGHTS_NOTE] and "no [SEG]" in logged[0]

@@ -213,3 +213,31 @@ def test_example_panels_keep_the_score_line_under_a_long_answer(tmp_path, monkey
     lines = labels[-1].split("\n")  # the system's panel
     assert lines[-1] == "IoU 0.50" and len(lines) <= 6 and lines[-2].endswith("…"), lines
     assert all(len(line) <= 34 for line in lines)
+
+
+def test_example_panels_hide_stop_tokens_and_label_a_missing_mask(tmp_path, monkeypatch):
+    """The demo's PNGs printed raw `<|im_end|>` in answers and drew an empty prediction as nothing at all."""
+    import numpy as np
+    from matplotlib.axes import Axes
+
+    from projects.llava_sam2.rl_train.evaluation.plots import plot_examples
+
+    sample = next(iter(ShapesWorld(SPEC["split"], 1, SPEC["seed"], image_size=64)))
+    sid = sample.sample_id
+    empty = MaskStats.from_masks(np.zeros_like(sample.gt_mask), sample.gt_mask, 1, keep_rle=True, sample_id=sid)
+    no_seg = MaskStats.from_masks(None, sample.gt_mask, 0, keep_rle=True, sample_id=sid)
+    found = MaskStats.from_masks(sample.gt_mask, sample.gt_mask, 1, keep_rle=True, sample_id=sid)
+    records = {name: {sid: EvalRecord("res", sid, 0.0, text_in="the red box", answer_a=f"Sure, {answer}<|im_end|>",
+                                      mask=stats)}
+               for name, answer, stats in (("empty", "[SEG].", empty), ("no_seg", "it is a box.", no_seg),
+                                           ("found", "[SEG].", found))}
+    labels, texts = [], []
+    set_xlabel, text = Axes.set_xlabel, Axes.text
+    monkeypatch.setattr(Axes, "set_xlabel",
+                        lambda self, s, *a, **k: (labels.append(s), set_xlabel(self, s, *a, **k))[1])
+    monkeypatch.setattr(Axes, "text",
+                        lambda self, x, y, s, *a, **k: (texts.append(s), text(self, x, y, s, *a, **k))[1])
+    plot_examples("res", [sample], records, str(tmp_path / "ex.png"))
+    assert not any("<|im_end|>" in label for label in labels)
+    assert labels[1].startswith("Sure, [SEG].") and labels[2].startswith("Sure, it is a box.")
+    assert texts == ["no mask", "no mask"]  # the empty and the missing prediction; the found mask is drawn

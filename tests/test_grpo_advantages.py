@@ -92,6 +92,17 @@ def test_equal_rewards_give_exactly_zero_advantage_despite_fp32_rounding(scale_r
     assert advantages[32:].abs().sum() > 0
 
 
+@pytest.mark.parametrize("scale_rewards", sorted(SCALE_REWARDS))
+def test_equal_rewards_give_exactly_zero_even_when_float32_rounds_the_mean(scale_rewards):
+    # [0.3] * 6: the float32 group mean is off by one ulp, its std ~3e-8 is not isclose(0) (atol 1e-8), and the
+    # std + 1e-4 divisor made that rounding an advantage of ~3e-4; a group that really differs keeps its sign
+    rewards = torch.tensor([[0.3] * 6, [0.3] * 5 + [0.3 + 1e-6]])
+    advantages, stats = group_advantages(rewards, scale_rewards)
+    assert torch.equal(advantages[:6], torch.zeros(6))
+    assert (advantages[6:11] < 0).all() and advantages[11] > 0
+    assert stats["frac_reward_zero_std"] == 0.5
+
+
 def test_rewards_to_tensor_maps_none_to_nan_in_group_layout():
     rewards = rewards_to_tensor([0.5, None, 1.0, 0.0], group_size=2)
     assert rewards.shape == (2, 2)

@@ -266,9 +266,26 @@ def test_config_defaults_and_derived_epsilon_high():
     assert GRPOConfig(epsilon_high=0.28).epsilon_high == 0.28
     assert (config.mask_policy, config.importance_sampling_level, config.mask_importance_sampling_level,
             config.mask_length_norm) == ("region", "token", "sequence", "sqrt")
-    # loop 2's level: None reuses the global one (derived once, like epsilon_high)
-    assert GRPOConfig(importance_sampling_level="sequence",
-                      mask_importance_sampling_level=None).mask_importance_sampling_level == "sequence"
+    # loop 2's level: None gives TRL's meaning of the global one (derived once, like epsilon_high): its level and,
+    # at sequence level, GSPO's mean length norm, not the sqrt loop 2 uses at its own level
+    trl = GRPOConfig(importance_sampling_level="sequence", mask_importance_sampling_level=None)
+    assert (trl.mask_importance_sampling_level, trl.mask_length_norm) == ("sequence", "mean")
+    assert GRPOConfig(mask_importance_sampling_level=None, mask_length_norm="sum").mask_length_norm == "sum"  # explicit
+
+
+def test_loop_2_at_none_scores_like_loop_1():
+    """mask_importance_sampling_level=None: loop 2's PolicyLoss equals loop 1's, the TRL loss of
+    importance_sampling_level (it kept mask_length_norm='sqrt' before: a different ratio at sequence level)."""
+    config = GRPOConfig(importance_sampling_level="sequence", mask_importance_sampling_level=None, beta=0.0)
+    loop_1 = PolicyLoss.from_config(config)
+    loop_2 = PolicyLoss.from_config(config, config.mask_importance_sampling_level, config.mask_length_norm)
+    logp = torch.tensor([[-0.5, -1.0, -0.2, -0.9], [-0.3, -0.4, -2.0, -0.1]], requires_grad=True)  # [N=2, T=4]
+    rollout = make_rollout(logp.detach() - 0.05, advantages=torch.tensor([1.0, -1.0]), loop="caption_to_mask")
+    # log-ratio 0.05 per element, T = 4: mean norm (TRL/GSPO) -> ratio exp(0.05); sqrt -> exp(0.2 / 2) = exp(0.1)
+    loss_1, stats_1 = loop_1(logp, rollout)
+    loss_2, stats_2 = loop_2(logp, rollout)
+    torch.testing.assert_close(loss_2, loss_1)
+    torch.testing.assert_close(stats_2["ratio_mean"], torch.tensor(math.exp(0.05)))
 
 
 @pytest.mark.parametrize("loss_type", sorted(LOSS_AGGREGATIONS))

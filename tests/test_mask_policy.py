@@ -100,6 +100,21 @@ def test_region_log_prob_is_the_bernoulli_of_the_chain_at_the_sample_points():
     torch.testing.assert_close(policy.log_prob(head, action), log_prob)  # re-scoring = the sampling path
 
 
+@pytest.mark.parametrize("name", sorted(MASK_POLICIES))
+def test_log_probs_stay_fp32_under_bf16_autocast(name):
+    """The configs train under bf16 autocast; the action's log-probs must not round to bf16 there (region's chain
+    matmuls did: ~1e-2 per cell). Same action, same decoder outputs: autocast changes nothing."""
+    policy = build_mask_policy(GRPOConfig(mask_policy=name, mask_temperature=0.7))
+    seeded = torch.Generator().manual_seed(1)
+    logits, iou = torch.randn(N, 3, H, H, generator=seeded) * 4, torch.rand(N, 3, generator=seeded)
+    prompt = torch.randn(N, E, generator=seeded)
+    action, log_prob = policy.sample(fixed_head(logits, iou, prompt), torch.Generator().manual_seed(0))
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # a new head: its cached chain values are computed here
+        under_autocast = policy.log_prob(fixed_head(logits, iou, prompt), action)
+    assert under_autocast.dtype == torch.float32
+    torch.testing.assert_close(under_autocast, log_prob, rtol=0, atol=1e-6)
+
+
 def test_region_pred_masks_hold_exactly_the_sampled_cells():
     policy = RegionMaskPolicy()
     head = fixed_head()

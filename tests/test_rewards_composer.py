@@ -56,9 +56,10 @@ def test_renormalize_keeps_total_weight_scale():
 @pytest.mark.parametrize("missing, expected", [
     # weights: iou 1.0, length penalty -0.5 (TRL semantics: total = Σ w_r v_r, a negative weight penalises)
     # rollout 0: both present -> 1.0*0.8 - 0.5*0.4 = 0.6 under every policy
-    # rollout 1: penalty missing -> renormalize keeps |weight| mass A = 1.5: 1.5 * 0.8 / 1.0 = 1.2; zero: 0.8
-    # rollout 2: iou missing -> renormalize: 1.5 * (-0.5*0.4) / 0.5 = -0.6 (still a penalty); zero: -0.2
-    ("renormalize", [0.6, 1.2, -0.6]),
+    # rollout 1: penalty missing -> renormalize rescales only positive weights (W = 1.0): 1.0 * 0.8 / 1.0 + 0 = 0.8;
+    #            zero: 0.8
+    # rollout 2: iou missing -> renormalize: no positive-weight reward to rescale, NaN; zero: -0.2
+    ("renormalize", [0.6, 0.8, NAN]),
     ("zero", [0.6, 0.8, -0.2]),
     ("nan", [0.6, NAN, NAN]),
 ])
@@ -68,6 +69,18 @@ def test_negative_weight_penalises_with_trl_semantics(missing, expected):
     total, stats = composer.compute(_inputs(3))
     assert torch.allclose(total.double(), torch.tensor(expected, dtype=torch.float64), equal_nan=True, atol=1e-6)
     assert stats["length/mean"] == pytest.approx(0.4)  # logged as returned, before weighting
+
+
+def test_a_failed_penalty_never_pays_under_renormalize():
+    """Two rollouts with the same IoU: the first's penalty ran and came out 0 (no penalty), the second's failed.
+    A failure must not score above it (it did: the missing penalty's |weight| went to the IoU, 1.5 * 0.8 = 1.2)."""
+    composer = RewardComposer([Fixed("iou", 1.0, [0.8, 0.8, 0.5]), Fixed("length", -0.5, [0.0, None, None]),
+                               Fixed("meteor", 0.5, [0.2, 0.2, None])])
+    total, stats = composer.compute(_inputs(3))
+    # rollout 0: 1.0*0.8 + 0.5*0.2 - 0.5*0 = 0.9; rollout 1: the same with the penalty failed = 0.9
+    # rollout 2: meteor and penalty failed -> positive part 1.5 * (1.0*0.5) / 1.0 = 0.75, penalty 0 -> 0.75
+    torch.testing.assert_close(total.double(), torch.tensor([0.9, 0.9, 0.75], dtype=torch.float64), atol=1e-6, rtol=0)
+    assert stats["total/fallback"] == 2
 
 
 def test_composer_stats_and_zero_weight_logging_only():

@@ -54,7 +54,8 @@ def test_unparsed_recognition_gives_no_score(qa_files):
     ("mentioned", ["The sky is not mentioned", "The sky is mentioned in the description"], 1),  # inside
     ("c\nbecause", ["x1", "x2", "x3"], 2),                        # lone letter before a newline
     ("e", ["No", "Ok"], None),                                     # letter beyond the choices
-    ("e", ["Yes", "No"], 0),                                      # DLC-Bench's quirk: "e" is inside "yes"
+    ("e", ["Yes", "No"], None),                                   # bare letter past the last choice: upstream
+    ("C", ["not mentioned", "mentioned"], None),                  # raises IndexError; unparsed, never a substring
     ("e. foo", ["red", "blue"], None),
     ("", ["Yes", "No"], None),
     ("maybe", ["The grass is mentioned.", "The grass is not mentioned."], None),
@@ -77,14 +78,14 @@ def test_parse_letter_is_strict(answer, choices, expected):
     assert parse_letter(answer, choices) == expected
 
 
-def test_batched_letter_past_last_choice_is_unparsed_not_rewarded(qa_files):
-    # Two-choice negative question: "C" is out of range. Free-form rules match it inside the longer
-    # (+1) choice; the letter parser leaves it unparsed (0) and counts it.
+def test_letter_past_last_choice_is_unparsed_not_rewarded_in_both_protocols(qa_files):
+    # Two-choice negative question: "C" is out of range. It used to match inside the longer (+1) choice under
+    # the free-form rules; upstream raises IndexError on it. Both parsers leave it unparsed (0) and count it.
     entry = load_qa(*qa_files)["102"]
     questions = questions_with_recognition(entry)
-    assert score_answers(questions, ["A", "A", "C"]).score_neg == 1.0  # DLC-Bench free-form parity
-    strict = score_answers(questions, ["A", "A", "C"], parser="letter")
-    assert strict.score_neg == 0.0 and strict.n_unparsed == 1 and strict.answer_indices == (0, 0, None)
+    for parser in ("free_form", "letter"):
+        score = score_answers(questions, ["A", "A", "C"], parser=parser)
+        assert score.score_neg == 0.0 and score.n_unparsed == 1 and score.answer_indices == (0, 0, None), parser
     with pytest.raises(ValueError, match="parser must be one of"):
         score_answers(questions, ["A", "A", "A"], parser="regex")
 

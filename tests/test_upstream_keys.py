@@ -15,7 +15,7 @@ from projects.llava_sam2.rl_train.model.language import LanguageKeyMap
 from projects.llava_sam2.rl_train.model.presets import build_preset
 from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
 from projects.llava_sam2.rl_train.model.upstream_convert import apply_hf_dtype
-from projects.llava_sam2.rl_train.model.xtuner_checkpoint import LoadReport, _fit_rows, xtuner_state_dict
+from projects.llava_sam2.rl_train.model.xtuner_checkpoint import LoadReport, _fit_rows, resolve_layout, xtuner_state_dict
 from projects.llava_sam2.rl_train.model.xtuner_keys import (is_upstream_checkpoint_key, lora_to_module,
                                                             module_lora_targets, parse_upstream_state, upstream_key)
 
@@ -164,11 +164,39 @@ def test_compact_layout_needs_an_unmerged_adapter_and_auto_dtype_is_upstreams():
         xtuner_state_dict(model, layout="compact")
     full = xtuner_state_dict(model, layout="full")
     assert LLM + "model.layers.0.mlp.down_proj.base_layer.weight" in full and not any("lora_" in k for k in full)
-    apply_hf_dtype(model, "auto", "bfloat16")  # upstream: InternVL part in the base dtype, SAM2 and fcs in fp32
+    # upstream's convert_to_hf.py: ViT in the base dtype; the LLM in fp32 when the SFT config has llm_lora (peft's
+    # k-bit preparation upcasts it before the merge), else in the base dtype; mlp1, SAM2 and fcs in fp32
+    apply_hf_dtype(model, "auto", "bfloat16")
     assert model.vision_model.embeddings.patch_embedding.weight.dtype == torch.bfloat16
-    assert model.language_model.lm_head.weight.dtype == torch.bfloat16 and model.mlp1[1].weight.dtype == torch.bfloat16
-    assert model.text_hidden_fcs[0].weight.dtype == torch.float32
+    assert all(p.dtype == torch.float32 for p in model.language_model.parameters())
+    assert model.mlp1[1].weight.dtype == torch.float32 and model.text_hidden_fcs[0].weight.dtype == torch.float32
     assert all(p.dtype == torch.float32 for p in model.grounding_encoder.parameters())
+    apply_hf_dtype(model, "auto", "bfloat16", has_llm_lora=False)
+    assert model.language_model.lm_head.weight.dtype == torch.bfloat16 and model.mlp1[1].weight.dtype == torch.float32
+
+
+def test_auto_layout_falls_back_to_full_for_internlm2_with_the_adapter_kept():
+    """`convert to-xtuner --layout auto` of an RL run that kept the SFT adapter: compact for Qwen2; for InternLM2
+    (Sa2VA-8B) the full layout, where it used to pick compact, which raises."""
+    from test_checkpoint import internlm2_config
+
+    from projects.llava_sam2.rl_train.model.lora import apply_lora
+
+    torch.manual_seed(0)
+    qwen2 = Sa2VAModel(build_preset("tiny", vocab_size=96))
+    qwen2.language_model = apply_lora(qwen2.language_model, r=2, lora_alpha=4)
+    assert resolve_layout("auto", qwen2) == ("compact", None)
+    layout, why = resolve_layout("auto", qwen2, is_adapter_from_sft=False)  # RL's own adapter on merged SFT weights
+    assert layout == "full" and "lora_mode='merge'" in why
+    internlm2 = Sa2VAModel(internlm2_config())
+    internlm2.language_model = apply_lora(internlm2.language_model, r=2, lora_alpha=4)
+    with pytest.raises(ValueError, match="layout='compact' needs"):  # what the old auto choice ran into
+        xtuner_state_dict(internlm2, layout="compact")
+    layout, why = resolve_layout("auto", internlm2)
+    assert layout == "full" and "InternLM2ForCausalLM" in why
+    full = xtuner_state_dict(internlm2, layout=layout)
+    assert not any("lora_" in key for key in full)
+    assert resolve_layout("compact", internlm2) == ("compact", None)  # an explicit layout is kept (and raises later)
 
 
 def test_frozen_sam2_decoder_is_honoured_and_sources_are_exclusive():

@@ -45,8 +45,8 @@ def _parser() -> argparse.ArgumentParser:
     xt.add_argument("--save-path", required=True, help="output .pth file")
     xt.add_argument("--layout", default="auto", choices=("auto", "compact", "full"),
                     help="compact: what an XTuner SFT .pth holds (LoRA unmerged + trained tensors), possible when RL "
-                    "continued the SFT adapter (lora_mode='keep'); full: every tensor, LoRA merged; auto: compact "
-                    "when possible")
+                    "continued the SFT adapter (lora_mode='keep', Qwen2/Phi3/Llama); full: every tensor, LoRA merged; "
+                    "auto: compact when possible, else full (InternLM2, a merged adapter)")
     xt.add_argument("--cfg-options", nargs="+", action=DictAction, help="key=value overrides of the RL config")
     tiny = sub.add_parser("make-tiny-sft", help="write a tiny upstream-style SFT run under --root")
     tiny.add_argument("--root", default=".", help="folder that plays the Sa2VA checkout root")
@@ -97,7 +97,7 @@ def _rl_model(config: str, checkpoint: str, cfg_options):
 def _to_xtuner(args) -> int:
     from ..engine.upstream_sft import load_sft_config, sft_source
     from ..model.sa2va import Sa2VAModel
-    from ..model.xtuner_checkpoint import save_xtuner_checkpoint, xtuner_state_dict
+    from ..model.xtuner_checkpoint import resolve_layout, save_xtuner_checkpoint, xtuner_state_dict
 
     if bool(args.hf) == bool(args.config or args.checkpoint) or (args.config is None) != (args.checkpoint is None):
         raise SystemExit("convert to-xtuner: give either --hf DIR, or --config RL_CONFIG with --checkpoint CKPT")
@@ -114,7 +114,11 @@ def _to_xtuner(args) -> int:
         spec = cfg.model.get("upstream_sft")
         if lora is None and spec is not None:
             lora = sft_source(spec["sft_model"], spec["template"])[0].lora
-        layout = args.layout if args.layout != "auto" else ("compact" if train_model.is_lora_from_sft else "full")
+        layout, fallback = resolve_layout(args.layout, model, is_llm_wrapped=lora is not None or not args.sft_config,
+                                          upstream_targets=lora.target_modules if lora is not None else None,
+                                          is_adapter_from_sft=train_model.is_lora_from_sft)
+        if fallback and train_model.is_lora_from_sft:
+            print(f"--layout auto: writing the full layout ({fallback.split(';')[0]})")
         if spec is not None:  # the checkpoint holds trained tensors only: the config must rebuild the run's base
             print(f"rebuilt the model as the run did: upstream SFT {spec.get('pretrained_pth')}, lora_mode="
                   f"{spec.get('lora_mode', 'keep')} (pass the run's --cfg-options too)")
@@ -123,8 +127,8 @@ def _to_xtuner(args) -> int:
     state = xtuner_state_dict(model, layout=layout, is_llm_wrapped=has_lora, upstream_targets=targets)
     save_xtuner_checkpoint(state, args.save_path, meta={"converted_from": os.fspath(origin), "layout": layout})
     print(f"wrote {len(state)} tensors ({layout} layout, upstream training names) to {args.save_path}; load it with "
-          "pretrained_pth= in the SFT config, or: python projects/llava_sam2/hf/convert_to_hf.py <SFT config> "
-          f"{args.save_path} --save-path <dir>")
+          "pretrained_pth= in the SFT config, or write its HF layout: sa2va-rl convert to-hf <SFT config> "
+          f"{args.save_path} --save-path <dir> (upstream's convert_to_hf.py fails under transformers 4.48)")
     return 0
 
 

@@ -6,8 +6,11 @@ Usage::
         --cfg-options dataset.ann_file=/data/mine/annotations.json dataset.image_root=/data/mine \
         --out work_dirs/inspect_coco.png --num 16
 
-The dataset is built from the config's ``dataset`` entry (``--key`` picks another) with
-``on_bad_sample='skip'`` so that every problem is listed instead of the first one raising.
+The dataset is built from the config's ``dataset`` entry, or from a training config's
+``train_dataloader.dataset`` (its ``region_dataset`` for SFT); ``--key`` picks another entry. It is built
+with ``on_bad_sample='skip'`` so that every problem is listed instead of the first one raising, and with
+the model's input check (the config's model and ``processor_cfg.empty_region``; the released checkpoints'
+16x16 region grid when no model config is found), so samples the model cannot take are listed too.
 ``--check N`` scans the first N samples (default: all) for the counts.
 """
 from __future__ import annotations
@@ -21,23 +24,68 @@ from collections import Counter
 import numpy as np
 
 from projects.llava_sam2.rl_train.data.bad_samples import SkippedSample
+from projects.llava_sam2.rl_train.engine.builders import input_check_from_config
+from projects.llava_sam2.rl_train.model.input_check import UPSTREAM_REGION_GRID_SIZE, InputCheck
 
 PROG = "sa2va-rl inspect"
 
 
-def build_dataset(config: str, key: str, cfg_options: dict | None, keep_raise: bool):
+# where a config keeps its region dataset, tried in this order when --key is not given: a dataset config, an SFT
+# training config (the region data under the SFT items), a GRPO training config
+DATASET_KEYS = ("dataset", "train_dataloader.dataset.region_dataset", "train_dataloader.dataset")
+
+
+def lookup(cfg, dotted: str):
+    """``cfg['a']['b']`` for ``'a.b'``; None when a part is missing."""
+    node = cfg
+    for part in dotted.split("."):
+        if not hasattr(node, "get") or node.get(part) is None:
+            return None
+        node = node[part]
+    return node
+
+
+def find_dataset_cfg(cfg, config: str, key: str | None) -> tuple[str, object]:
+    """(key, dataset config): ``key`` when given, else the first of ``DATASET_KEYS`` that holds a dataset config."""
+    for candidate in (key,) if key else DATASET_KEYS:
+        node = lookup(cfg, candidate)
+        if hasattr(node, "get") and node.get("type") is not None:
+            return candidate, node
+    tried = f"'{key}'" if key else f"any of {list(DATASET_KEYS)}"
+    raise ValueError(f"{config} has no dataset config (a dict with a 'type') at {tried}; pass --key with the "
+                     "dataset's entry, e.g. --key train_dataloader.dataset")
+
+
+def input_check_of(cfg) -> tuple[InputCheck, str]:
+    """The input check training would apply (``engine.builders.input_check_from_config`` of the config's model), or
+    the released checkpoints' (16x16 grid, ``empty_region='raise'``) when there is no readable model config; and a
+    line saying which."""
+    model = lookup(cfg, "model") or {}
+    check = input_check_from_config(model) if model else None
+    source = "the config's model" if check is not None else "no model config found: the released Sa2VA checkpoints'"
+    check = check or InputCheck(UPSTREAM_REGION_GRID_SIZE, "raise")
+    grid = check.region_grid_size
+    return check, f"{grid}x{grid} region grid ({source}), empty_region={check.empty_region!r}"
+
+
+def build_dataset(config: str, key: str | None, cfg_options: dict | None, keep_raise: bool):
+    """The config's region dataset (``on_bad_sample='skip'`` unless ``keep_raise``), with the model-side input check
+    applied; returns (dataset, a line saying which entry and which check were used)."""
     from mmengine.config import Config
     from xtuner.registry import BUILDER
 
     cfg = Config.fromfile(config)
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
-    if key not in cfg:
-        raise ValueError(f"{config} has no '{key}' entry; pass --key with the dataset's name")
-    dataset_cfg = cfg[key]
+    key, dataset_cfg = find_dataset_cfg(cfg, config, key)
     if "on_bad_sample" in dataset_cfg and not keep_raise:
         dataset_cfg.on_bad_sample = "skip"
-    return BUILDER.build(dataset_cfg)
+    dataset = BUILDER.build(dataset_cfg)
+    check, described = input_check_of(cfg)
+    if hasattr(dataset, "set_input_check"):
+        dataset.set_input_check(check)
+        return dataset, f"dataset: {key} of {config}; model input check: {described}"
+    return dataset, f"dataset: {key} of {config}; model input check: not applied ({type(dataset).__name__})"
 
 
 def scan(dataset, limit: int | None) -> tuple[list[int], dict]:
@@ -96,7 +144,8 @@ def draw_grid(dataset, indices: list[int], out_path: str, columns: int = 4) -> N
         pixels = np.asarray(sample.image, dtype=np.float32) / 255.0          # [H, W, 3]
         pixels[~sample.gt_mask] *= 0.45  # dim the outside, keep the region's true colours
         ax.imshow(pixels)
-        ax.contour(sample.gt_mask.astype(float), levels=[0.5], colors="cyan", linewidths=1.2)
+        if min(sample.gt_mask.shape) >= 2:  # matplotlib's contour needs at least a 2x2 array
+            ax.contour(sample.gt_mask.astype(float), levels=[0.5], colors="cyan", linewidths=1.2)
         text = [sample.sample_id]
         if sample.captions:
             text.append("C: " + sample.captions[0])
@@ -114,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("config", help="MMEngine config holding a dataset entry")
-    parser.add_argument("--key", default="dataset", help="config entry of the dataset (default: dataset)")
+    parser.add_argument("--key", default=None, help="config entry of the dataset, dotted (default: the first of "
+                        + ", ".join(DATASET_KEYS) + " that the config has)")
     parser.add_argument("--cfg-options", nargs="+", action=DictAction, help="override entries, key=value")
     parser.add_argument("--out", default="work_dirs/inspect_dataset.png", help="PNG grid path")
     parser.add_argument("--num", type=int, default=16, help="samples in the grid")
@@ -122,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-raise", action="store_true", help="keep on_bad_sample='raise'")
     args = parser.parse_args(argv)
 
-    dataset = build_dataset(args.config, args.key, args.cfg_options, args.keep_raise)
+    dataset, used = build_dataset(args.config, args.key, args.cfg_options, args.keep_raise)
+    print(used)
     good, stats = scan(dataset, args.check)
     scanned = len(dataset) if args.check is None else min(args.check, len(dataset))
     print(report(dataset, good, stats, scanned))

@@ -31,7 +31,11 @@ PROBLEMS = {
                         "with one gpt answer per mask",
     "bad_annotation": "fix the annotation record (see the message for the field)",
     "duplicate_id": "make every 'id' unique within 'images' and within 'annotations' (COCO requires it)",
-    "bad_text": "text fields must be valid UTF-8; decode the source with its real encoding and re-save the shard",
+    "bad_text": "text fields must be valid UTF-8 (no lone surrogates such as '\\udcff'); decode the source with its "
+                "real encoding and re-save the file",
+    "image_too_small": "drop the sample or re-export the image at its real size",
+    "region_off_grid": "drop the region, or set model.processor_cfg.empty_region='dilate_to_one_cell' (or 'keep', "
+                       "upstream's empty region prompt) and the same empty_region for this dataset's check",
 }
 
 

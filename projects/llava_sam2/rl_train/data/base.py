@@ -19,6 +19,10 @@ class RegionDataset(Dataset):
     ``__getitem__`` applies ``on_bad_sample``: ``'raise'`` re-raises ``BadSampleError``; ``'skip'``
     counts it in ``bad_samples`` and returns a ``SkippedSample`` that ``region_collate`` drops.
     Bad samples found while indexing (e.g. a truncated shard) are counted at construction.
+
+    ``input_check`` (set with ``set_input_check``, by the train loop from the model's processor) makes samples the
+    model cannot take (an image below the minimum size, a region that hits no region-grid point under
+    ``empty_region='raise'``) bad samples at load time, so they never reach a training step.
     """
 
     def __init__(self, name: str, on_bad_sample: str = "raise", alpha: str = "raise"):
@@ -27,6 +31,12 @@ class RegionDataset(Dataset):
         self.on_bad_sample = check_on_bad_sample(on_bad_sample, owner)
         self.alpha = check_alpha_policy(alpha, owner)
         self.bad_samples = BadSampleLog()
+        self.input_check = None
+
+    def set_input_check(self, check) -> None:
+        """Apply ``check`` (``model.input_check.InputCheck`` or any object with its ``problem(image, gt_mask)``)
+        to every sample loaded from now on."""
+        self.input_check = check
 
     def __len__(self) -> int:
         raise NotImplementedError
@@ -61,8 +71,12 @@ class RegionDataset(Dataset):
 
 def finish_sample(image: PIL.Image.Image, gt_mask: np.ndarray, *, captions: list[str],
                   expressions: list[str], sample_id: str, source: str, file: str,
-                  category: str | None = None) -> RegionSample:
-    """Last checks shared by all loaders: mask shape equals image size, mask not empty."""
+                  category: str | None = None, input_check=None) -> RegionSample:
+    """Last checks shared by all loaders: texts are valid UTF-8, mask shape equals image size, mask not empty,
+    and the model's ``input_check`` (when given) accepts the sample."""
+    for field, texts in (("caption", captions), ("expression", expressions)):
+        for position, text in enumerate(texts):
+            check_utf8(text, f"{field} {position}", file=file, sample_id=sample_id)
     width, height = image.size
     if gt_mask.shape != (height, width):
         raise BadSampleError("rle_size_mismatch", f"mask is {list(gt_mask.shape)} [H, W] but the image "
@@ -70,9 +84,23 @@ def finish_sample(image: PIL.Image.Image, gt_mask: np.ndarray, *, captions: list
     if not gt_mask.any():
         raise BadSampleError("empty_mask", "the region mask has no pixel", file=file,
                              sample_id=sample_id)
+    problem = input_check.problem(image, gt_mask) if input_check is not None else None
+    if problem is not None:
+        raise BadSampleError(problem[0], problem[1], file=file, sample_id=sample_id)
     return RegionSample(image=image, gt_mask=gt_mask.astype(bool, copy=False), captions=list(captions),
                         expressions=list(expressions), sample_id=sample_id, source=source,
                         category=category)
+
+
+def check_utf8(text: str, what: str, *, file: str, sample_id: str) -> None:
+    """Raise ``bad_text`` for a string that cannot be written as UTF-8 (a lone surrogate such as ``'\\udcff'``,
+    left by decoding bytes with ``errors='surrogateescape'``): the tokenizer and the METEOR jar fail on it later,
+    far from the file it came from."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise BadSampleError("bad_text", f"{what} {text!r} has an unencodable character at position {err.start}",
+                             file=file, sample_id=sample_id) from None
 
 
 class ProcessLocal:

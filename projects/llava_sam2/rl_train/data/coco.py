@@ -179,4 +179,4 @@ class CocoRegionDataset(RegionDataset):
                                    ann_file=self.ann_file, sample_id=sample_id)
         return finish_sample(pil, gt_mask, captions=ann.captions, expressions=ann.expressions,
                              sample_id=sample_id, source=self.name, file=self.ann_file,
-                             category=ann.category)
+                             category=ann.category, input_check=self.input_check)

@@ -198,7 +198,7 @@ class DLCRegionDataset(RegionDataset):
         category = region.get("category")
         return finish_sample(image, gt_mask, captions=[caption.strip()], expressions=[],
                              sample_id=sample_id, source=f"{self.name}/{record.subset}", file=shard,
-                             category=category if isinstance(category, str) else None)
+                             category=category if isinstance(category, str) else None, input_check=self.input_check)
 
     def _read(self, shard: str, member: Member, where: dict) -> bytes:
         handle = self._files.get(shard)

@@ -203,7 +203,7 @@ class GARRegionDataset(RegionDataset):
         category = record.get("catagory", record.get("category"))
         return finish_sample(image, gt_mask, captions=answers if len(rles) == 1 else [answers[k]],
                              expressions=[], sample_id=sample_id, source=self._source(path), file=path,
-                             category=category if isinstance(category, str) else None)
+                             category=category if isinstance(category, str) else None, input_check=self.input_check)
 
     @staticmethod
     def _row(table: pa.Table, row: int, where: dict) -> dict:

@@ -109,4 +109,4 @@ class RefCocoRegionDataset(RegionDataset):
                                    ann_file=self.ann_file, sample_id=sample_id)
         return finish_sample(pil, gt_mask, captions=[], expressions=ref.expressions,
                              sample_id=sample_id, source=self.name, file=self.ann_file,
-                             category=category)
+                             category=category, input_check=self.input_check)

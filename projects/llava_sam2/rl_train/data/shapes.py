@@ -18,6 +18,7 @@ import numpy as np
 import PIL.Image
 import PIL.ImageDraw
 
+from .bad_samples import BadSampleError
 from .base import RegionDataset
 from .rle import encode_mask
 from .shapes_scene import SHAPES, Scene, canonical_caption, referring_expressions, sample_scene
@@ -96,12 +97,16 @@ class ShapesWorld(RegionDataset):
     def load(self, index: int) -> RegionSample:
         scene, pixels = self.scene(index)
         attrs = scene.attrs[scene.target]
-        return RegionSample(image=PIL.Image.fromarray(pixels),
-                            gt_mask=scene.visible[scene.target].copy(),
-                            captions=[canonical_caption(attrs)],
-                            expressions=referring_expressions(scene, scene.target),
-                            sample_id=f"{self.name}/{index}#{index}", source=self.name,
-                            category=attrs["shape"])
+        sample = RegionSample(image=PIL.Image.fromarray(pixels),
+                              gt_mask=scene.visible[scene.target].copy(),
+                              captions=[canonical_caption(attrs)],
+                              expressions=referring_expressions(scene, scene.target),
+                              sample_id=f"{self.name}/{index}#{index}", source=self.name,
+                              category=attrs["shape"])
+        problem = None if self.input_check is None else self.input_check.problem(sample.image, sample.gt_mask)
+        if problem is not None:
+            raise BadSampleError(*problem, file=f"{self.name} (generated, seed {self.seed})", sample_id=sample.sample_id)
+        return sample
 
     def write_coco(self, out_dir: str, image_format: str = "png", *, all_objects: bool = False) -> str:
         """Write ``annotations.json`` + ``images/<index>.<ext>``; returns the annotation file path.

@@ -30,6 +30,8 @@ HEADLINES = (
     ("caption", "METEOR_nltk", "caption METEOR vs GT (partner-free)", True),
 )
 REWARD_KEYS = ("mask_to_caption/reward_mean", "caption_to_mask/reward_mean")
+# each loop's training reward and the held-out headline metric that measures the same cycle
+REWARD_METRICS = {"mask_to_caption/reward_mean": "cycle_IoU", "caption_to_mask/reward_mean": "cycle_METEOR_nltk"}
 TEXT_DEPENDENCE_FILE = "text_dependence.json"
 
 
@@ -166,6 +168,27 @@ def reward_trend(rl_work_dir: str | os.PathLike, keys: Sequence[str] = REWARD_KE
     return out
 
 
+def trend_disagreements(rows: Sequence[Row], trend: Mapping[str, dict]) -> list[str]:
+    """One sentence per loop whose training reward moved one way while its held-out metric moved the other way beyond
+    its CI (the paired difference's CI lies entirely on one side of 0), saying why the two can disagree."""
+    lines = []
+    for key, metric in REWARD_METRICS.items():
+        row = next((r for r in rows if r.metric == metric and r.diff is not None), None)
+        if key not in trend or row is None or not (row.diff.low > 0 or row.diff.high < 0):
+            continue
+        reward_change, held_out_rose = trend[key]["last"] - trend[key]["first"], row.diff.low > 0
+        if reward_change == 0 or (reward_change > 0) == held_out_rose:
+            continue
+        lines.append(
+            f"`{key}` {'fell' if reward_change < 0 else 'rose'} during training ({trend[key]['first']:.3f} → "
+            f"{trend[key]['last']:.3f}) while the held-out {row.label} {'rose' if held_out_rose else 'fell'} "
+            f"(Δ {row.diff.format(3)}). They measure different things: the reward scores sampled rollouts "
+            "(temperature as configured) on training prompts against the EMA partner, which itself changes during "
+            "the run, while the held-out metric decodes greedily with the final model on held-out samples, so the "
+            "training reward is not a held-out score.")
+    return lines
+
+
 def judge_fallbacks(rl_work_dir: str | os.PathLike) -> float:
     """Rollouts whose LLM-judge reward fell back to METEOR over the RL run (sum of the logged failure counts)."""
     from projects.llava_sam2.rl_train.evaluation.plots import find_scalars, read_scalars
@@ -195,6 +218,8 @@ def summary_markdown(rows: Sequence[Row], checks: Mapping[str, dict], trend: Map
     lines += ["", "Training reward of the RL run (mean over the first / last logged iterations):", ""]
     lines += [f"* `{key}`: {t['first']:.3f} → {t['last']:.3f} (windows of {t['window']} of {t['n']} iterations)"
               for key, t in trend.items()]
+    disagreements = trend_disagreements(rows, trend)
+    lines += ["", *disagreements] if disagreements else []
     if fallbacks:
         lines += ["", f"Caption reward: no LLM-judge endpoint was configured, so {fallbacks:g} loop-2 rollouts fell "
                       "back to METEOR alone (weights re-normalised; docs/rewards.md)."]
@@ -209,6 +234,7 @@ def summary_terminal(rows: Sequence[Row], checks: Mapping[str, dict], trend: Map
     lines = [f"{'held-out metric':<{width}}  {names[0]:>22}  {names[1]:>22}  {'Δ paired [95% CI]':>26}"]
     lines += [f"{r.label:<{width}}  {_fmt(r.base):>22}  {_fmt(r.rl):>22}  {_fmt(r.diff):>26}" for r in rows]
     lines += [""] + [f"{key}: {t['first']:.3f} → {t['last']:.3f}" for key, t in trend.items()]
+    lines += trend_disagreements(rows, trend)
     lines += [f"{'PASS' if c['passed'] else 'MISS'} {name}: {c['detail']}" for name, c in checks.items()]
     return "\n".join(lines)
 

@@ -15,6 +15,7 @@ from typing import Any
 from mmengine.registry import DATASETS
 
 from ..model.configuration import Sa2VAConfig
+from ..model.input_check import InputCheck, region_grid_size
 from ..model.presets import build_preset
 from ..model.processor import Sa2VAProcessor
 from ..model.sft_data import RegionSFTDataset
@@ -95,3 +96,22 @@ def region_sft_dataset(region_dataset: Any, *, pretrained_path: str | None = Non
     config = model_config(pretrained_path, preset, vocab_size=len(tokenizer))
     processor = Sa2VAProcessor.from_config(tokenizer, config, **dict(processor_cfg or {}))
     return RegionSFTDataset(region_dataset, processor, **kwargs)
+
+
+def input_check_from_config(model_cfg: Mapping[str, Any]) -> InputCheck | None:
+    """The input check (``Sa2VAProcessor.input_check``) of a ``Sa2VATrainModel`` config, without building the model:
+    the region grid of its preset or of its ``pretrained_path``'s config.json, ``processor_cfg``'s geometry overrides
+    and ``empty_region`` (default 'raise', the processor's). None when neither source can be read (an
+    ``upstream_sft`` run, a checkpoint not on this machine)."""
+    overrides = dict(model_cfg.get("processor_cfg") or {})
+    path = model_cfg.get("pretrained_path")
+    if model_cfg.get("preset") is not None:
+        config = build_preset(model_cfg["preset"])
+    elif path is not None and (Path(path) / "config.json").is_file():
+        config = Sa2VAConfig.from_json_file(Path(path) / "config.json")
+    else:
+        return None
+    geometry = dict(image_size=int(config.force_image_size or config.vision_config.image_size),
+                    patch_size=int(config.vision_config.patch_size), downsample_ratio=float(config.downsample_ratio))
+    geometry.update({k: overrides[k] for k in geometry if k in overrides})
+    return InputCheck(region_grid_size(**geometry), overrides.get("empty_region", "raise"))

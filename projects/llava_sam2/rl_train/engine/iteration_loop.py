@@ -10,6 +10,10 @@ switch. Its behaviour is that of ``IterBasedTrainLoop`` (same batches, same orde
 RNG, same validation schedule; ``tests/test_mmengine_seams.py`` compares them), minus the pause for in-process
 loaders.
 
+Before the first batch is drawn (DataLoader workers copy the dataset then), a region dataset gets the model
+processor's input check (``give_input_check``), so a sample the model cannot take is a bad sample at load time,
+raised or skipped and counted by the dataset's ``on_bad_sample``, not an error inside a training step.
+
 The one MMEngine internal it relies on: ``Runner.resume`` (and ``FlexibleRunner.resume``) write the resumed counters
 into ``train_loop._iter`` / ``train_loop._epoch``, so the counters live under those names
 (``mmengine_seams.LOOP_RESUME_ATTRIBUTES``, canary-tested).
@@ -19,11 +23,15 @@ from __future__ import annotations
 import bisect
 import logging
 import time
+from collections.abc import Mapping
 
 from mmengine.logging import print_log
+from mmengine.model import is_model_wrapper
 from mmengine.runner import BaseLoop
 from mmengine.runner.utils import calc_dynamic_intervals
 from torch.utils.data import DataLoader
+
+from .builders import input_check_from_config
 
 EPOCH_PAUSE_S = 2.0  # between epochs of a loader that starts new worker processes each epoch (InfiniteBatches)
 
@@ -98,6 +106,7 @@ class IterationLoop(BaseLoop):
         meta = getattr(self.dataloader.dataset, "metainfo", None)
         if meta is not None:
             runner.visualizer.dataset_meta = meta
+        give_input_check(self.dataloader.dataset, runner.model)
         self.dataloader_iterator = InfiniteBatches(self.dataloader)
         self.dynamic_milestones, self.dynamic_intervals = calc_dynamic_intervals(val_interval, dynamic_intervals)
 
@@ -128,6 +137,22 @@ class IterationLoop(BaseLoop):
         if (self.runner.val_loop is not None and self._iter >= self.val_begin
                 and (self._iter % self.val_interval == 0 or self._iter == self._max_iters)):
             self.runner.val_loop.run()
+
+
+def give_input_check(dataset, model) -> None:
+    """Hand the model processor's ``input_check`` to ``dataset`` (and to each part of a concatenated dataset) when
+    both sides have one: ``Sa2VATrainModel.processor`` and ``data.base.RegionDataset.set_input_check``. Under
+    ``FlexibleRunner`` (DeepSpeed) the model is still its config here: the check is then read from that config."""
+    model = model.module if is_model_wrapper(model) else model
+    if isinstance(model, Mapping):
+        check = input_check_from_config(model)
+    else:
+        check = getattr(getattr(model, "processor", None), "input_check", None)
+    if check is None:
+        return
+    for part in getattr(dataset, "datasets", None) or [dataset]:
+        if hasattr(part, "set_input_check"):
+            part.set_input_check(check)
 
 
 class _DataloaderOnly(BaseLoop):

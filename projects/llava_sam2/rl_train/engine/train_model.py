@@ -15,6 +15,7 @@
 """
 from __future__ import annotations
 
+import logging
 import os
 from collections import OrderedDict
 from contextlib import nullcontext
@@ -30,6 +31,7 @@ from peft import PeftModel
 from ..grpo.config import GRPOConfig
 from ..grpo.protocol import GRPOAlgorithm
 from ..grpo.weights import WeightSets
+from ..model.decoding import TextDecoding
 from ..model.lora import apply_lora, check_compute_dtype, configure_trainable, keep_trainable_in
 from ..model.processor import Sa2VAProcessor
 from ..model.sa2va import Sa2VAModel
@@ -42,6 +44,13 @@ from .stats import sum_across_ranks
 
 # Upstream Sa2VA SFT LoRA (reference/sa2va.md §6).
 DEFAULT_LORA = dict(r=128, lora_alpha=256, lora_dropout=0.05)
+# Logged when GRPO starts from a preset: why its losses and rewards are 0 (measured on tiny_grpo_cycle_cpu.py)
+RANDOM_WEIGHTS_NOTE = (
+    "Sa2VATrainModel: the model is a size preset with random weights (no checkpoint). Expect rewards, advantages, "
+    "loss and grad_norm of 0 with the default rewards: the partner's answers contain no [SEG] (loop-1 IoU 0, "
+    "'partner/no_seg'), its captions share no word with the references (loop-2 METEOR 0), so every group's rewards "
+    "are equal and its advantages 0. Such a run checks that the stack runs; to see learning start from a trained "
+    "checkpoint (model.pretrained_path) or run `sa2va-rl demo`.")
 
 
 def _build_sa2va(pretrained_path, preset, upstream_sft, tokenizer, dtype):
@@ -127,6 +136,7 @@ class Sa2VATrainModel(BaseModel):
         if trainable_dtype is not None:
             keep_trainable_in(sa2va, _dtype(trainable_dtype))
         self.sa2va = sa2va
+        self.is_random_init = preset is not None  # a preset has no checkpoint: every weight is random
         self.processor = Sa2VAProcessor.from_config(tokenizer, sa2va.config, **dict(processor_cfg or {}))
         self.sft_loss_cfg = dict(sft_loss_cfg or {})
         self.weights_storage_device = weights_storage_device
@@ -139,6 +149,8 @@ class Sa2VATrainModel(BaseModel):
         ``ema_decay`` and a reference snapshot is kept when ``beta > 0``. The algorithm gets the engine's
         ``sum_across_ranks`` for its global statistics (dapo's token count, the batch std).
         """
+        if self.is_random_init:
+            print_log(RANDOM_WEIGHTS_NOTE, logger="current", level=logging.WARNING)
         args = dict(cfg.items())
         config = args.get("config")
         config = config if isinstance(config, GRPOConfig) else GRPOConfig(**dict(config or {}))
@@ -195,6 +207,15 @@ class Sa2VATrainModel(BaseModel):
         return loss, log_vars
 
     def export_pretrained(self, path: str | os.PathLike, max_shard_size: int | str = "5GB") -> None:
-        """Write the model (LoRA merged) and its tokenizer in the upstream HF Sa2VA layout."""
+        """Write the model (LoRA merged), its tokenizer and ``generation_config.json`` in the upstream HF layout.
+
+        The generation config stops on the chat template's stop tokens (``<|im_end|>`` for Qwen2) and EOS, and pads
+        with the processor's pad id, so ``generate`` on the exported model ends answers where training did."""
+        from transformers import GenerationConfig
+
         self.sa2va.save_pretrained(path, max_shard_size=max_shard_size)
-        self.processor.tokenizer.save_pretrained(os.fspath(path))
+        tokenizer = self.processor.tokenizer
+        tokenizer.save_pretrained(os.fspath(path))
+        decoding = TextDecoding.from_processor(self.processor)
+        GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=list(decoding.stop_token_ids),
+                         pad_token_id=decoding.pad_token_id).save_pretrained(os.fspath(path))

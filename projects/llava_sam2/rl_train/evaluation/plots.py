@@ -5,7 +5,9 @@
   ``mask_to_caption/reward_mean``, or ``train/mask_to_caption/reward_mean`` with ``log_with_hierarchy``).
 * :func:`plot_metric_bars` — systems × headline metrics, bars with bootstrap-CI whiskers.
 * :func:`plot_examples` — per sample: the image with the GT region, then each system's predicted mask
-  and text, for a few held-out samples.
+  and text, for a few held-out samples. Answers are shown without the chat template's stop tokens
+  (``display_text``), and a prediction without a mask (no ``[SEG]``, or an empty mask) is labelled "no mask" on
+  the image, so it cannot be mistaken for a mask too small to see.
 """
 from __future__ import annotations
 
@@ -14,14 +16,23 @@ import json
 import os
 import textwrap
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 from matplotlib.figure import Figure
 from scipy.ndimage import binary_erosion
 
+from xtuner.utils import PROMPT_TEMPLATE
+
 from ..data.rle import decode_rle
 from .metrics import PRIMARY, TASKS
 from .records import EvalRecord
+
+# every chat template's stop words (<|im_end|>, <|end|>, <eoa>, ...) plus the common EOS strings: records keep the
+# decoded answer as generated, which a reader of the figures should not have to skip over
+DISPLAY_STRIPPED = tuple(sorted({word for template in PROMPT_TEMPLATE.values()
+                                 for word in template.get("STOP_WORDS", [])} | {"</s>", "<|im_start|>"}, key=len,
+                                reverse=True))
 
 GT_COLOUR = (0, 230, 255)  # cyan
 PRED_COLOUR = (255, 0, 200)  # magenta
@@ -151,8 +162,19 @@ def overlay(image: np.ndarray, region: np.ndarray | None, colour: tuple[int, int
     return out.astype(np.uint8)
 
 
+def display_text(text: str | None) -> str | None:
+    """``text`` without template stop tokens (``DISPLAY_STRIPPED``), for figures; None stays None."""
+    if text is None:
+        return None
+    for token in DISPLAY_STRIPPED:
+        text = text.replace(token, "")
+    return text.strip()
+
+
 def _record_view(record: EvalRecord, gt_mask: np.ndarray) -> tuple[np.ndarray | None, str, str]:
-    """(mask to draw, answer text, score line) of one system's record."""
+    """(mask to draw, answer text, score line) of one system's record; answers as :func:`display_text` shows them."""
+    record = replace(record, answer_a=display_text(record.answer_a), answer_b=display_text(record.answer_b),
+                     caption=display_text(record.caption))
     pred = None
     if record.mask is not None and record.mask.rle is not None:
         h, w = record.mask.rle["size"]
@@ -209,6 +231,9 @@ def plot_examples(task: str, samples: Sequence, records: Mapping[str, Mapping[st
             shown = overlay(image, gt_mask, GT_COLOUR) if record.task == "caption" else \
                 overlay(image, pred, PRED_COLOUR, reference=gt_mask)
             axis.imshow(shown, interpolation="nearest")
+            if record.task != "caption" and (pred is None or not pred.any()):
+                axis.text(0.5, 0.5, "no mask", transform=axis.transAxes, ha="center", va="center", fontsize=11,
+                          color="white", bbox=dict(facecolor=np.array(PRED_COLOUR) / 255, alpha=0.85, pad=3))
             axis.set_title(system, fontsize=9)
             axis.set_xlabel(_wrap(text, footer=score), fontsize=8)
         for axis in row:

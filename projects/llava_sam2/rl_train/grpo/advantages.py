@@ -17,7 +17,10 @@ with ``s`` chosen by ``scale_rewards`` (TRL's vocabulary and semantics, ``GRPOCo
 Means and stds skip NaN (std with Bessel's correction, as ``torch.std``); a NaN reward gets advantage 0,
 so an unscorable rollout neither moves the baseline nor the policy. A reward of +-inf is treated as NaN
 (unscored) rather than poisoning its group's mean. A group whose valid rewards are all equal has no
-learning signal: its advantages are exactly 0 (not ``0 / eps`` noise).
+learning signal: its advantages are exactly 0. Equality is checked on the values (max == min), not on the
+float32 std: rounding in the group mean leaves ``[0.3] * 6`` a std of ~3e-8, which TRL's ``std + 1e-4``
+divisor would turn into advantages of ~3e-4 (TRL itself returns those). Rewards that really differ keep their
+advantages, however small the spread: ``[0.3, 0.3 + 1e-6]`` gives about +-5e-3 under ``group``.
 
 Under data parallelism the "batch" of ``scale_rewards='batch'`` is the global batch (TRL gathers the rewards
 of every process before normalising): the caller sums :func:`reward_moments` over ranks and passes
@@ -91,7 +94,7 @@ def rewards_to_tensor(values: Sequence[float | None], group_size: int) -> Tensor
 def group_advantages(
     rewards: Tensor, scale_rewards: str = "group", eps: float = ADVANTAGE_EPS, batch_std: Tensor | None = None
 ) -> tuple[Tensor, dict[str, float]]:
-    """A = (r - nanmean_group(r)) / (s + eps), flattened to ``[N]``; NaN rewards and constant groups get 0.
+    """A = (r - nanmean_group(r)) / (s + eps), flattened to ``[N]``; NaN rewards and groups of equal rewards get 0.
 
     Args:
         rewards: ``[B, G]`` float, NaN where the rollout could not be scored.

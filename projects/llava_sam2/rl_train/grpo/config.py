@@ -71,12 +71,13 @@ class GRPOConfig:
     2507.18071; TRL's knob and default). Loop 1's captions; loop 2 too unless mask_importance_sampling_level is set."""
     mask_importance_sampling_level: str | None = "sequence"
     """Loop 2's level: sequence (default) clips one ratio per mask, the unit the reward scores (per element, a +-0.05
-    logit shift leaves every cell's ratio <= 1.05 while the mask's is ~1e25); token; None reuses
-    importance_sampling_level."""
-    mask_length_norm: str = "sqrt"
-    """Loop 2 at sequence level: nu(T) in log ratio = sum_t log-ratio / nu(T) over a mask's T elements: sqrt (default,
-    measured: loop-2 gradients on the shared trainables of loop 1's scale, docs/mask_action.md) | mean (TRL/GSPO) |
-    sum (the whole mask's ratio). The clip bounds |sum_t log-ratio| by about nu(T) * epsilon per mask."""
+    logit shift leaves every cell's ratio <= 1.05 while the mask's is ~1e25); token; None gives loop 2 TRL's meaning
+    of importance_sampling_level, sequence length norm included (mean, unless mask_length_norm is set)."""
+    mask_length_norm: str | None = None
+    """Loop 2 at sequence level: nu(T) in log ratio = sum_t log-ratio / nu(T) over a mask's T elements: sqrt
+    (measured: loop-2 gradients on the shared trainables of loop 1's scale, docs/mask_action.md) | mean (TRL/GSPO) |
+    sum (the whole mask's ratio); None (default) is sqrt, or TRL's mean when mask_importance_sampling_level is None.
+    The clip bounds |sum_t log-ratio| by about nu(T) * epsilon per mask."""
 
     # ---- rewards and advantages ----------------------------------------------------------------------------
     scale_rewards: str = "group"
@@ -91,7 +92,9 @@ class GRPOConfig:
 
     # ---- partner -------------------------------------------------------------------------------------------
     ema_decay: float = 0.999
-    """EMA partner: partner = decay * partner + (1 - decay) * policy after each optimizer step."""
+    """EMA partner: partner = decay * partner + (1 - decay) * policy once per iteration, after all its optimizer steps
+    (num_iterations x minibatches); the partner is read once per iteration, when rollouts are scored, so the decay
+    counts iterations whatever the minibatching."""
 
     # ---- mask policy (loop 2 action) -----------------------------------------------------------------------
     mask_policy: str = "region"
@@ -135,8 +138,11 @@ class GRPOConfig:
         # Derived once (TRL): the upper clip range defaults to the lower one; loop 2's level to the global one.
         if self.epsilon_high is None:
             self.epsilon_high = self.epsilon
-        if self.mask_importance_sampling_level is None:
+        if self.mask_importance_sampling_level is None:  # TRL's meaning on loop 2: its level and its mean norm
             self.mask_importance_sampling_level = self.importance_sampling_level
+            self.mask_length_norm = "mean" if self.mask_length_norm is None else self.mask_length_norm
+        elif self.mask_length_norm is None:
+            self.mask_length_norm = "sqrt"
 
     def _validate_rollout(self) -> None:
         G = self.num_generations
@@ -175,7 +181,7 @@ class GRPOConfig:
         _require(self.mask_importance_sampling_level in (*IMPORTANCE_SAMPLING_LEVELS, None),
                  f"mask_importance_sampling_level={self.mask_importance_sampling_level!r} is not one of {levels} or "
                  "None (None reuses importance_sampling_level).")
-        _require(self.mask_length_norm in SEQUENCE_LENGTH_NORMS,
+        _require(self.mask_length_norm in (*SEQUENCE_LENGTH_NORMS, None),
                  f"mask_length_norm={self.mask_length_norm!r} is not one of {sorted(SEQUENCE_LENGTH_NORMS)}; 'sqrt' is "
                  "the default, 'mean' is TRL's sequence level.")
 

@@ -16,8 +16,8 @@ element can change the partner's input (share 1.0), against 256-360 of the 4,096
 the real presets, and a mask is g^2 = 256 elements, not 4,096. Its greedy limit (tau -> 0) is exactly the cells of
 upstream's greedy mask.
 
-Every policy returns log-probs ``[N, T]`` over T action elements, computed in fp32 whatever the model's dtype (a
-bf16 log-density is off by ~1e-2 per element); ``losses.PolicyLoss`` turns them into a per-element or per-mask
+Every policy returns log-probs ``[N, T]`` over T action elements, computed in fp32 whatever the model's dtype, also under
+bf16 autocast (a bf16 log-density is off by ~1e-2 per element); ``losses.PolicyLoss`` turns them into a per-element or per-mask
 ratio (``mask_importance_sampling_level``). ``get_action_and_log_prob`` is the single code path: it samples when
 ``action`` is None and re-scores a given action otherwise (CleanRL ``get_action_and_value``). ``pred_masks`` gives
 the image-size masks the partner describes and mask rewards score.

@@ -299,7 +299,11 @@ def _shards(state: dict[str, torch.Tensor], limit: int) -> list[dict[str, torch.
 
 
 def save_pretrained(model: Sa2VAModel, path: str | os.PathLike, max_shard_size: int | str = "5GB") -> None:
-    """Write config.json and the weights in checkpoint names (LoRA merged, copies on CPU)."""
+    """Write config.json and the weights in checkpoint names (LoRA merged, copies on CPU).
+
+    config.json's ``torch_dtype`` is the dtype of the first floating tensor written (the ViT's, as transformers
+    records the first floating parameter), whatever the config held: a model built from a bf16 checkpoint's config
+    but kept in fp32 says float32."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     state = checkpoint_state_dict(model)
@@ -326,4 +330,8 @@ def save_pretrained(model: Sa2VAModel, path: str | os.PathLike, max_shard_size: 
     if len(shards) > 1:
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (path / WEIGHTS_INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-    model.config.to_json_file(path / CONFIG_NAME)
+    config = model.config.copy()
+    first_float = next((t for t in state.values() if t.is_floating_point()), None)
+    if first_float is not None:
+        config.extra["torch_dtype"] = str(first_float.dtype).removeprefix("torch.")
+    config.to_json_file(path / CONFIG_NAME)

@@ -54,6 +54,7 @@ from .constants import (
     IMG_CONTEXT_TOKEN,
     SEG_TOKEN,
 )
+from .input_check import InputCheck, nearest_cells, region_grid_size
 from .prompts import REGION_CAPTION_EVAL_PROMPT, RES_EVAL_PROMPT, image_block, region_string
 from .tiling import TilingSettings, check_rgb_image, normalise_tiles, sam_pixel_values, tile_image
 from .tokenizer import check_sa2va_tokenizer
@@ -111,7 +112,7 @@ class Sa2VAProcessor:
         self.downsample_ratio = downsample_ratio
         self.sam_image_size = sam_image_size
         self.empty_region = empty_region
-        self.region_grid_size = int(image_size // patch_size * downsample_ratio)  # g, e.g. 448/14·0.5 = 16
+        self.region_grid_size = region_grid_size(image_size, patch_size, downsample_ratio)  # g, e.g. 448/14·0.5 = 16
         self.tokens_per_tile = self.region_grid_size**2  # 256 for 448/14/0.5
         self.bos_token_ids, self.eos_token_ids = list(bos_ids), list(eos_ids)
         self.img_context_token_id = tokenizer.convert_tokens_to_ids(IMG_CONTEXT_TOKEN)
@@ -170,7 +171,7 @@ class Sa2VAProcessor:
         if size is not None and tuple(mask.shape) != tuple(size):
             raise ValueError(f"{where}: gt_mask shape {tuple(mask.shape)} != image size (H, W) {tuple(size)}")
         g = self.region_grid_size
-        cells = F.interpolate(mask[None, None], size=(g, g), mode="nearest")[0, 0] > 0  # [g, g]
+        cells = nearest_cells(mask, g)  # [g, g]
         if bool(cells.any()) or policy == "keep":
             return cells
         if not bool(mask.any()):
@@ -184,6 +185,12 @@ class Sa2VAProcessor:
         cells = torch.zeros(g * g, dtype=torch.bool)
         cells[int(torch.argmax(pooled.flatten()))] = True  # argmax returns the first maximum
         return cells.view(g, g)
+
+    @property
+    def input_check(self) -> InputCheck:
+        """The limits a sample must meet to become a prompt here (image side, region on the grid), for datasets to
+        apply while loading (``data.base.RegionDataset.set_input_check``)."""
+        return InputCheck(self.region_grid_size, self.empty_region)
 
     def _region_stack(self, region_cells: Any) -> torch.Tensor:
         """bool [N, g, g] from one [g, g] grid, a [N, g, g] stack or a list of [g, g] grids."""

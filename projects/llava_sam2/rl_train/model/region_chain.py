@@ -65,7 +65,9 @@ def region_logits(low_res_logits: Tensor, sizes: Sequence[tuple[int, int]], sam_
                   grid_size: int) -> Tensor:
     """fp32 ``[M, g, g]``: ``low_res_logits [M, h, w]`` through the released chain at the region sample points.
 
-    Carries grad (a linear map of the logits). ``sizes``: M image sizes (H, W).
+    Carries grad (a linear map of the logits). ``sizes``: M image sizes (H, W). Autocast is off here: under the
+    training configs' bf16 autocast the two matmuls would round every cell logit to bf16 (~1e-2), the error the
+    mask action's fp32 log-probs exist to avoid.
     """
     M, h, w = low_res_logits.shape
     if len(sizes) != M:
@@ -76,7 +78,8 @@ def region_logits(low_res_logits: Tensor, sizes: Sequence[tuple[int, int]], sam_
     rows = torch.stack([chain_rows(h, sam_image_size, int(H), grid_size) for H, _ in sizes])  # [M, g, h]
     cols = torch.stack([chain_rows(w, sam_image_size, int(W), grid_size) for _, W in sizes])  # [M, g, w]
     rows, cols = rows.to(z.device, torch.float32), cols.to(z.device, torch.float32)
-    return rows @ z @ cols.transpose(1, 2)  # [M, g, g]
+    with torch.autocast(z.device.type, enabled=False):
+        return rows @ z @ cols.transpose(1, 2)  # [M, g, g]
 
 
 def cells_to_masks(cells: Tensor, sizes: Sequence[tuple[int, int]]) -> list[Tensor]:

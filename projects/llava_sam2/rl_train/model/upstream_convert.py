@@ -7,9 +7,11 @@
   when a folder holding them is given.
 * ``xtuner_checkpoint.xtuner_state_dict`` / ``save_xtuner_checkpoint``: the reverse direction.
 
-dtype (``dtype='auto'``, upstream's): the converter builds the InternVL part in bf16 and SAM2 / text_hidden_fcs in
-fp32, then copies values in, so ``vision_model`` / ``language_model`` / ``mlp1`` are written in the base config's
-``torch_dtype`` and ``grounding_encoder`` / ``text_hidden_fcs`` in float32. A dtype name writes every tensor in it.
+dtype (``dtype='auto'``, what upstream's converter writes): ``vision_model`` in the base config's ``torch_dtype``;
+``language_model`` in float32 when the SFT config has ``llm_lora`` (xtuner runs peft's
+``prepare_model_for_kbit_training`` on the LLM, which casts every bf16/fp16 parameter to fp32, and the LoRA merge
+happens there, so the merged weights keep fp32 precision), else in the base dtype; ``mlp1``, ``grounding_encoder`` and ``text_hidden_fcs`` in float32.
+A dtype name writes every tensor in it.
 """
 from __future__ import annotations
 
@@ -23,9 +25,6 @@ from .sa2va import Sa2VAModel
 from .upstream_base import UpstreamSFTSource, read_base_config
 from .xtuner_checkpoint import load_upstream_sft
 
-_INTERNVL_PARTS = ("vision_model", "language_model", "mlp1")
-
-
 def _torch_dtype(name: str) -> torch.dtype:
     value = getattr(torch, str(name), None)
     if not isinstance(value, torch.dtype):
@@ -33,16 +32,16 @@ def _torch_dtype(name: str) -> torch.dtype:
     return value
 
 
-def apply_hf_dtype(model: Sa2VAModel, dtype: str, base_dtype: str | None) -> None:
-    """Cast parameters for writing: ``'auto'`` as upstream's converter (module docstring), else all to ``dtype``."""
+def apply_hf_dtype(model: Sa2VAModel, dtype: str, base_dtype: str | None, *, has_llm_lora: bool = True) -> None:
+    """Cast parameters for writing: ``'auto'`` as upstream's converter (module docstring; ``has_llm_lora``: the SFT
+    config has ``llm_lora``, so upstream's LLM is fp32), else all to ``dtype``."""
     if dtype != "auto":
         model.to(_torch_dtype(dtype))
         return
-    internvl = _torch_dtype(base_dtype or "bfloat16")
-    for name in _INTERNVL_PARTS:
-        getattr(model, name).to(internvl)
-    model.grounding_encoder.to(torch.float32)
-    model.text_hidden_fcs.to(torch.float32)
+    model.vision_model.to(_torch_dtype(base_dtype or "bfloat16"))
+    model.language_model.to(torch.float32 if has_llm_lora else _torch_dtype(base_dtype or "bfloat16"))
+    for part in (model.mlp1, model.grounding_encoder, model.text_hidden_fcs):
+        part.to(torch.float32)
 
 
 def copy_remote_code(remote_code_dir: str | os.PathLike, save_path: str | os.PathLike) -> list[str]:
@@ -61,10 +60,8 @@ def sft_to_hf(source: UpstreamSFTSource, save_path: str | os.PathLike, *, dtype:
               max_shard_size: int | str = "5GB", remote_code_dir: str | os.PathLike | None = None):
     """Write the HF Sa2VA layout of an upstream SFT run (LoRA merged); returns the LoadReport."""
     model, tokenizer, report = load_upstream_sft(source, lora_mode="merge")
-    apply_hf_dtype(model, dtype, read_base_config(source.base_path).get("torch_dtype"))
-    # transformers' save_pretrained records the dtype of the first floating parameter (the vision model)
-    model.config.extra["torch_dtype"] = str(model.vision_model.embeddings.patch_embedding.weight.dtype).removeprefix(
-        "torch.")
+    apply_hf_dtype(model, dtype, read_base_config(source.base_path).get("torch_dtype"),
+                   has_llm_lora=source.lora is not None)
     model.save_pretrained(save_path, max_shard_size=max_shard_size)
     tokenizer.save_pretrained(os.fspath(save_path))
     if remote_code_dir is not None:

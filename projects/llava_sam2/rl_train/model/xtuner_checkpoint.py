@@ -262,19 +262,52 @@ def xtuner_state_dict(model: Sa2VAModel, *, layout: str = "full", is_llm_wrapped
     return _compact_state(model, merged, targets, is_llm_wrapped)
 
 
-def _compact_state(model: Sa2VAModel, merged: dict, targets: frozenset, is_llm_wrapped: bool) -> dict:
+def compact_layout_problem(model: Sa2VAModel, *, is_llm_wrapped: bool = True,
+                           upstream_targets: tuple[str, ...] | None = None,
+                           is_adapter_from_sft: bool = True) -> str | None:
+    """Why ``model`` cannot be written in the ``compact`` layout, or None when it can (``xtuner_state_dict`` args;
+    ``is_adapter_from_sft``: the LLM's adapter is the SFT run's, so its base weights are still the base InternVL's).
+
+    InternLM2 (Sa2VA-8B) cannot: upstream's adapter there is one fused ``wqkv`` LoRA (one A shared by q, k and v),
+    loaded as three q/k/v adapters with equal A; once RL has trained them apart they have no fused form."""
     from peft import PeftModel
 
-    lm = model.language_model
-    if not (is_llm_wrapped and isinstance(lm, PeftModel)) or model.config.llm_architecture == "InternLM2ForCausalLM":
-        raise ValueError("layout='compact' needs an unmerged LoRA adapter on a Qwen2/Phi3/Llama LLM and an SFT "
-                         "config with llm_lora; write layout='full' (every tensor, LoRA merged) instead")
-    body = lm.base_model.model
+    arch = model.config.llm_architecture
+    if not (is_llm_wrapped and isinstance(model.language_model, PeftModel)) or arch == "InternLM2ForCausalLM":
+        adapter = "kept" if isinstance(model.language_model, PeftModel) else "merged"
+        return (f"layout='compact' needs an unmerged LoRA adapter on a Qwen2/Phi3/Llama LLM and an SFT config with "
+                f"llm_lora (this model: {arch}, adapter {adapter}); write layout='full' (every tensor, LoRA merged) "
+                "instead")
+    if not is_adapter_from_sft:
+        return ("layout='compact' keeps the base LLM weights out, but the SFT adapter was merged into them "
+                "(lora_mode='merge'); write layout='full'")
+    targets = frozenset(upstream_targets or default_lora_targets(arch))
+    leaves = {name.rsplit(".", 1)[-1] for name, module in model.language_model.base_model.model.named_modules()
+              if hasattr(module, "lora_A")}
+    if leaves != set(module_lora_targets(arch, tuple(targets))):
+        return (f"layout='compact': the adapter wraps {sorted(leaves)} but the SFT config's LoRA targets are "
+                f"{sorted(targets)}; write layout='full'")
+    return None
+
+
+def resolve_layout(layout: str, model: Sa2VAModel, *, is_llm_wrapped: bool = True,
+                   upstream_targets: tuple[str, ...] | None = None,
+                   is_adapter_from_sft: bool = True) -> tuple[str, str | None]:
+    """(layout to write, why ``'auto'`` fell back to ``'full'`` or None): ``'auto'`` is ``'compact'`` when
+    ``compact_layout_problem`` finds nothing, else ``'full'``; other layouts are returned as given."""
+    if layout != "auto":
+        return layout, None
+    problem = compact_layout_problem(model, is_llm_wrapped=is_llm_wrapped, upstream_targets=upstream_targets,
+                                     is_adapter_from_sft=is_adapter_from_sft)
+    return ("full", problem) if problem else ("compact", None)
+
+
+def _compact_state(model: Sa2VAModel, merged: dict, targets: frozenset, is_llm_wrapped: bool) -> dict:
+    problem = compact_layout_problem(model, is_llm_wrapped=is_llm_wrapped, upstream_targets=tuple(targets))
+    if problem is not None:
+        raise ValueError(problem)
+    body = model.language_model.base_model.model
     layers = {name: module for name, module in body.named_modules() if hasattr(module, "lora_A")}
-    leaves = {name.rsplit(".", 1)[-1] for name in layers}
-    if leaves != set(module_lora_targets(model.config.llm_architecture, tuple(targets))):
-        raise ValueError(f"layout='compact': the adapter wraps {sorted(leaves)} but the SFT config's LoRA targets "
-                         f"are {sorted(targets)}; write layout='full'")
     out = {}
     for hf_key, tensor in merged.items():
         key = upstream_key(hf_key, is_llm_wrapped=True, lora_targets=targets)

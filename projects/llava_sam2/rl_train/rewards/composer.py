@@ -3,14 +3,20 @@
 For rollout n with reward values v_rn (None where missing) and weights w_r, over the rewards with
 w_r ≠ 0 (zero-weight rewards are computed and logged only)::
 
-    renormalize (default):  total_n = A · Σ_{r present} w_r v_rn / Σ_{r present} |w_r|,   A = Σ_r |w_r|
+    renormalize (default):  total_n = W · Σ_{r present, w_r>0} w_r v_rn / Σ_{r present, w_r>0} w_r
+                                      + Σ_{r present, w_r<0} w_r v_rn,        W = Σ_{w_r>0} w_r
     zero:                   total_n = Σ_{r present} w_r v_rn                 (missing counts as 0)
     nan:                    total_n = NaN if any reward is missing
 
 Weights may be negative, with TRL's semantics (``GRPOTrainer``: total = Σ_r w_r v_r, a negative weight
 turns a reward into a penalty); ``zero`` is exactly TRL's ``nansum``. ``renormalize`` scales the present
-terms by one positive factor so that their absolute weights add up to the full A: signs are kept, and
-with all weights positive it is W · Σ w v / Σ w, W = Σ w.
+positive-weight terms by one factor so that their weights add up to the full W (a missing reward is
+replaced by the weighted mean of the present ones), and adds the present penalties unscaled: a failed
+penalty counts as a penalty of 0 (as TRL's ``nansum`` counts it), so a rollout never scores above the same
+rollout whose penalty ran and came out 0. Scaling the penalties' weights into the renormalisation would
+instead enlarge the positive terms when a penalty fails (a failure would pay). With no positive-weight reward
+present, the positive part cannot be estimated and the total is NaN; with no positive weight at all, the
+positive part is 0.
 
 A rollout with no reward present is NaN under every policy; GRPO drops NaN rollouts from the group
 statistics (TRL's convention). With the caption weights 0.25 (METEOR) + 0.75 (judge), a failed
@@ -56,8 +62,14 @@ def combine(values: torch.Tensor, weights: torch.Tensor, missing: str) -> torch.
     weighted = torch.where(present, values * weights[:, None], torch.zeros_like(values))  # [R, N]
     total = weighted.sum(0)  # [N]
     if missing == "renormalize":
-        present_weight = (present * weights.abs()[:, None]).sum(0)  # [N]
-        total = weights.abs().sum() * total / present_weight  # NaN (0/0) where nothing is present
+        positive_weights = weights.clamp(min=0)  # [R], 0 for penalties
+        is_positive = weights > 0  # [R]
+        penalties = weighted[~is_positive].sum(0)  # [N], present penalties unscaled, a missing one counts 0
+        positive_part = torch.zeros_like(total)  # [N], stays 0 when no reward has a positive weight
+        if bool(is_positive.any()):
+            present_weight = (present * positive_weights[:, None]).sum(0)  # [N]
+            positive_part = positive_weights.sum() * weighted[is_positive].sum(0) / present_weight  # NaN: 0/0
+        total = positive_part + penalties
     elif missing == "nan":
         total = torch.where(present.all(0), total, torch.full_like(total, float("nan")))
     return torch.where(present.any(0), total, torch.full_like(total, float("nan")))

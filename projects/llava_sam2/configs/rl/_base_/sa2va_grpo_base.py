@@ -38,14 +38,15 @@ train_cfg = dict(
             mask_to_caption_weight=1.0,  # loop 1 (mask -> caption -> mask', IoU); 0 switches it off
             caption_to_mask_weight=1.0,  # loop 2 (caption -> mask -> caption', METEOR + judge)
             # partner
-            ema_decay=0.999,  # EMA partner decay, applied by EMAPartnerHook after every iteration
+            ema_decay=0.999,  # EMA partner decay; EMAPartnerHook updates once per iteration, after its steps
             # loop-2 mask action (docs/mask_action.md): Bernoulli over the partner's g x g region cells, one clipped
             # ratio per mask (sequence level, sum of cell log-ratios / sqrt(T)); measured: every draw can change the
             # partner's input and loop 2's gradient on the shared trainables is of loop 1's scale
             mask_policy="region",  # region | bernoulli | gaussian_seg | multimask
             importance_sampling_level="token",  # loop 1 (captions): token | sequence (GSPO), TRL's knob
-            mask_importance_sampling_level="sequence",  # loop 2: sequence | token | None (= the one above)
-            mask_length_norm="sqrt",  # loop 2 at sequence level: sqrt | mean (TRL/GSPO) | sum (whole-mask ratio)
+            mask_importance_sampling_level="sequence",  # loop 2: sequence | token | None (TRL's meaning of the above)
+            # loop 2 at sequence level: None = sqrt (TRL/GSPO's mean when the level above is None) | sqrt | mean | sum
+            mask_length_norm=None,
         ),
         # per loop, combined by RewardComposer (a failed reward falls back onto the others, counted and logged)
         rewards=dict(
@@ -84,7 +85,7 @@ default_hooks.update(  # noqa: F405
     # AtomicCheckpointHook takes CheckpointHook's arguments and saves crash-safely (docs/failure_behaviour.md)
     checkpoint=dict(type=AtomicCheckpointHook, save_optimizer=True, by_epoch=False, interval=100,  # noqa: F405
                     max_keep_ckpts=2),
-    ema_partner=dict(type=EMAPartnerHook),  # EMA partner update after every optimizer step, and its checkpoint
+    ema_partner=dict(type=EMAPartnerHook),  # EMA partner update once per iteration (after its steps), checkpointed
     train_state=dict(type=TrainStateHook),  # RNG streams and sampler position in checkpoints (exact resume)
     reward_failures=dict(type=RewardFailureHook),  # judge timeouts / fallbacks, counted and logged
     skipped_samples=dict(type=SkippedSampleHook),  # samples a dataset with on_bad_sample='skip' left out

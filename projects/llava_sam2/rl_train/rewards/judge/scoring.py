@@ -7,8 +7,9 @@ Rules as in DLC-Bench's ``eval_model_outputs.py`` (NVlabs/describe-anything):
   it; it starts with ``"x."``; several choices occur: the one starting last (then the longest);
   the answer occurs inside choices: the longest such choice; a lone letter (alone or before a
   newline). Otherwise it is unparsed and scores 0. These rules are for free-form answers (the
-  ``per_question`` protocol) and keep DLC-Bench's quirks: a lone letter past the last choice that
-  occurs inside a choice's text (``"e"`` in ``"Yes"``) is matched to that choice, as upstream does.
+  ``per_question`` protocol). A bare letter past the last choice (``"C"`` on a two-choice question)
+  is unparsed at once, as in the ``batched`` protocol: upstream's first rule indexes the choices with
+  it and raises IndexError, so it never reaches the substring rules (``"c"`` inside ``"mentioned"``).
 * Letter answers (:func:`parse_letter`, the ``batched`` protocol, whose prompt asks for one letter
   per question) are parsed strictly: a letter (``"b"``, ``"B."``, ``"B)"``), the exact text of a
   choice, or ``"x. <choice>"`` whose text is that letter's choice. Anything else, including a letter
@@ -20,9 +21,10 @@ Rules as in DLC-Bench's ``eval_model_outputs.py`` (NVlabs/describe-anything):
 * Benchmark: ``Pos = mean_k score_pos``, ``Neg = mean_k score_neg`` over keys with negatives,
   ``Avg = (Pos + Neg) / 2``.
 
-Where upstream crashes we return "unparsed" instead: an empty answer, a ``"x."`` prefix or a lone
-letter beyond the last choice that no earlier rule matched (upstream raises IndexError), and an unparsed recognition answer (upstream raises
-ValueError) — the last gives ``recognition=None``, which callers count as a failure.
+Where upstream crashes we return "unparsed" instead: an empty answer, a bare letter beyond the last
+choice, a ``"x."`` prefix or a lone letter before a newline beyond the last choice that no earlier rule
+matched (upstream raises IndexError), and an unparsed recognition answer (upstream raises ValueError) —
+the last gives ``recognition=None``, which callers count as a failure.
 """
 from __future__ import annotations
 
@@ -44,6 +46,8 @@ def parse_answer(answer: str, choices: Sequence[str]) -> int | None:
     if not pred:
         return None
     n = len(choices)
+    if len(pred) == 1 and pred in _LABELS and _LABELS.index(pred) >= n:
+        return None  # a bare letter past the last choice: upstream's IndexError, never a substring match
     substr = []  # (index, position in answer, choice length)
     for index, choice in enumerate(choices):
         choice = choice.strip().lower()
