@@ -92,7 +92,7 @@ def test_nan_loss_skips_the_step_and_leaves_weights_optimizer_and_partner_untouc
 
 
 def test_consecutive_nonfinite_iterations_stop_with_a_clear_error(tmp_path):
-    options = {"train_cfg.algorithm.nan_loss_at": (2, 3, 4, 5, 6), "train_cfg.max_consecutive_nonfinite": 3}
+    options = {"train_cfg.algorithm.nan_loss_at": (2, 3, 4, 5, 6), "train_cfg.max_consecutive_skips": 3}
     with pytest.raises(FloatingPointError) as err:
         run_toy(tmp_path, **options)
     message = str(err.value)
@@ -143,5 +143,5 @@ def test_reward_sources_returning_none_nan_inf_are_counted_and_training_goes_on(
 
 
 def test_guard_rejects_a_bad_limit(tmp_path):
-    with pytest.raises(ValueError, match="max_consecutive_nonfinite=0"):
-        run_toy(tmp_path, **{"train_cfg.max_consecutive_nonfinite": 0})
+    with pytest.raises(ValueError, match="max_consecutive_skips=0"):
+        run_toy(tmp_path, **{"train_cfg.max_consecutive_skips": 0})
