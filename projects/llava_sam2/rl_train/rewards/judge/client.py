@@ -269,5 +269,6 @@ class JudgeClient:
     def describe(self) -> dict[str, Any]:
         """Loggable settings (no credentials)."""
         out = asdict(self.config)
-        out.update(base_url=self.base_url, model=self.model, api_key_set=bool(os.environ.get(self.config.api_key_env)))
+        out.update(base_url=redact_url(self.base_url), model=self.model,
+                   api_key_set=bool(os.environ.get(self.config.api_key_env)))
         return out
