@@ -33,6 +33,7 @@ outputs; the EMA partner is not updated after an iteration in which no step ran)
 from __future__ import annotations
 
 import functools
+import math
 from collections import Counter
 from collections.abc import Iterable
 
@@ -82,9 +83,12 @@ class _StepUndo:
 
     def update_ratio(self) -> tuple[bool, float]:
         """(weights all finite on every rank, ``||w_after - w_before|| / ||w_before||``; 0 when ``w_before`` is 0)."""
-        is_finite = all(bool(torch.isfinite(p).all()) for p in self.params)
-        moved = sum(float((p.detach().double() - w.double()).square().sum()) for p, w in zip(self.params, self.weights))
-        size = sum(float(w.double().square().sum()) for w in self.weights)
+        if not self.params:
+            return True, 0.0
+        moved = torch.stack([(p.detach().double() - w.double()).square().sum()
+                             for p, w in zip(self.params, self.weights)]).sum().item()  # NaN / inf if a weight is
+        size = torch.stack([w.double().square().sum() for w in self.weights]).sum().item()
+        is_finite = math.isfinite(moved)
         nonfinite, moved, size = sum_over_ranks([float(not is_finite), moved if is_finite else 0.0, size])
         return nonfinite == 0, (moved / size) ** 0.5 if size > 0 else 0.0
 
