@@ -14,7 +14,8 @@ resume): ``nan_loss_at`` multiplies the GRPO loss by NaN, ``ToyTrainModel(nan_sf
 for some rollouts, and advantages through ``group_advantages``; ``ToyPromptDataset(bad=...)`` returns
 ``SkippedSample`` for those prompts and ``toy_region_collate`` drops them as ``region_collate`` does;
 ``signal_at=(iteration, signal number[, rank])`` makes the process send itself that signal in the middle of that
-iteration (after its rollout, before its optimizer step), as a scheduler's SIGTERM would arrive.
+iteration (after its rollout, before its optimizer step), as a scheduler's SIGTERM would arrive, and with
+``signal_children=True`` also to its child processes (DataLoader workers), as SLURM signals every process of a job.
 """
 from __future__ import annotations
 
@@ -54,6 +55,15 @@ def target_action(prompt: torch.Tensor) -> torch.Tensor:
 def current_iteration() -> int:
     """1-based iteration being trained (RuntimeInfoHook keeps ``iter`` in the message hub; 0 outside a run)."""
     return MessageHub.get_current_instance().get_info("iter", -1) + 1
+
+
+def child_pids() -> list[int]:
+    """The processes this one started (Linux ``/proc``)."""
+    pids = []
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{task}/children") as f:
+            pids += [int(pid) for pid in f.read().split()]
+    return pids
 
 
 class ToyPromptDataset(Dataset):
@@ -113,12 +123,13 @@ class ToyMinibatch:
 class ToyREINFORCE:
     def __init__(self, model: ToyPolicy, weights: WeightSets, num_generations: int = 4,
                  partner_bonus: float = 0.1, fail_at_iter: int | None = None, nan_loss_at: tuple[int, ...] = (),
-                 flaky_reward_at: tuple[int, ...] = (), signal_at: tuple[int, ...] = ()) -> None:
+                 flaky_reward_at: tuple[int, ...] = (), signal_at: tuple[int, ...] = (),
+                 signal_children: bool = False) -> None:
         self.model, self.weights = model, weights
         self.num_generations, self.partner_bonus = num_generations, partner_bonus
         self.fail_at_iter, self.calls = fail_at_iter, 0
         self.nan_loss_at, self.flaky_reward_at = set(nan_loss_at), set(flaky_reward_at)
-        self.signal_at = tuple(signal_at)
+        self.signal_at, self.signal_children = tuple(signal_at), signal_children
 
     def encode(self, batch: list[dict]) -> torch.Tensor:
         if len(batch) == 0:  # as CycleGRPO.encode (grpo/features.py)
@@ -134,6 +145,8 @@ class ToyREINFORCE:
             from mmengine.dist import get_rank
 
             if len(self.signal_at) < 3 or self.signal_at[2] == get_rank():
+                for pid in child_pids() if self.signal_children else []:
+                    os.kill(pid, signal.Signals(self.signal_at[1]))
                 os.kill(os.getpid(), signal.Signals(self.signal_at[1]))
         B, G = len(prompts), self.num_generations
         probs = self.model.logits(prompts).softmax(-1)  # [B, K]

@@ -172,10 +172,12 @@ def check_world_size(saved: int | None, checkpoint: str) -> None:
             f"(--cfg-options load_from={checkpoint}, without --resume; optimizer state and schedule start afresh).")
 
 
-def apply_configured_lr(runner) -> None:
+def apply_configured_lr(runner, restored_optimizer: bool = True, restored_schedulers: bool = True) -> None:
     """Record the config's learning rate in the message hub; on a resume whose checkpoint was saved with another
     one, scale every parameter group's ``lr`` / ``initial_lr`` and the lr schedulers' ``base_values`` by
-    configured / saved (per-group multipliers and the schedule's shape are kept) and log a warning."""
+    configured / saved (per-group multipliers and the schedule's shape are kept) and log a warning. Only state that
+    came from the checkpoint is scaled (``restored_*``: the checkpoint hook saves it); state built afresh already
+    holds the config's lr."""
     optimizer_cfg = (runner.cfg.get("optim_wrapper") or {}).get("optimizer") or {}
     configured = optimizer_cfg.get("lr") if hasattr(optimizer_cfg, "get") else None
     if not isinstance(configured, (int, float)):
@@ -185,11 +187,11 @@ def apply_configured_lr(runner) -> None:
     hub.update_info(CONFIGURED_LR, float(configured))
     if runner.iter == 0:  # a fresh run (load_from loads weights only): the optimizer was built with the config's lr
         return
-    optimizers = torch_optimizers(runner.optim_wrapper)
-    if saved is None:  # a checkpoint saved before the entry existed: its first group's base lr
+    optimizers = torch_optimizers(runner.optim_wrapper) if restored_optimizer else []
+    if saved is None and optimizers:  # a checkpoint saved before the entry existed: its first group's base lr
         group = optimizers[0].param_groups[0]
         saved = group.get("initial_lr", group["lr"])
-    if math.isclose(saved, configured, rel_tol=1e-9):
+    if saved is None or math.isclose(saved, configured, rel_tol=1e-9):
         return
     scale = configured / saved
     for optimizer in optimizers:
@@ -197,7 +199,7 @@ def apply_configured_lr(runner) -> None:
             group["lr"] *= scale
             if "initial_lr" in group:
                 group["initial_lr"] *= scale
-    schedulers = runner.param_schedulers or []
+    schedulers = (runner.param_schedulers or []) if restored_schedulers else []
     for scheduler in schedulers.values() if isinstance(schedulers, dict) else schedulers:
         for one in scheduler if isinstance(scheduler, list) else [scheduler]:
             if getattr(one, "param_name", None) == "lr":

@@ -9,20 +9,38 @@ reached them at different moments, then saves through its atomic path and exits 
 
 A second stop signal gets the action the signal had before (by default: the process ends at once).
 
+SLURM signals every process of a job step, DataLoader workers included; a worker that died of it would end the run
+with "DataLoader worker exited unexpectedly" before the save. Workers are therefore started with the stop signals
+blocked (``blocked_in_children``): they inherit the blocked mask and never act on them, and the main process ends
+them as usual.
+
 The time from the signal to the exit is the rest of the current iteration plus one checkpoint save; give the job
 that much grace (``--signal=USR1@<seconds>``, Kubernetes' ``terminationGracePeriodSeconds``; torchrun gives its
 workers 30 s after forwarding a SIGTERM).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
+from collections.abc import Iterator
 
 import torch
 from mmengine.dist import all_reduce, get_world_size
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+@contextlib.contextmanager
+def blocked_in_children(signals: tuple[int, ...] = STOP_SIGNALS) -> Iterator[None]:
+    """Block ``signals`` while the block runs (start worker processes inside it): children inherit the mask and
+    keep them blocked; this process gets a signal that arrived meanwhile when the block ends."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 class StopSignals:

@@ -86,7 +86,7 @@ class AtomicCheckpointHook(Hook):
         left behind, and take over the stop signals."""
         self.out_dir = self._out_dir or runner.work_dir
         self._kept = deque(runner.message_hub.get_info(self.info_key) or [])
-        apply_configured_lr(runner)
+        apply_configured_lr(runner, self.save_optimizer, self.save_param_scheduler)
         self._stop_signals.install()
         if is_main_process():
             os.makedirs(self.out_dir, exist_ok=True)
