@@ -15,13 +15,15 @@ for some rollouts, and advantages through ``group_advantages``; ``ToyPromptDatas
 ``SkippedSample`` for those prompts and ``toy_region_collate`` drops them as ``region_collate`` does;
 ``signal_at=(iteration, signal number[, rank])`` makes the process send itself that signal in the middle of that
 iteration (after its rollout, before its optimizer step), as a scheduler's SIGTERM would arrive, and with
-``signal_children=True`` also to its child processes (DataLoader workers), as SLURM signals every process of a job.
+``signal_children=True`` first to its child processes (DataLoader workers) from another process, as SLURM signals
+every process of a job step (a DataLoader worker treats a SIGTERM from its parent as a request to exit).
 """
 from __future__ import annotations
 
 import itertools
 import os
 import signal
+import subprocess
 from dataclasses import dataclass
 
 import torch
@@ -145,8 +147,9 @@ class ToyREINFORCE:
             from mmengine.dist import get_rank
 
             if len(self.signal_at) < 3 or self.signal_at[2] == get_rank():
-                for pid in child_pids() if self.signal_children else []:
-                    os.kill(pid, signal.Signals(self.signal_at[1]))
+                if self.signal_children:
+                    subprocess.run(["kill", "-s", signal.Signals(self.signal_at[1]).name[3:],
+                                    *map(str, child_pids())], check=True)
                 os.kill(os.getpid(), signal.Signals(self.signal_at[1]))
         B, G = len(prompts), self.num_generations
         probs = self.model.logits(prompts).softmax(-1)  # [B, K]

@@ -49,14 +49,14 @@ class InfiniteBatches:
     MMEngine also pauses 2 s at every epoch end, a workaround for an unexplained DataLoader deadlock when worker
     processes are released and restarted (open-mmlab/mmcv#306, #1912). Here the pause stays only where workers do
     restart (``num_workers > 0`` without ``persistent_workers``); in-process and persistent-worker loaders go on.
-    Worker processes start with SIGTERM / SIGUSR1 blocked, so a signal sent to every process of a job reaches only
-    the main process, which saves and stops (``stop_signals.blocked_in_children``).
+    Worker processes start with SIGUSR1 blocked, so SLURM's SIGUSR1 to every process of a job reaches only the main
+    process, which saves and stops (``stop_signals.blocked_in_children``).
     """
 
     def __init__(self, dataloader: DataLoader, pause_s: float = EPOCH_PAUSE_S) -> None:
         self.dataloader, self.pause_s = dataloader, pause_s
         self.epoch = 0
-        with blocked_in_children():  # worker processes ignore SIGTERM / SIGUSR1 (stop_signals.py)
+        with blocked_in_children():  # worker processes ignore SIGUSR1 (stop_signals.py)
             self._batches = iter(dataloader)
 
     def __iter__(self) -> InfiniteBatches:

@@ -9,10 +9,11 @@ reached them at different moments, then saves through its atomic path and exits 
 
 A second stop signal gets the action the signal had before (by default: the process ends at once).
 
-SLURM signals every process of a job step, DataLoader workers included; a worker that died of it would end the run
-with "DataLoader worker exited unexpectedly" before the save. Workers are therefore started with the stop signals
-blocked (``blocked_in_children``): they inherit the blocked mask and never act on them, and the main process ends
-them as usual.
+SLURM's ``--signal=USR1@<seconds>`` reaches every process of the job step, DataLoader workers included, and a worker
+killed by it ends the run ("DataLoader worker ... is killed by signal") before the save. Workers therefore start with
+SIGUSR1 blocked (``blocked_in_children``). SIGTERM stays as torch sets it up in a worker: its parent stops the worker
+with it, so it cannot be blocked there; a SIGTERM sent to every process of a job (SLURM's own, at the time limit or
+on ``scancel``) still kills the workers, so on SLURM ask for SIGUSR1 ahead of the end.
 
 The time from the signal to the exit is the rest of the current iteration plus one checkpoint save; give the job
 that much grace (``--signal=USR1@<seconds>``, Kubernetes' ``terminationGracePeriodSeconds``; torchrun gives its
@@ -30,10 +31,11 @@ import torch
 from mmengine.dist import all_reduce, get_world_size
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+CHILD_BLOCKED_SIGNALS = (signal.SIGUSR1,)  # blocked in worker processes (module docstring)
 
 
 @contextlib.contextmanager
-def blocked_in_children(signals: tuple[int, ...] = STOP_SIGNALS) -> Iterator[None]:
+def blocked_in_children(signals: tuple[int, ...] = CHILD_BLOCKED_SIGNALS) -> Iterator[None]:
     """Block ``signals`` while the block runs (start worker processes inside it): children inherit the mask and
     keep them blocked; this process gets a signal that arrived meanwhile when the block ends."""
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
