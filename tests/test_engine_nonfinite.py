@@ -16,7 +16,7 @@ from mmengine.config import Config
 from mmengine.hooks import Hook
 
 from engine_toy import run_config, write_toy_config
-from fault_tools import trainable_weights
+from fault_tools import run_forked, train_toy, trainable_weights
 from grpo_tiny import one_thread
 from projects.llava_sam2.rl_train.engine.checkpointing import unwrap_model
 
@@ -223,3 +223,26 @@ def test_a_failure_cause_logged_once_is_zero_at_a_clean_iteration_after_it(tmp_p
     resumed_runner, resumed = run_toy(tmp_path, resume_from=str(tmp_path / "iter_2.pth"), **options)
     assert resumed.outputs[3][key] == 0
     assert resumed_runner.message_hub.get_scalar(f"train/{key}").current() == 0
+
+
+def test_two_ranks_undo_the_same_destructive_steps_and_stop_together(tmp_path):
+    """The update ratio is reduced over the ranks before the decision, so both gloo ranks undo the same steps and
+    stop at the same iteration with the same message (no rank waits in a collective the other left)."""
+    codes = run_forked(train_toy, world=2, work_dir=str(tmp_path), tag="lr1e6",
+                       **{"optim_wrapper.optimizer.lr": 1e6, "default_hooks.checkpoint.interval": 1})
+    assert codes == [1, 1]
+    messages = [(tmp_path / f"lr1e6.{rank}.error").read_text() for rank in (0, 1)]
+    assert all("iteration 3" in m and "update larger than max_update_ratio" in m for m in messages), messages
+    assert_same(trainable_weights(tmp_path / "iter_1.pth"), trainable_weights(tmp_path / "iter_2.pth"), "no step")
+
+
+def test_a_new_lr_on_resume_reaches_the_schedule_when_the_checkpoint_holds_no_optimizer_state(tmp_path):
+    """Checkpoints without optimizer state (the SFT configs' save_optimizer=False): the optimizer is rebuilt with the
+    config's lr and only the restored schedulers are rescaled (they used to keep the checkpoint's base lr)."""
+    options = {"default_hooks.checkpoint.save_optimizer": False, "train_cfg.max_iters": 3}
+    run_toy(tmp_path, **options)
+    runner, _ = run_toy(tmp_path, resume_from=str(tmp_path / "iter_3.pth"),
+                        **{**options, "train_cfg.max_iters": 4, "optim_wrapper.optimizer.lr": 0.01})
+    assert [group["initial_lr"] for group in runner.optim_wrapper.optimizer.param_groups] == [0.01]
+    for scheduler in runner.param_schedulers:
+        assert scheduler.base_values == pytest.approx([0.01], rel=1e-12), type(scheduler).__name__
