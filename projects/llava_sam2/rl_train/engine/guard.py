@@ -83,12 +83,11 @@ class _StepUndo:
 
     def update_ratio(self) -> tuple[bool, float]:
         """(weights all finite on every rank, ``||w_after - w_before|| / ||w_before||``; 0 when ``w_before`` is 0)."""
-        if not self.params:
-            return True, 0.0
-        moved = torch.stack([(p.detach().double() - w.double()).square().sum()
-                             for p, w in zip(self.params, self.weights)]).sum().item()  # NaN / inf if a weight is
-        size = torch.stack([w.double().square().sum() for w in self.weights]).sum().item()
-        is_finite = math.isfinite(moved)
+        # one device sync per sum; ``moved`` is NaN / inf when the step made a weight non-finite
+        moved = sum(((p.detach().double() - w.double()).square().sum() for p, w in zip(self.params, self.weights)),
+                    torch.zeros((), dtype=torch.float64)).item()
+        size = sum((w.double().square().sum() for w in self.weights), torch.zeros((), dtype=torch.float64)).item()
+        is_finite = math.isfinite(moved)  # every rank takes part below, also one without parameters (ZeRO)
         nonfinite, moved, size = sum_over_ranks([float(not is_finite), moved if is_finite else 0.0, size])
         return nonfinite == 0, (moved / size) ** 0.5 if size > 0 else 0.0
 
@@ -125,7 +124,7 @@ class StepGuard:
         self.skipped: Counter[str] = Counter()  # reasons of the current iteration's skipped steps
         self.last_reasons: dict[str, int] = {}  # those of the iteration that ended last
         self.applied_steps = 0  # of the current iteration
-        self.update_ratios: list[float] = []  # of the current iteration's applied steps
+        self.update_ratios: list[float] = []  # of the current iteration's steps (undone ones included)
         self.consecutive = 0  # iterations in a row with a skipped step
         self.iteration = 0  # 1-based, set by the loop, for messages
 
@@ -167,11 +166,11 @@ class StepGuard:
 
     def end_iteration(self) -> dict[str, float]:
         """This iteration's counts (``guard/skipped_steps``, ``guard/applied_steps``) and the largest update ratio
-        of its steps (``guard/update_ratio``, when the ratio is checked); resets them."""
+        of its steps (``guard/update_ratio`` when the ratio is checked; NaN when no step got that far); resets them."""
         skipped = sum(self.skipped.values())
         stats = {"guard/skipped_steps": float(skipped), "guard/applied_steps": float(self.applied_steps)}
-        if self.update_ratios:
-            stats["guard/update_ratio"] = max(self.update_ratios)
+        if self.max_update_ratio is not None:
+            stats["guard/update_ratio"] = max(self.update_ratios, default=float("nan"))
         self.last_reasons, self.skipped = dict(self.skipped), Counter()
         self.applied_steps, self.update_ratios = 0, []
         self.consecutive = self.consecutive + 1 if skipped else 0
