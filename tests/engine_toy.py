@@ -12,12 +12,18 @@ Fault knobs for the failure tests (iterations are 1-based and read from the mess
 resume): ``nan_loss_at`` multiplies the GRPO loss by NaN, ``ToyTrainModel(nan_sft_at=...)`` the SFT loss;
 ``flaky_reward_at`` scores through the real ``RewardComposer`` with a second reward that returns None, NaN, inf
 for some rollouts, and advantages through ``group_advantages``; ``ToyPromptDataset(bad=...)`` returns
-``SkippedSample`` for those prompts and ``toy_region_collate`` drops them as ``region_collate`` does.
+``SkippedSample`` for those prompts and ``toy_region_collate`` drops them as ``region_collate`` does;
+``signal_at=(iteration, signal number[, rank])`` makes the process send itself that signal in the middle of that
+iteration (after its rollout, before its optimizer step), as a scheduler's SIGTERM would arrive, and with
+``signal_children=True`` first to its child processes (DataLoader workers) from another process, as SLURM signals
+every process of a job step (a DataLoader worker treats a SIGTERM from its parent as a request to exit).
 """
 from __future__ import annotations
 
 import itertools
 import os
+import signal
+import subprocess
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +57,15 @@ def target_action(prompt: torch.Tensor) -> torch.Tensor:
 def current_iteration() -> int:
     """1-based iteration being trained (RuntimeInfoHook keeps ``iter`` in the message hub; 0 outside a run)."""
     return MessageHub.get_current_instance().get_info("iter", -1) + 1
+
+
+def child_pids() -> list[int]:
+    """The processes this one started (Linux ``/proc``)."""
+    pids = []
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{task}/children") as f:
+            pids += [int(pid) for pid in f.read().split()]
+    return pids
 
 
 class ToyPromptDataset(Dataset):
@@ -110,12 +125,14 @@ class ToyMinibatch:
 class ToyREINFORCE:
     def __init__(self, model: ToyPolicy, weights: WeightSets, num_generations: int = 4,
                  partner_bonus: float = 0.1, fail_at_iter: int | None = None, nan_loss_at: tuple[int, ...] = (),
-                 flaky_reward_at: tuple[int, ...] = (), num_iterations: int = 1) -> None:
+                 flaky_reward_at: tuple[int, ...] = (), num_iterations: int = 1, signal_at: tuple[int, ...] = (),
+                 signal_children: bool = False) -> None:
         self.model, self.weights = model, weights
         self.num_iterations = num_iterations  # passes over each iteration's rollouts: one optimizer step each
         self.num_generations, self.partner_bonus = num_generations, partner_bonus
         self.fail_at_iter, self.calls = fail_at_iter, 0
         self.nan_loss_at, self.flaky_reward_at = set(nan_loss_at), set(flaky_reward_at)
+        self.signal_at, self.signal_children = tuple(signal_at), signal_children
 
     def encode(self, batch: list[dict]) -> torch.Tensor:
         if len(batch) == 0:  # as CycleGRPO.encode (grpo/features.py)
@@ -127,6 +144,14 @@ class ToyREINFORCE:
         if self.fail_at_iter is not None and self.calls == self.fail_at_iter:
             raise RuntimeError("ToyREINFORCE: failing on purpose")
         self.calls += 1
+        if self.signal_at and current_iteration() == self.signal_at[0]:
+            from mmengine.dist import get_rank
+
+            if len(self.signal_at) < 3 or self.signal_at[2] == get_rank():
+                if self.signal_children:
+                    subprocess.run(["kill", "-s", signal.Signals(self.signal_at[1]).name[3:],
+                                    *map(str, child_pids())], check=True)
+                os.kill(os.getpid(), signal.Signals(self.signal_at[1]))
         B, G = len(prompts), self.num_generations
         probs = self.model.logits(prompts).softmax(-1)  # [B, K]
         actions = torch.multinomial(probs, G, replacement=True)  # [B, G]

@@ -57,11 +57,13 @@ def _fork_server():
     return ctx
 
 
-def run_forked(target, *, world: int = 1, env: dict | None = None, timeout: float = 240, **kwargs) -> list[int]:
+def run_forked(target, *, world: int = 1, env: dict | None = None, timeout: float = 240, kill_on_failure: bool = True,
+               **kwargs) -> list[int]:
     """Run ``target(**kwargs)`` in ``world`` forked processes (gloo ranks when > 1); returns their exit codes.
 
-    When one rank dies from SIGKILL the others are SIGKILLed too (they would wait in a collective forever), as when
-    a node dies or torchrun takes its workers down.
+    When one rank exits with a failure the others are SIGKILLed too (they would wait in a collective forever), as
+    when a node dies or torchrun takes its workers down; ``kill_on_failure=False`` lets every rank end by itself
+    (runs whose ranks all stop with the same non-zero status, e.g. after a SIGTERM).
     """
     ctx = _fork_server()
     port = free_port()
@@ -71,7 +73,7 @@ def run_forked(target, *, world: int = 1, env: dict | None = None, timeout: floa
         proc.start()
     deadline = time.monotonic() + timeout
     while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
-        if any(p.exitcode is not None and p.exitcode != 0 for p in procs):
+        if kill_on_failure and any(p.exitcode is not None and p.exitcode != 0 for p in procs):
             for p in procs:
                 if p.is_alive():
                     p.kill()
@@ -84,15 +86,24 @@ def run_forked(target, *, world: int = 1, env: dict | None = None, timeout: floa
 
 
 def train_toy(work_dir: str, tag: str, resume_from: str | None = None, runner_type: str = "Runner",
-              **options) -> None:
-    """Child body: train the toy config in ``work_dir`` and write this rank's outputs to ``<tag>.<rank>.json``."""
+              hub_scalars: tuple[str, ...] = (), **options) -> None:
+    """Child body: train the toy config in ``work_dir`` and write this rank's outputs to ``<tag>.<rank>.json``
+    (and the message hub's last values of ``hub_scalars`` to ``<tag>.<rank>.hub.json``). An exception's message
+    goes to ``<tag>.<rank>.error`` before it ends the child."""
     from mmengine.dist import get_rank
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         options["launcher"] = "pytorch"
-    _, record = run_config(write_toy_config(work_dir), work_dir, runner_type=runner_type, resume_from=resume_from,
-                           **options)
+    try:
+        runner, record = run_config(write_toy_config(work_dir), work_dir, runner_type=runner_type,
+                                    resume_from=resume_from, **options)
+    except Exception as error:
+        Path(work_dir, f"{tag}.{int(os.environ.get('RANK', 0))}.error").write_text(str(error))
+        raise
     Path(work_dir, f"{tag}.{get_rank()}.json").write_text(json.dumps(record.outputs))
+    if hub_scalars:
+        values = {key: runner.message_hub.get_scalar(key).current() for key in hub_scalars}
+        Path(work_dir, f"{tag}.{get_rank()}.hub.json").write_text(json.dumps(values))
 
 
 def train_toy_killed_in_write(work_dir: str, tag: str, path_part: str, fraction: float = 0.5, **options) -> None:

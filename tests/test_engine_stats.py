@@ -40,3 +40,12 @@ def test_reduce_across_ranks_takes_the_union_of_keys_sums_counts_and_averages_th
     assert reduced["extra"] == 4.0  # a value only one rank has: its mean over the ranks that have it
     assert reduced["mask_to_caption/reward_mean"] != reduced["mask_to_caption/reward_mean"]  # NaN everywhere: NaN
     assert results[0]["summed"] == [2.0, 2.0]
+
+
+def test_counts_logged_before_and_absent_now_are_zero_other_names_stay_absent():
+    from projects.llava_sam2.rl_train.engine.stats import zero_absent_counts
+
+    logged = ["loss", "sft_loss", "toy/judge/failures/http_500", "toy/judge/failures/timeout", "toy/total/invalid"]
+    now = {"loss": 0.5, "toy/judge/failures/timeout": 2.0}
+    assert zero_absent_counts(now, logged) == {"loss": 0.5, "toy/judge/failures/timeout": 2.0,
+                                               "toy/judge/failures/http_500": 0.0, "toy/total/invalid": 0.0}

@@ -18,7 +18,7 @@ from mmengine.runner import FlexibleRunner, Runner
 from torch.utils.data import DataLoader
 
 from projects.llava_sam2.rl_train.engine import iteration_loop
-from projects.llava_sam2.rl_train.engine.guard import NonFiniteGuard
+from projects.llava_sam2.rl_train.engine.guard import StepGuard
 from projects.llava_sam2.rl_train.engine.iteration_loop import InfiniteBatches, IterationLoop
 from projects.llava_sam2.rl_train.engine.mmengine_seams import (LOOP_RESUME_ATTRIBUTES, RUNNER_RESUME_ATTRIBUTES,
                                                                 SCHEDULER_STEP_MARK, cpu_launch, patched,
@@ -59,14 +59,14 @@ def test_runner_keeps_its_resume_arguments(runner_cls):
     assert resume_request(Fake()) == (True, "a.pth")
 
 
-def test_scheduler_step_mark_survives_the_nonfinite_guard():
+def test_scheduler_step_mark_survives_the_step_guard():
     param = torch.nn.Parameter(torch.ones(2))
     optimizer = torch.optim.SGD([param], lr=0.1)
     scheduler = LinearLR(optimizer, start_factor=0.5, by_epoch=False, begin=0, end=4)
     assert getattr(optimizer.step, SCHEDULER_STEP_MARK, False), (
         f"{VERSION}: parameter schedulers no longer mark their optimizer.step wrapper with {SCHEDULER_STEP_MARK!r}; "
         "update mmengine_seams.SCHEDULER_STEP_MARK / carry_scheduler_mark (used by engine/guard.py).")
-    NonFiniteGuard().install(optimizer)
+    StepGuard().install(optimizer)
     param.grad = torch.ones(2)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # "Seems like `optimizer.step()` has been overridden ..." would raise

@@ -229,3 +229,19 @@ def test_eval_and_precompute_tools(qa_files, tmp_path, capsys):
         assert len(server.requests) == 2  # two unique captions, once; the second run hit the cache
     generated = load_qa(tmp_path / "gen_qa.json", tmp_path / "gen_names.json")
     assert sorted(generated) == ["a#1", "a#2", "b#1"] and generated["a#1"].class_name == "object"
+
+
+def test_credentials_in_the_base_url_never_reach_the_log(monkeypatch, caplog):
+    """Issue #29 item 8: a base URL with a user and password (from the config or $JUDGE_BASE_URL) was logged as is
+    by the reward's start-up line (the client's repr) and written by describe()."""
+    url = f"https://judge-user:{SECRET}@judge.example.org:8443/v1"
+    monkeypatch.setenv("JUDGE_BASE_URL", url)
+    with caplog.at_level(logging.INFO):
+        from_env = DLCJudgeReward()
+        from_config = DLCJudgeReward(judge=dict(base_url=url))
+    for reward in (from_env, from_config):
+        assert reward.client.base_url == url  # still used to connect
+        shown = repr(reward) + json.dumps(reward.client.describe())
+        assert SECRET not in shown and "judge-user" not in shown
+        assert "https://***@judge.example.org:8443/v1" in shown
+    assert "judge.example.org" in caplog.text and SECRET not in caplog.text and "judge-user" not in caplog.text

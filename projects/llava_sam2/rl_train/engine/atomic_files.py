@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import zipfile
+from collections.abc import Callable
 
 PARTIAL_SUFFIX = ".partial"
 POINTER_FILE = "last_checkpoint"  # MMEngine's name (mmengine.runner.checkpoint.find_latest_checkpoint)
@@ -112,17 +113,47 @@ def read_pointer(work_dir: str) -> str | None:
         return f.read().strip() or None
 
 
-def newest_complete_checkpoint(work_dir: str, filename_tmpl: str = "iter_{}.pth") -> str | None:
-    """The checkpoint to resume from: the one ``last_checkpoint`` names if it loads, else the highest-step
-    checkpoint of ``work_dir`` that loads; None if there is none.
+def _same_path(a: str, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _pointed_checkpoint(work_dir: str, filename_tmpl: str, log: Callable[[str], None]) -> str | None:
+    """The checkpoint ``last_checkpoint`` names, resolved inside ``work_dir``: the pointer holds an absolute path,
+    so in a copied work dir it names the original's file; the copy's file of that name is used instead. A pointer to
+    another directory is followed only when ``work_dir`` holds no checkpoint (``AtomicCheckpointHook(out_dir=...)``)."""
+    pointed = read_pointer(work_dir)
+    if pointed is None or _same_path(os.path.dirname(pointed), work_dir):
+        return pointed
+    local = os.path.join(work_dir, os.path.basename(pointed))
+    if os.path.exists(local):
+        log(f"last_checkpoint names {pointed}, outside {work_dir} (a copied or moved work dir); using {local}.")
+        return local
+    if checkpoint_steps(work_dir, filename_tmpl):
+        log(f"last_checkpoint names {pointed}, outside {work_dir}, which has checkpoints of its own; ignoring it.")
+        return None
+    log(f"last_checkpoint names {pointed}, outside {work_dir} (checkpoints saved to another out_dir); following it.")
+    return pointed
+
+
+def newest_complete_checkpoint(work_dir: str, filename_tmpl: str = "iter_{}.pth",
+                               log: Callable[[str], None] = print) -> str | None:
+    """The checkpoint to resume from: the one ``last_checkpoint`` names if it loads (resolved inside ``work_dir``,
+    ``_pointed_checkpoint``), else the highest-step checkpoint of ``work_dir`` that loads; None if there is none.
+    Every checkpoint passed over for not reading back is named through ``log``.
 
     The pointer comes first because it belongs to the current trajectory: a run resumed from an older checkpoint
     in the same work dir may leave higher-numbered checkpoints of the abandoned one behind.
     """
-    pointed = read_pointer(work_dir)
-    if pointed is not None and os.path.exists(pointed) and is_loadable(pointed):
-        return pointed
+    pointed = _pointed_checkpoint(work_dir, filename_tmpl, log)
+    if pointed is not None and os.path.exists(pointed):
+        if is_loadable(pointed):
+            return pointed
+        log(f"skipping {pointed} (named by last_checkpoint): it or a side file next to it does not read back "
+            "(truncated or corrupt).")
     for _, path in sorted(checkpoint_steps(work_dir, filename_tmpl).items(), reverse=True):
+        if pointed is not None and _same_path(path, pointed):
+            continue
         if is_loadable(path):
             return path
+        log(f"skipping {path}: it or a side file next to it does not read back (truncated or corrupt).")
     return None

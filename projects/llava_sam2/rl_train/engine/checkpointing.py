@@ -11,10 +11,16 @@ an exact GRPO resume, and this module closes them:
   (hooks/checkpoint.py) before it commits the checkpoint, and read back by ``TrainStateHook`` on resume.
 * Model state: ``keep_trainable_state`` makes ``state_dict`` hold only the trainable tensors (as upstream SFT
   checkpoints do) and makes loading such a state dict report no missing frozen keys.
+
+Two checks on resume: the process count the checkpoint was saved with (``meta['world_size']``, ``check_world_size``)
+and the learning rate (``apply_configured_lr``: the config's ``optim_wrapper.optimizer.lr`` wins over the optimizer
+and scheduler state in the checkpoint, with a warning, so a resume with a lower lr is a way out of a diverged run).
 """
 from __future__ import annotations
 
 import glob
+import logging
+import math
 import os
 import random
 from typing import Any
@@ -23,13 +29,16 @@ import numpy as np
 import torch
 from mmengine.dist import all_gather_object, get_world_size, is_main_process
 from mmengine.hooks import Hook
+from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
 from mmengine.runner import FlexibleRunner
 from mmengine.runner.checkpoint import find_latest_checkpoint
 from torch import nn
 
 from .atomic_files import PARTIAL_SUFFIX, commit
+from .guard import torch_optimizers
 from .mmengine_seams import resume_request
+CONFIGURED_LR = "configured_lr"  # message-hub entry: optim_wrapper.optimizer.lr of the run, carried in checkpoints
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -147,6 +156,63 @@ def prune_side_files(checkpoint_dir: str) -> list[str]:
             os.remove(path)
             removed.append(path)
     return removed
+
+
+def saved_world_size(checkpoint: str) -> int | None:
+    """The process count a checkpoint file records (``meta['world_size']``, written by ``AtomicCheckpointHook``);
+    None for a DeepSpeed directory or a checkpoint without it."""
+    if not os.path.isfile(checkpoint):
+        return None
+    meta = torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=True).get("meta") or {}
+    return meta.get("world_size")
+
+
+def check_world_size(saved: int | None, checkpoint: str) -> None:
+    """Raise if ``checkpoint`` was saved by ``saved`` processes and this run has another count (None: unknown)."""
+    if saved is not None and saved != get_world_size():
+        raise ValueError(
+            f"resume from {checkpoint}: it was saved by a run of {saved} process(es) and this run has "
+            f"{get_world_size()}. The checkpoint holds each rank's random streams and data position, so an exact "
+            f"resume needs {saved} process(es): relaunch with that many, or start a new run from its weights "
+            f"(--cfg-options load_from={checkpoint}, without --resume; optimizer state and schedule start afresh).")
+
+
+def apply_configured_lr(runner, restored_optimizer: bool = True, restored_schedulers: bool = True) -> None:
+    """Record the config's learning rate in the message hub; on a resume whose checkpoint was saved with another
+    one, scale every parameter group's ``lr`` / ``initial_lr`` and the lr schedulers' ``base_values`` by
+    configured / saved (per-group multipliers and the schedule's shape are kept) and log a warning. Only state that
+    came from the checkpoint is scaled (``restored_*``: the checkpoint hook saves it); state built afresh already
+    holds the config's lr."""
+    optimizer_cfg = (runner.cfg.get("optim_wrapper") or {}).get("optimizer") or {}
+    configured = optimizer_cfg.get("lr") if hasattr(optimizer_cfg, "get") else None
+    if not isinstance(configured, (int, float)):
+        return
+    hub = runner.message_hub
+    saved = hub.get_info(CONFIGURED_LR)
+    hub.update_info(CONFIGURED_LR, float(configured))
+    if runner.iter == 0:  # a fresh run (load_from loads weights only): the optimizer was built with the config's lr
+        return
+    optimizers = torch_optimizers(runner.optim_wrapper) if restored_optimizer else []
+    if saved is None and optimizers:  # a checkpoint saved before the entry existed: its first group's base lr
+        group = optimizers[0].param_groups[0]
+        saved = group.get("initial_lr", group["lr"])
+    if saved is None or math.isclose(saved, configured, rel_tol=1e-9):
+        return
+    scale = configured / saved
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            group["lr"] *= scale
+            if "initial_lr" in group:
+                group["initial_lr"] *= scale
+    schedulers = (runner.param_schedulers or []) if restored_schedulers else []
+    for scheduler in schedulers.values() if isinstance(schedulers, dict) else schedulers:
+        for one in scheduler if isinstance(scheduler, list) else [scheduler]:
+            if getattr(one, "param_name", None) == "lr":
+                one.base_values = [value * scale for value in one.base_values]
+    print_log(f"resume: optim_wrapper.optimizer.lr={configured:g} differs from the lr the checkpoint was saved with "
+              f"({saved:g}); the optimizer and scheduler state from the checkpoint now use the config's lr: every "
+              f"parameter group's lr scaled by {scale:.4g}; the schedule continues from iteration {runner.iter + 1}.",
+              logger="current", level=logging.WARNING)
 
 
 def resumed_checkpoint(runner) -> str | None:

@@ -32,6 +32,7 @@ from mmengine.runner.utils import calc_dynamic_intervals
 from torch.utils.data import DataLoader
 
 from .builders import input_check_from_config
+from .stop_signals import blocked_in_children
 
 EPOCH_PAUSE_S = 2.0  # between epochs of a loader that starts new worker processes each epoch (InfiniteBatches)
 
@@ -55,12 +56,15 @@ class InfiniteBatches:
     MMEngine also pauses 2 s at every epoch end, a workaround for an unexplained DataLoader deadlock when worker
     processes are released and restarted (open-mmlab/mmcv#306, #1912). Here the pause stays only where workers do
     restart (``num_workers > 0`` without ``persistent_workers``); in-process and persistent-worker loaders go on.
+    Worker processes start with SIGUSR1 blocked, so SLURM's SIGUSR1 to every process of a job reaches only the main
+    process, which saves and stops (``stop_signals.blocked_in_children``).
     """
 
     def __init__(self, dataloader: DataLoader, pause_s: float = EPOCH_PAUSE_S) -> None:
         self.dataloader, self.pause_s = dataloader, pause_s
         self.epoch = 0
-        self._batches = iter(dataloader)
+        with blocked_in_children():  # worker processes ignore SIGUSR1 (stop_signals.py)
+            self._batches = iter(dataloader)
 
     def __iter__(self) -> InfiniteBatches:
         return self
@@ -75,7 +79,8 @@ class InfiniteBatches:
         print_log(f"dataloader epoch {self.epoch} begins.", logger="current", level=logging.INFO)
         if getattr(self.dataloader, "num_workers", 0) > 0 and not getattr(self.dataloader, "persistent_workers", False):
             time.sleep(self.pause_s)
-        self._batches = iter(self.dataloader)
+        with blocked_in_children():
+            self._batches = iter(self.dataloader)
         return next(self._batches)
 
 

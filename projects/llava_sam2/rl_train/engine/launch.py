@@ -8,8 +8,9 @@
   alone: a run started under ``nohup`` must outlive its shell.
 * ``resolve_resume``: ``--resume auto`` becomes ``--resume <the newest complete checkpoint of the work dir>``
   (``atomic_files.newest_complete_checkpoint``: ``last_checkpoint`` if it loads, else the highest step that
-  does), or is dropped, with a log line, when the work dir has none (a first launch and a relaunch after a
-  preemption are then the same command).
+  does; a checkpoint passed over is named in a log line, and a ``last_checkpoint`` copied along with the work dir
+  resolves to the copy's own file), or is dropped, with a log line, when the work dir has none (a first launch and a
+  relaunch after a preemption are then the same command).
 * ``set_cpu_threads``: unless the user set ``OMP_NUM_THREADS``, every run uses ``CPU_THREADS`` = 1 intra-op thread
   per process (``torch.set_num_threads`` here, ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` for child processes), as
   torchrun does for its workers. On CPU the tiny configs' ops are too small for a second thread to pay, and OpenMP
@@ -74,7 +75,7 @@ def resolve_resume(argv: list[str], log=print) -> list[str]:
     if index < 0 or index + 1 >= len(argv) or argv[index + 1] != "auto":
         return argv
     work_dir = _work_dir(argv)
-    checkpoint = newest_complete_checkpoint(work_dir)
+    checkpoint = newest_complete_checkpoint(work_dir, log=lambda line: log(f"--resume auto: {line}"))
     if checkpoint is None:
         log(f"--resume auto: no complete checkpoint in {work_dir}; training from the start.")
         return argv[:index] + argv[index + 2:]

@@ -21,12 +21,14 @@ clip fractions, ...), per-loop rollout metrics (``engine/stats.py``), the second
 ``time/rollout``, ``time/score``, ``time/update``) and the failure counts below, reduced over ranks; ``LoggerHook``
 prints them.
 
-Failure behaviour (docs/failure_behaviour.md): an optimizer step with a NaN / inf loss or gradient is skipped by
-``NonFiniteGuard`` (engine/guard.py; weights, optimizer state and EMA partner unchanged; ``guard/skipped_steps``,
-``guard/applied_steps``) and ``max_consecutive_nonfinite`` such iterations in a row stop the run with
-``FloatingPointError``. A batch that ``on_bad_sample='skip'`` left empty (on any rank) is replaced by the next
-batch on every rank (``data/empty_batches``); the batches drawn are counted in the message hub, so a resume
-skips exactly those.
+Failure behaviour (docs/failure_behaviour.md): an optimizer step with a NaN / inf loss or gradient, or one that
+would move the weights by more than ``max_update_ratio`` times their norm, is skipped by ``StepGuard``
+(engine/guard.py; weights, optimizer state and EMA partner unchanged; ``guard/skipped_steps``,
+``guard/applied_steps``) and ``max_consecutive_skips`` such iterations in a row stop the run with
+``FloatingPointError``. A batch that ``on_bad_sample='skip'`` left empty on a rank is replaced by that rank's next
+batch, while the other ranks keep theirs (``data/empty_batches``, summed over ranks); the batches each rank drew are
+counted in the message hub, so a resume skips exactly those. A failure count logged once is logged at every later
+iteration, 0 when the cause is absent (``stats.zero_absent_counts``).
 
 The algorithm object is built at ``run()`` by the train model (``GRPOTrainModel.build_algorithm(cfg)``), after the
 runner has placed and wrapped the model, so it holds the live (unwrapped) module; the loop keeps it
@@ -40,6 +42,7 @@ from contextlib import nullcontext
 from typing import Any
 
 import torch
+from mmengine.dist import get_rank, get_world_size
 from mmengine.logging import print_log
 from mmengine.optim import AmpOptimWrapper
 from mmengine.registry import LOOPS
@@ -49,11 +52,12 @@ from torch.utils.data import DataLoader
 from ..grpo.protocol import GRPOAlgorithm, GRPOTrainModel, check_algorithm
 from .atomic_files import read_pointer
 from .checkpointing import unwrap_model
-from .guard import NonFiniteGuard
+from .guard import StepGuard
 from .iteration_loop import InfiniteBatches, IterationLoop
-from .stats import PhaseTimer, mean_of_logs, reduce_across_ranks, rollout_metrics, sum_across_ranks
+from .stats import (PhaseTimer, mean_of_logs, reduce_across_ranks, rollout_metrics, sum_across_ranks,
+                    zero_absent_counts)
 
-BATCHES_DRAWN = "grpo_batches_drawn"  # message-hub entry: prompt batches taken from the dataloader so far
+BATCHES_DRAWN = "grpo_batches_drawn"  # message-hub entry: prompt batches each rank took from its dataloader so far
 EMPTY_BATCHES = "grpo_empty_batches"  # message-hub entry: run total of batches replaced for being empty
 
 
@@ -70,8 +74,10 @@ class GRPOLoop(IterationLoop):
         sft_dataloader: optional SFT batches (``sft_collate`` layout): each iteration adds the model's SFT loss on
             one of them, times ``sft_loss_weight``, to its first minibatch's loss (same backward, same step).
         sft_loss_weight: weight of the mixed-in SFT loss (> 0 when ``sft_dataloader`` is given).
-        max_consecutive_nonfinite: iterations in a row with a skipped (NaN / inf) optimizer step after which
-            training stops with ``FloatingPointError``.
+        max_consecutive_skips: iterations in a row with a skipped optimizer step (NaN / inf gradient, or an
+            update over ``max_update_ratio``) after which training stops with ``FloatingPointError``.
+        max_update_ratio: largest ``||update|| / ||trainable weights||`` of an applied optimizer step; a larger one
+            is undone and skipped (``StepGuard``). None: unchecked (no copy of the weights is kept).
         val_begin, val_interval, dynamic_intervals: as in MMEngine's ``IterBasedTrainLoop`` (``IterationLoop``).
 
     Hook points besides MMEngine's: ``after_rollout`` and ``after_reward`` (``runner.call_hook`` reaches every hook
@@ -81,8 +87,8 @@ class GRPOLoop(IterationLoop):
 
     def __init__(self, runner, dataloader: DataLoader | dict, max_iters: int, algorithm: Mapping[str, Any],
                  sft_dataloader: DataLoader | dict | None = None, sft_loss_weight: float = 1.0,
-                 max_consecutive_nonfinite: int = 3, val_begin: int = 1, val_interval: int = 1000,
-                 dynamic_intervals=None) -> None:
+                 max_consecutive_skips: int = 3, max_update_ratio: float | None = 1.0, val_begin: int = 1,
+                 val_interval: int = 1000, dynamic_intervals=None) -> None:
         if not isinstance(algorithm, Mapping) or "type" not in algorithm:
             raise TypeError(f"GRPOLoop: train_cfg.algorithm must be a config dict with a 'type' (e.g. "
                             f"dict(type=CycleGRPO, ...)), got {algorithm!r}.")
@@ -92,7 +98,7 @@ class GRPOLoop(IterationLoop):
         super().__init__(runner, dataloader, max_iters, val_begin, val_interval, dynamic_intervals)
         self._algorithm_cfg = algorithm  # kept as given: a ConfigDict resolves lazy `type=Class` on access
         self._algorithm = None
-        self._guard = NonFiniteGuard(max_consecutive_nonfinite)
+        self._guard = StepGuard(max_consecutive_skips, max_update_ratio)
         self.sft_loss_weight = float(sft_loss_weight)
         self._sft_iterator = None
         self._empty_draws: dict[str, float] = {"data/empty_batches": 0.0}
@@ -158,6 +164,7 @@ class GRPOLoop(IterationLoop):
         algo.after_optimizer_step()
         outputs = reduce_across_ranks({**step_logs, **rollout_metrics(rollouts), **timer.seconds,
                                        **self._guard.end_iteration(), **self._empty_draws})
+        outputs = zero_absent_counts(outputs, _logged_train_names(runner.message_hub))
         self._check_finite(outputs)
         runner.call_hook("after_train_iter", batch_idx=self._iter, data_batch=data_batch, outputs=outputs)
         self._iter += 1
@@ -177,7 +184,7 @@ class GRPOLoop(IterationLoop):
         return mean_of_logs(logs)
 
     def _check_finite(self, outputs: dict[str, float]) -> None:
-        """Log an iteration whose steps were skipped; raise after too many in a row (``NonFiniteGuard.check``)."""
+        """Log an iteration whose steps were skipped; raise after too many in a row (``StepGuard.check``)."""
         if not outputs.get("guard/skipped_steps"):
             return
         scalars = self.runner.message_hub.log_scalars  # OptimWrapper logs the clipped norm there
@@ -188,26 +195,43 @@ class GRPOLoop(IterationLoop):
             print_log(f"GRPOLoop: {warning}.", logger="current", level=logging.WARNING)
 
     def _next_batch(self):
-        """The next prompt batch. A batch that skipped bad samples left empty, on any rank, is replaced by the next
-        one on every rank (ranks stay in step); the replaced batches' skipped samples ride along for counting."""
-        hub, carried, empty = self.runner.message_hub, [], 0
-        for _ in range(_batches_per_epoch(self.dataloader)):
+        """This rank's next prompt batch. A batch that skipped bad samples left empty is replaced by this rank's
+        next one, while the other ranks keep theirs (ranks stay in step on the iteration count); the replaced
+        batches' skipped samples ride along for counting."""
+        carried, empty, batch = [], 0, None
+        for _ in range(_batches_per_epoch(self.dataloader) * get_world_size()):
             batch = next(self.dataloader_iterator)
-            hub.update_info(BATCHES_DRAWN, hub.get_info(BATCHES_DRAWN, self._iter) + 1)
-            if not _is_empty_on_any_rank(batch):
-                if carried and hasattr(batch, "skipped"):
-                    batch.skipped = carried + list(batch.skipped)
-                self._empty_draws = {"data/empty_batches": float(empty)}
-                return batch
+            if not (hasattr(batch, "__len__") and len(batch) == 0):
+                break
             carried += list(getattr(batch, "skipped", ()))
-            empty += 1
-            hub.update_info(EMPTY_BATCHES, hub.get_info(EMPTY_BATCHES, 0) + 1)
-            print_log(f"GRPOLoop: iteration {self._iter + 1}: a prompt batch is empty (every sample skipped as bad "
-                      f"on some rank); drawing the next one ({hub.get_info(EMPTY_BATCHES)} replaced in this run).",
-                      logger="current", level=logging.WARNING)
-        raise ValueError(f"GRPOLoop: {empty} prompt batches in a row were empty (a whole epoch of the dataloader): "
-                         "every sample was skipped as bad. Check the dataset with `sa2va-rl inspect CONFIG` (counts and "
-                         "the skipped-sample report) and fix the data or its paths.")
+            empty, batch = empty + 1, None
+        self._count_draws(drawn=empty + (batch is not None), empty=empty, gave_up=batch is None)
+        if carried and hasattr(batch, "skipped"):
+            batch.skipped = carried + list(batch.skipped)
+        return batch
+
+    def _count_draws(self, drawn: int, empty: int, gave_up: bool) -> None:
+        """Record every rank's draws (one all-reduce): per-rank totals in the message hub (the checkpoint carries
+        them), empty batches summed over ranks in the logged outputs; raise on every rank if one gave up."""
+        world, rank, hub = get_world_size(), get_rank(), self.runner.message_hub
+        counts = torch.zeros(2 * world + 1)  # [drawn per rank, gave up per rank, empty]
+        counts[rank], counts[world + rank], counts[-1] = drawn, float(gave_up), empty
+        counts = sum_across_ranks(counts)
+        if counts[world:-1].any():
+            ranks = [r for r in range(world) if counts[world + r] > 0]
+            raise ValueError(f"GRPOLoop: iteration {self._iter + 1}: every prompt batch was empty on rank(s) {ranks} "
+                             f"for {_batches_per_epoch(self.dataloader) * world} draws in a row (as many batches as "
+                             "the whole dataset holds): every sample was skipped as bad. Check the dataset with "
+                             "`sa2va-rl inspect CONFIG` (counts and the skipped-sample report) and fix the data or "
+                             "its paths.")
+        before = _drawn_per_rank(hub.get_info(BATCHES_DRAWN, self._iter), world)
+        hub.update_info(BATCHES_DRAWN, [int(b + d) for b, d in zip(before, counts[:world].tolist())])
+        hub.update_info(EMPTY_BATCHES, hub.get_info(EMPTY_BATCHES, 0) + int(counts[-1]))
+        self._empty_draws = {"data/empty_batches": float(counts[-1])}
+        if counts[-1]:
+            print_log(f"GRPOLoop: iteration {self._iter + 1}: {int(counts[-1])} empty prompt batch(es) (every sample "
+                      "skipped as bad) replaced by the next batch of the same rank "
+                      f"({hub.get_info(EMPTY_BATCHES)} replaced in this run).", logger="current", level=logging.WARNING)
 
     def _count_minibatches_for_accumulation(self) -> None:
         """The runner sized the accumulation counter for one ``train_step`` per iteration; GRPO makes several
@@ -220,24 +244,36 @@ class GRPOLoop(IterationLoop):
         """Advance the dataloaders past what the resumed run consumed (empty batches it replaced included)."""
         if self._iter == 0:
             return
-        drawn = self.runner.message_hub.get_info(BATCHES_DRAWN, self._iter)
-        print_log(f"GRPOLoop: resumed at iteration {self._iter}; skipping the {drawn} prompt batches already "
-                  "drawn.", logger="current")
-        for _ in range(drawn):
+        drawn = _drawn_per_rank(self.runner.message_hub.get_info(BATCHES_DRAWN, self._iter), get_world_size())
+        print_log(f"GRPOLoop: resumed at iteration {self._iter}; skipping the {drawn[get_rank()]} prompt batches "
+                  "this rank already drew.", logger="current")
+        for _ in range(drawn[get_rank()]):
             next(self.dataloader_iterator)
         for _ in range(self._iter if self._sft_iterator is not None else 0):
             next(self._sft_iterator)
 
 
 def _batches_per_epoch(dataloader) -> int:
-    """How many empty batches in a row ``_next_batch`` tolerates: one epoch (1000 for unsized loaders)."""
+    """Batches in one epoch of this rank's loader (1000 for unsized loaders); ``_next_batch`` tolerates as many
+    empty ones in a row as the whole dataset holds (this times the number of ranks)."""
     try:
         return max(1, len(dataloader))
     except TypeError:
         return 1000
 
 
-def _is_empty_on_any_rank(batch) -> bool:
-    """True if ``batch`` (a sized batch; other types count as non-empty) is empty here or on another rank."""
-    is_empty = float(hasattr(batch, "__len__") and len(batch) == 0)
-    return bool(sum_across_ranks(torch.tensor([is_empty]))[0] > 0)
+def _drawn_per_rank(drawn: int | list[int], world: int) -> list[int]:
+    """The message hub's per-rank draw counts; a single count (saved when every rank drew in step) holds for all."""
+    if isinstance(drawn, int):
+        return [drawn] * world
+    if len(drawn) != world:
+        raise ValueError(f"GRPOLoop: the resumed checkpoint was saved by {len(drawn)} processes and this run has "
+                         f"{world}; each rank's data position is in the checkpoint, so resume with {len(drawn)} "
+                         "processes, or start a new run from its weights (--cfg-options load_from=<checkpoint>, "
+                         "without --resume).")
+    return list(drawn)
+
+
+def _logged_train_names(message_hub) -> list[str]:
+    """Names logged at earlier iterations (``train/<name>`` scalars of the message hub, restored on resume)."""
+    return [key[len("train/"):] for key in message_hub.log_scalars if key.startswith("train/")]

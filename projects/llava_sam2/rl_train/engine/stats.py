@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -102,6 +102,13 @@ def mean_of_logs(logs: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, float]
 def is_count_key(key: str) -> bool:
     """Stats that count events (reward failures, missing reward values, fallbacks): summed over ranks."""
     return "/failures/" in key or key.endswith(("/missing", "/fallback", "/invalid"))
+
+
+def zero_absent_counts(stats: Mapping[str, float], logged: Iterable[str]) -> dict[str, float]:
+    """``stats`` plus a 0 for every count (``is_count_key``) among ``logged`` (the names logged at earlier
+    iterations) that this iteration did not report. The message hub keeps the last value of a name that is not
+    updated, so a failure cause that stopped would otherwise repeat its old count at every later iteration."""
+    return {**{key: 0.0 for key in logged if is_count_key(key) and key not in stats}, **stats}
 
 
 def reduce_across_ranks(stats: Mapping[str, float]) -> dict[str, float]:

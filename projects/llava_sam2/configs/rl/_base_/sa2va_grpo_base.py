@@ -60,9 +60,11 @@ train_cfg = dict(
         minibatch_size=None,  # rollouts per loop and train_step; None: one minibatch per iteration
         seed=None,  # None: sample from the global RNG, which TrainStateHook checkpoints (exact resume)
     ),
-    # NaN/inf loss or gradient: the step is skipped (weights, optimizer, EMA partner unchanged) and counted; this
-    # many such iterations in a row stop the run (docs/failure_behaviour.md)
-    max_consecutive_nonfinite=3,
+    # a NaN/inf loss or gradient, or an update larger than max_update_ratio x the trainable weights' norm: the step
+    # is skipped (weights, optimizer, EMA partner unchanged) and counted; max_consecutive_skips such iterations in a
+    # row stop the run (docs/failure_behaviour.md)
+    max_consecutive_skips=3,
+    max_update_ratio=1.0,  # None: unchecked (keeps no copy of the trainable weights and optimizer state)
     # SFT mixing: each iteration adds sft_loss_weight x the SFT loss of one batch to its first minibatch, e.g.
     # sft_dataloader=dict(batch_size=2, num_workers=2, dataset=dict(type=region_sft_dataset, ...),
     #                     sampler=dict(type=DefaultSampler, shuffle=True), collate_fn=dict(type=sft_collate)),

@@ -14,24 +14,33 @@ a checkpoint whose RNG side file does not exist. This hook saves in an order whe
 6. (rank 0) delete the checkpoints past ``max_keep_ckpts`` (oldest first) and orphaned side files.
 
 A checkpoint under its final name is therefore complete; ``last_checkpoint`` always names one. Weights with a
-NaN or inf are never saved (the run keeps its last good checkpoint). Resume with ``resume=True`` (follows
-``last_checkpoint``) or ``sa2va-rl train CONFIG --resume auto`` (``engine/launch.py``: the pointer if it loads,
-else the newest complete checkpoint). ``engine/faults.py`` can kill the process between the phases (tests).
+NaN or inf are never saved (the run keeps its last good checkpoint). Every checkpoint records the process count
+that saved it (``meta['world_size']``, checked on resume by ``TrainStateHook``).
+
+SIGTERM / SIGUSR1 (``engine/stop_signals.py``) make the hook save at the end of the current iteration, on every
+rank at the same one, then stop the run with exit status 128 + the signal number (143 for SIGTERM). On a resume,
+``before_train`` applies the config's learning rate over the checkpoint's (``checkpointing.apply_configured_lr``).
+
+Resume with ``resume=True`` (follows ``last_checkpoint``) or ``sa2va-rl train CONFIG --resume auto``
+(``engine/launch.py``: the pointer if it loads, else the newest complete checkpoint). ``engine/faults.py`` can kill
+the process between the phases (tests).
 """
 from __future__ import annotations
 
 import glob
 import os
+import signal
 from collections import deque
 
-from mmengine.dist import barrier, get_rank, is_main_process
+from mmengine.dist import barrier, get_rank, get_world_size, is_main_process
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
 from ..atomic_files import PARTIAL_SUFFIX, POINTER_FILE, atomic_write_text, commit, remove_path
-from ..checkpointing import prune_side_files, unwrap_model, write_side_states
+from ..checkpointing import apply_configured_lr, prune_side_files, unwrap_model, write_side_states
 from ..faults import fault_point
 from ..guard import all_finite
+from ..stop_signals import StopSignals
 
 
 @HOOKS.register_module()
@@ -70,11 +79,15 @@ class AtomicCheckpointHook(Hook):
         self.out_dir: str | None = None
         self.last_ckpt: str | None = None  # set by the first save of this run (CheckpointHook's attribute)
         self._kept: deque[int] = deque()
+        self._stop_signals = StopSignals()
 
     def before_train(self, runner) -> None:
-        """Resolve the directory, restore the kept list (resume) and clear what a killed save left behind."""
+        """Resolve the directory, restore the kept list and apply the config's lr (resume), clear what a killed save
+        left behind, and take over the stop signals."""
         self.out_dir = self._out_dir or runner.work_dir
         self._kept = deque(runner.message_hub.get_info(self.info_key) or [])
+        apply_configured_lr(runner, self.save_optimizer, self.save_param_scheduler)
+        self._stop_signals.install()
         if is_main_process():
             os.makedirs(self.out_dir, exist_ok=True)
             for leftover in glob.glob(os.path.join(glob.escape(self.out_dir), "*" + PARTIAL_SUFFIX)):
@@ -82,8 +95,19 @@ class AtomicCheckpointHook(Hook):
             prune_side_files(self.out_dir)
 
     def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
-        if self.every_n_train_iters(runner, self.interval) or (self.save_last and self.is_last_train_iter(runner)):
-            self.save(runner, runner.iter + 1)
+        stop = self._stop_signals.agreed()
+        is_last = self.is_last_train_iter(runner)
+        is_due = self.every_n_train_iters(runner, self.interval) or (self.save_last and is_last)
+        saved = self.save(runner, runner.iter + 1) if is_due or stop else None
+        if stop and not is_last:
+            runner.logger.warning(
+                f"AtomicCheckpointHook: {signal.Signals(stop).name} received; stopped after iteration {runner.iter + 1}"
+                f" with checkpoint {saved or '(none: weights not finite)'}. Resume with the same command and "
+                f"--resume auto. Exit status {128 + stop}.")
+            raise SystemExit(128 + stop)
+
+    def after_train(self, runner) -> None:
+        self._stop_signals.uninstall()
 
     def path(self, step: int) -> str:
         return os.path.join(self.out_dir, self.filename_tmpl.format(step))
@@ -108,7 +132,7 @@ class AtomicCheckpointHook(Hook):
         runner.message_hub.update_info("last_ckpt", final)
         runner.save_checkpoint(self.out_dir, os.path.basename(partial), save_optimizer=self.save_optimizer,
                                save_param_scheduler=self.save_param_scheduler,
-                               meta=dict(epoch=runner.epoch, iter=step), by_epoch=False)
+                               meta=dict(epoch=runner.epoch, iter=step, world_size=get_world_size()), by_epoch=False)
         fault_point("checkpoint.written", step=step, rank=rank, path=partial)
         write_side_states(runner, final)
         fault_point("checkpoint.side_files_written", step=step, rank=rank)

@@ -11,7 +11,7 @@ The weight sets are the algorithm's (grpo/protocol.py): the hook reads ``runner.
 runs before ``CheckpointHook`` (``VERY_LOW``), so a checkpoint saved at iteration k holds the partner after k
 updates.
 
-An iteration in which ``NonFiniteGuard`` skipped every optimizer step (``guard/applied_steps == 0`` in the loop's
+An iteration in which ``StepGuard`` skipped every optimizer step (``guard/applied_steps == 0`` in the loop's
 outputs) leaves the policy unchanged, and the partner is left unchanged too (no update is counted).
 """
 from __future__ import annotations

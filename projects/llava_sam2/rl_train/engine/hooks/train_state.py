@@ -13,12 +13,15 @@ must replace MMEngine's ``CheckpointHook``, which moved ``last_checkpoint`` befo
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from mmengine.dist import get_rank, get_world_size
 from mmengine.registry import HOOKS
 
-from ..checkpointing import StatefulHook, capture_rng_state, read_side_file, restore_rng_state, resumed_checkpoint
+from ..checkpointing import (StatefulHook, capture_rng_state, check_world_size, read_side_file, restore_rng_state,
+                             resumed_checkpoint, saved_world_size, side_file)
+from ..mmengine_seams import resume_request
 from .checkpoint import AtomicCheckpointHook
 
 
@@ -69,7 +72,18 @@ class TrainStateHook(StatefulHook):
         if checkpoint is None:
             return
         for hook in hooks:
+            if not os.path.isfile(side_file(checkpoint, hook.state_name)):
+                # a checkpoint of a one-process run has no side files: name a process-count change as such
+                check_world_size(saved_world_size(checkpoint), checkpoint)
             hook.load_state_dict(runner, read_side_file(checkpoint, hook.state_name))
+
+    def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
+        """On a resume, check the process count first (a checkpoint of several processes keeps the RNG states in a
+        side file, so a one-process resume would otherwise go on without them)."""
+        if resume_request(runner)[0]:
+            check_world_size((checkpoint.get("meta") or {}).get("world_size"),
+                             resumed_checkpoint(runner) or "the checkpoint")
+        super().after_load_checkpoint(runner, checkpoint)
 
     def _side_file_hooks(self, runner) -> list[StatefulHook]:
         return [h for h in runner.hooks if isinstance(h, StatefulHook) and h.uses_side_file(runner)]

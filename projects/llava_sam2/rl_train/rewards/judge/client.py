@@ -3,7 +3,8 @@
 * Endpoint from config or environment: ``base_url`` (else ``$JUDGE_BASE_URL``), ``model`` (else
   ``$JUDGE_MODEL``, else DLC-Bench's Llama-3.1-8B-Instruct), the API key from the environment
   variable named by ``api_key_env`` (default ``OPENAI_API_KEY``; servers such as vLLM accept any
-  key, so a missing variable sends ``"EMPTY"``). The key is never logged, cached or shown in a repr.
+  key, so a missing variable sends ``"EMPTY"``). The key is never logged, cached or shown in a repr, nor are a user
+  name and password embedded in the base URL (``https://user:pass@host/v1``: shown as ``https://***@host/v1``).
 * Bounded concurrency (one semaphore per event loop), per-request timeout, the openai client's own
   retries (429, 5xx, timeouts, with back-off and ``Retry-After``).
 * Throughput: the client uses openai's aiohttp transport (``http_backend="aiohttp"``) and posts the
@@ -23,6 +24,7 @@ import hashlib
 import json
 import logging
 import os
+import urllib.parse
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
@@ -35,6 +37,16 @@ from .cache import ResponseCache
 logger = logging.getLogger(__name__)
 
 DEFAULT_JUDGE_MODEL = "meta-llama/Meta-Llama-3.1-8B-Instruct"  # DLC-Bench's judge
+
+
+def redact_url(url: str | None) -> str | None:
+    """``url`` with the credentials it embeds (``scheme://user:password@host``) replaced by ``***``, for logs."""
+    if not url:
+        return url
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))
 
 
 class JudgeError(Exception):
@@ -142,7 +154,7 @@ class JudgeClient:
         return self.base_url is not None
 
     def __repr__(self) -> str:
-        return (f"JudgeClient(base_url={self.base_url!r}, model={self.model!r}, "
+        return (f"JudgeClient(base_url={redact_url(self.base_url)!r}, model={self.model!r}, "
                 f"max_concurrency={self.config.max_concurrency}, cache={self.cache!r})")
 
     def _loop_state(self):
@@ -257,5 +269,6 @@ class JudgeClient:
     def describe(self) -> dict[str, Any]:
         """Loggable settings (no credentials)."""
         out = asdict(self.config)
-        out.update(base_url=self.base_url, model=self.model, api_key_set=bool(os.environ.get(self.config.api_key_env)))
+        out.update(base_url=redact_url(self.base_url), model=self.model,
+                   api_key_set=bool(os.environ.get(self.config.api_key_env)))
         return out
