@@ -26,7 +26,9 @@ def test_cpu_check_trains_resumes_exactly_and_writes_its_table(tmp_path):
     assert set(rows) == {"single", "resume_single"} and all(row["ok"] for row in rows.values())
     assert rows["single"]["iterations"] == 2 and rows["resume_single"]["max_rel_diff"] == 0.0
     full = logged_scalars(work / "single")
-    assert full[2]["loss"] != 0  # the stub judge's varied answers give loop 2 non-constant rewards
+    # the stub judge's varied answers give non-constant rewards, so the compared steps carry real gradients (the loss
+    # itself is 0 here: equal-length captions and ratio 1 make the group-normalised policy term sum to zero)
+    assert max(row["grad_norm"] for row in full.values()) > 0
     assert "resume_single" in proc.stdout and "yes" in proc.stdout  # the printed table
 
 
