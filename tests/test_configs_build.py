@@ -32,7 +32,8 @@ ALL_CONFIGS = sorted(CONFIG_ROOT.rglob("*.py"))
 RUNNABLE = [p for p in ALL_CONFIGS if "_base_" not in p.parts and "upstream_sft" not in p.parts]
 SIZED = {p: m.group(1) for p in RUNNABLE if (m := re.fullmatch(r"sa2va_(\d+b)_.*\.py", p.name))}
 GPU_SMOKE = {p: m.group(1) for p in RUNNABLE if (m := re.fullmatch(r"gpu_smoke_(\d+b)\.py", p.name))}
-CPU = [p for p in RUNNABLE if p not in SIZED and p not in GPU_SMOKE]
+# check_tiny_cpu.py is tiny_grpo_cycle_cpu.py plus one reward; tests/test_check_gpu.py trains it end to end
+CPU = [p for p in RUNNABLE if p not in SIZED and p not in GPU_SMOKE and p.name != "check_tiny_cpu.py"]
 # GRPO hooks by their default_hooks name; registered in this order (class priority, then config order), the order
 # they had as custom_hooks
 GRPO_HOOKS = {"ema_partner": "EMAPartnerHook", "reward_failures": "RewardFailureHook",
