@@ -14,6 +14,7 @@ from typing import Any
 
 from mmengine.registry import DATASETS
 
+from ..data.unpaired import UnpairedRegionDataset
 from ..model.configuration import Sa2VAConfig
 from ..model.presets import build_preset
 from ..model.processor import Sa2VAProcessor
@@ -95,3 +96,9 @@ def region_sft_dataset(region_dataset: Any, *, pretrained_path: str | None = Non
     config = model_config(pretrained_path, preset, vocab_size=len(tokenizer))
     processor = Sa2VAProcessor.from_config(tokenizer, config, **dict(processor_cfg or {}))
     return RegionSFTDataset(region_dataset, processor, **kwargs)
+
+
+def unpaired_region_dataset(regions: Any, texts: Any) -> UnpairedRegionDataset:
+    """``UnpairedRegionDataset`` of two region datasets or their configs (loop 1's regions, loop 2's texts)."""
+    regions, texts = (build_component(DATASETS, d) if isinstance(d, Mapping) else d for d in (regions, texts))
+    return UnpairedRegionDataset(regions, texts)
