@@ -186,14 +186,17 @@ class ShapesWorld(RegionDataset):
                             gt_mask=scene.visible[scene.target].copy(),
                             captions=[canonical_caption(attrs)],
                             expressions=referring_expressions(scene, scene.target),
-                            sample_id=f"{self.name}/{index}#{index}", source=self.name,
+                            sample_id=f"{self.name}/{self.start + index}#{self.start + index}", source=self.name,
                             category=attrs["shape"])
 
     def write_coco(self, out_dir: str, image_format: str = "png", *, all_objects: bool = False,
-                   keep: str = "paired") -> str:
+                   keep: str = "paired", write_images: bool = True) -> str:
         """Write ``annotations.json`` + ``images/<index>.<ext>``; returns the annotation file path.
 
-        Image ids are the sample index. By default each image has one annotation, the sample's target, with
+        Image ids are the index in the split's stream (``start`` + sample index; file ``images/<id>.<ext>``), so
+        sets written with different ``start`` never share an id. ``write_images=False`` writes the annotations only
+        (for a set whose images another set of the same world already wrote: point its ``image_root`` there). By
+        default each image has one annotation, the sample's target, with
         annotation id = sample index, so ``CocoRegionDataset(path, name=world.name)`` yields the same samples
         (pixel-exact with PNG; JPEG is lossy). With ``all_objects`` every object of the scene is annotated (target
         first; annotation id = 4 * index + k for the k-th object in paint order), as in RefCOCO, where one image
@@ -210,10 +213,12 @@ class ShapesWorld(RegionDataset):
         os.makedirs(os.path.join(out_dir, "images"), exist_ok=True)
         categories = {shape: k + 1 for k, shape in enumerate(SHAPES)}
         images, annotations = [], []
-        for index in range(len(self)):
-            scene, pixels = self.scene(index)
+        for position in range(len(self)):
+            scene, pixels = self.scene(position)
+            index = self.start + position
             file_name = f"images/{index:06d}.{image_format}"
-            PIL.Image.fromarray(pixels).save(os.path.join(out_dir, file_name), quality=95)
+            if write_images:
+                PIL.Image.fromarray(pixels).save(os.path.join(out_dir, file_name), quality=95)
             images.append({"id": index, "file_name": file_name, "height": self.image_size,
                            "width": self.image_size})
             others = [k for k in range(len(scene.objects)) if k != scene.target] if all_objects else []

@@ -1,0 +1,39 @@
+# The domain-adaptation demo's GRPO (issue #23): the committed tiny Sa2VA, pretrained on the source shapes world, is
+# adapted to the target domain (same scenes and vocabulary, shifted pixels: data/shapes.py DomainShift) from UNPAIRED
+# target data only:
+#   * loop 1 (mask -> caption -> mask') reads target images with region masks and no text (`regions`);
+#   * loop 2 (caption -> mask -> caption') reads other target images with captions / referring expressions and no
+#     masks (`texts`).
+# Each item of UnpairedRegionDataset is one sample of each set, so a batch of 4 gives each loop 4 prompts, as the
+# paired demo does; CycleGRPO runs each loop on the samples that carry what it needs (grpo/features.py loop_rows).
+# Everything else is grpo_shapes_cpu.py's (KL 0.5 to the starting model, EMA partner, `region` mask action, 60
+# iterations, lr 5e-4).
+#
+#   sa2va-rl train projects/llava_sam2/configs/rl/demo/grpo_shapes_unpaired_cpu.py --work-dir work_dirs/demo/rl \
+#       --cfg-options train_dataloader.dataset.regions.ann_file=work_dirs/demo/data/rl_regions/annotations.json \
+#                     train_dataloader.dataset.texts.ann_file=work_dirs/demo/data/rl_texts/annotations.json
+from mmengine.config import read_base
+
+with read_base():
+    from .grpo_shapes_cpu import *  # noqa: F401,F403
+
+from projects.llava_sam2.rl_train.engine.builders import unpaired_region_dataset  # noqa: E402
+from projects.llava_sam2.rl_train.rewards import IoUReward  # noqa: E402
+
+# ---- data: two unpaired target sets (written by `sa2va-rl demo`, stage "data"; images shared with data/train) ----
+train_dataloader.update(dataset=dict(  # noqa: F405
+    type=unpaired_region_dataset,
+    regions=dict(coco_region_dataset, ann_file="work_dirs/demo/data/rl_regions/annotations.json",  # noqa: F405
+                 image_root="work_dirs/demo/data/train", name="target_regions"),
+    texts=dict(coco_region_dataset, ann_file="work_dirs/demo/data/rl_texts/annotations.json",  # noqa: F405
+               image_root="work_dirs/demo/data/train", name="target_texts"),
+))
+
+# ---- loop-1 reward: the cycle IoU alone. The paired demo adds METEOR of the caption against the region's GT
+# caption; unpaired regions have no caption, so that term cannot be computed here (the KL to the starting model is
+# what keeps the captions close to the pretrained ones).
+train_cfg.algorithm.rewards.mask_to_caption = [dict(type=IoUReward, weight=1.0)]  # noqa: F405
+
+# ---- dense mask objectives (issue #23 item 3) plug in here as train_cfg.algorithm.config keys, e.g.
+# train_cfg.algorithm.config.update(dense_mask_loss_weight=...), or per run with
+# `sa2va-rl demo --rl-options train_cfg.algorithm.config.<key>=<value>`.
