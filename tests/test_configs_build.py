@@ -46,8 +46,11 @@ def local_files(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("config_inputs")
     torch.manual_seed(0)
     save_reward_net(RewardNet(RewardNetConfig(side=64, width=8)), root / "reward_net")
+    world = ShapesWorld("train", 4, 0, image_size=64, domain="target")
     return {"checkpoint": str(make_tiny_checkpoint(root / "tiny", seed=0)), "reward_net": str(root / "reward_net"),
-            "annotations": ShapesWorld("train", 4, 0, image_size=64).write_coco(str(root / "shapes"))}
+            "annotations": ShapesWorld("train", 4, 0, image_size=64).write_coco(str(root / "shapes")),
+            "target": str(root / "target"), "regions": world.write_coco(str(root / "target"), keep="regions"),
+            "texts": world.write_coco(str(root / "target_texts"), keep="texts", write_images=False)}
 
 
 def local_options(name: str, files: dict[str, str]) -> dict:
@@ -59,6 +62,11 @@ def local_options(name: str, files: dict[str, str]) -> dict:
                                                "train_dataloader.dataset.pretrained_path": ckpt,
                                                "train_dataloader.dataset.region_dataset.ann_file": ann},
         "rl/demo/grpo_shapes_cpu.py": {"model.pretrained_path": ckpt, "train_dataloader.dataset.ann_file": ann},
+        "rl/demo/grpo_shapes_unpaired_cpu.py": {
+            "model.pretrained_path": ckpt, "train_dataloader.dataset.regions.ann_file": files["regions"],
+            "train_dataloader.dataset.regions.image_root": files["target"],
+            "train_dataloader.dataset.texts.ann_file": files["texts"],
+            "train_dataloader.dataset.texts.image_root": files["target"]},
         "rl/demo/grpo_shapes_cycle_only_cpu.py": {"model.pretrained_path": ckpt,
                                                    "train_dataloader.dataset.ann_file": ann},
         "rl/demo/grpo_shapes_oracle_iou_cpu.py": {"model.pretrained_path": ckpt,

@@ -169,11 +169,14 @@ class ShapesWorld(RegionDataset):
     def __len__(self) -> int:
         return self.num_samples
 
-    def scene(self, index: int) -> tuple[Scene, np.ndarray]:
-        """The scene of sample ``index`` and its rendered uint8 ``[H, W, 3]`` image."""
+    def scene(self, index: int, *, render: bool = True) -> tuple[Scene, np.ndarray | None]:
+        """The scene of sample ``index`` and its rendered uint8 ``[H, W, 3]`` image (None with ``render=False``:
+        the scene is drawn before its pixels, so it is the same)."""
         rng = np.random.default_rng(np.random.SeedSequence(
             self.seed, spawn_key=(SPLIT_KEYS[self.split], self.start + int(index))))
         scene = sample_scene(rng, self.image_size, self.min_objects, self.max_objects)
+        if not render:
+            return scene, None
         pixels = render_scene(scene, rng)
         if self.domain == "target":
             pixels = apply_domain_shift(pixels, scene.visible.any(axis=0), rng, self.shift)
@@ -214,7 +217,7 @@ class ShapesWorld(RegionDataset):
         categories = {shape: k + 1 for k, shape in enumerate(SHAPES)}
         images, annotations = [], []
         for position in range(len(self)):
-            scene, pixels = self.scene(position)
+            scene, pixels = self.scene(position, render=write_images)
             index = self.start + position
             file_name = f"images/{index:06d}.{image_format}"
             if write_images:

@@ -21,13 +21,13 @@ from projects.llava_sam2.rl_train.engine.builders import unpaired_region_dataset
 from projects.llava_sam2.rl_train.rewards import IoUReward  # noqa: E402
 
 # ---- data: two unpaired target sets (written by `sa2va-rl demo`, stage "data"; images shared with data/train) ----
-train_dataloader.update(dataset=dict(  # noqa: F405
+train_dataloader["dataset"] = dict(  # noqa: F405  a new dict: none of the paired dataset's keys carry over
     type=unpaired_region_dataset,
     regions=dict(coco_region_dataset, ann_file="work_dirs/demo/data/rl_regions/annotations.json",  # noqa: F405
                  image_root="work_dirs/demo/data/train", name="target_regions"),
     texts=dict(coco_region_dataset, ann_file="work_dirs/demo/data/rl_texts/annotations.json",  # noqa: F405
                image_root="work_dirs/demo/data/train", name="target_texts"),
-))
+)
 
 # ---- loop-1 reward: the cycle IoU alone. The paired demo adds METEOR of the caption against the region's GT
 # caption; unpaired regions have no caption, so that term cannot be computed here (the KL to the starting model is
