@@ -7,6 +7,7 @@ device (no weights: a preset of the same size stands in for the local checkpoint
 """
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -16,9 +17,11 @@ from mmengine.config import Config
 from mmengine.registry import HOOKS, MODELS, RUNNERS
 
 from projects.llava_sam2.rl_train.cli.setup_checkpoint import make_tiny_checkpoint
+from projects.llava_sam2.rl_train.data import CocoRegionDataset
 from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
 from projects.llava_sam2.rl_train.engine.checkpointing import unwrap_model
 from projects.llava_sam2.rl_train.engine.loop import GRPOLoop
+from projects.llava_sam2.rl_train.engine.prompt_filter import FORMAT as PREFILTER_FORMAT
 from projects.llava_sam2.rl_train.model.tokenizer import TINY_TOKENIZER_DIR
 from projects.llava_sam2.rl_train.prompt_rl.reward_net import RewardNet, RewardNetConfig, save_reward_net
 
@@ -46,9 +49,14 @@ def local_files(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("config_inputs")
     torch.manual_seed(0)
     save_reward_net(RewardNet(RewardNetConfig(side=64, width=8)), root / "reward_net")
+    annotations = ShapesWorld("train", 4, 0, image_size=64).write_coco(str(root / "shapes"))
+    regions = CocoRegionDataset(annotations)
+    prompts = root / "prompts.json"  # a pre-filter file that keeps every prompt
+    prompts.write_text(json.dumps({"format": PREFILTER_FORMAT,
+                                   "keep_ids": [regions.sample_id(i) for i in range(len(regions))]}))
     world = ShapesWorld("train", 4, 0, image_size=64, domain="target")
     return {"checkpoint": str(make_tiny_checkpoint(root / "tiny", seed=0)), "reward_net": str(root / "reward_net"),
-            "annotations": ShapesWorld("train", 4, 0, image_size=64).write_coco(str(root / "shapes")),
+            "annotations": annotations, "prompts": str(prompts),
             "target": str(root / "target"), "regions": world.write_coco(str(root / "target"), keep="regions"),
             "texts": world.write_coco(str(root / "target_texts"), keep="texts", write_images=False)}
 
@@ -69,6 +77,11 @@ def local_options(name: str, files: dict[str, str]) -> dict:
             "train_dataloader.dataset.texts.image_root": files["target"]},
         "rl/demo/grpo_shapes_cycle_only_cpu.py": {"model.pretrained_path": ckpt,
                                                    "train_dataloader.dataset.ann_file": ann},
+        **{f"rl/demo/grpo_shapes_{variant}_cpu.py": {"model.pretrained_path": ckpt,
+                                                      "train_dataloader.dataset.ann_file": ann}
+           for variant in ("dense", "deterministic", "field")},
+        "rl/tiny_grpo_prefiltered_cpu.py": {"train_dataloader.dataset.dataset.ann_file": ann,
+                                             "train_dataloader.dataset.keep_ids_file": files["prompts"]},
         "rl/demo/grpo_shapes_oracle_iou_cpu.py": {"model.pretrained_path": ckpt,
                                                   "train_dataloader.dataset.ann_file": ann},
         "rl/demo/grpo_shapes_reward_net_cpu.py": {

@@ -34,6 +34,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                       "the demo over several seeds plus its controls (more SFT, one loop, mask policies)"),
     "pretrain-tiny": (f"{PACKAGE}.demo.pretrain_tiny",
                       "build the text-aware tiny Sa2VA the demo starts from (shapes world; GPU or CPU)"),
+    "prefilter": (f"{PACKAGE}.cli.prefilter",
+                  "group inference over a config's dataset: keep the prompts whose GRPO rewards vary"),
     "bench": (f"{PACKAGE}.cli.bench",
               "benchmarks (rl-step, decode, model, loader, judge); figures: docs/benchmarks.md"),
     "judge": (f"{PACKAGE}.cli.judge", "LLM judge: score predictions on DLC-Bench, pre-generate judge questions"),

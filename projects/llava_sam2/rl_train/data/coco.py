@@ -172,10 +172,15 @@ class CocoRegionDataset(RegionDataset):
     def __len__(self) -> int:
         return len(self._anns)
 
+    def sample_id(self, index: int) -> str:
+        """Sample ``index``'s id without loading its image."""
+        ann = self._anns[index]
+        return f"{self.name}/{ann.image_id}#{ann.ann_id}"
+
     def load(self, index: int) -> RegionSample:
         ann = self._anns[index]
         image = self._images[ann.image_id]
-        sample_id = f"{self.name}/{ann.image_id}#{ann.ann_id}"
+        sample_id = self.sample_id(index)
         image_path = os.path.join(self.image_root, image.file_name)
         if ann.segmentation is None:  # a text-only annotation (unpaired data): no region to decode
             pil = load_rgb(image_path, alpha=self.alpha, file=image_path, sample_id=sample_id)

@@ -13,7 +13,8 @@ Defaults follow TRL ``GRPOConfig`` (huggingface/trl 1.10.0.dev0, ``trl/trainer/g
   ``mask_importance_sampling_level`` overrides it for loop 2, whose action the reward scores as one unit (the
   mask), with ``mask_length_norm`` choosing how loop 2's sequence term normalises its summed log-ratio.
 
-The remaining knobs are ours: the two loop weights, the EMA partner's decay and the mask policy.
+The remaining knobs are ours: the two loop weights, the EMA partner's decay, the mask policy and the dense mask
+losses (``*_dense_*``, grpo/dense.py).
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from dataclasses import dataclass
 
 from .advantages import SCALE_REWARDS
 from .losses import IMPORTANCE_SAMPLING_LEVELS, LOSS_AGGREGATIONS, SEQUENCE_LENGTH_NORMS
-from .mask_policy import MASK_POLICIES, MultimaskPolicy
+from .dense import DENSE_ROLLOUT_WEIGHTS
+from .mask_policy import DETERMINISTIC_MASK, MASK_POLICIES, MultimaskPolicy
 
 
 def _require(ok: bool, message: str) -> None:
@@ -94,7 +96,9 @@ class GRPOConfig:
     # ---- mask policy (loop 2 action) -----------------------------------------------------------------------
     mask_policy: str = "region"
     """Stochastic mask policy, a key of MASK_POLICIES: region (Bernoulli over the partner's region cells: every draw
-    can change the partner's input) | bernoulli (pooled low-res cells) | gaussian_seg | multimask (mask_policy.py)."""
+    can change the partner's input) | bernoulli (pooled low-res cells) | gaussian_seg | multimask (mask_policy.py);
+    or deterministic: no sampled mask, the policy samples its answer text to the RES prompt (GRPO on those tokens,
+    at importance_sampling_level) and the mask is the greedy mask of the answer's [SEG] (docs/mask_action.md)."""
     mask_temperature: float = 1.0
     """tau of region / bernoulli (logits / tau) and multimask (scores / tau); < 1 is closer to greedy decoding."""
     mask_pool: int = 4
@@ -104,6 +108,22 @@ class GRPOConfig:
     multimask_score: str = "logit_iou"
     """multimask: categorical scores from the IoU head, iou (raw) | logit_iou (logit of the predicted IoU)."""
 
+    # ---- dense mask objectives (Dice + BCE on the policy's [SEG] mask logits; grpo/dense.py) -------------------
+    mask_to_caption_dense_weight: float = 0.0
+    """Loop 1: weight of a Dice + BCE loss that pulls the policy's own segmentation of each sampled caption (RES
+    prompt, teacher-forced [SEG] answer, with gradient) toward the input region; the region is the data's and the
+    caption the policy's, so no caption label is used. 0 (default) switches it off: the loss is then exactly the
+    policy-gradient loss."""
+    mask_to_caption_dense_rollouts: str = "positive"
+    """Which loop-1 rollouts get the dense loss, and their weight: positive (advantage > 0, weight 1) | advantage
+    (weight max(A, 0)) | best (the group's highest advantage, if > 0); a weighted mean over the minibatch."""
+    caption_to_mask_dense_weight: float = 0.0
+    """Loop 2 with mask_policy='deterministic': weight of a Dice + BCE self-training loss that pulls every rollout's
+    [SEG] mask toward the mask of its group's best-scored member (the one whose partner description scored best);
+    groups with equal rewards get none. 0 (default): the answer-token policy gradient alone."""
+    dense_num_points: int = 12544
+    """PointRend points per mask of both dense losses (upstream's SFT value for 256 x 256 logits)."""
+
     def __post_init__(self) -> None:
         self._validate_rollout()
         self._validate_loss()
@@ -111,6 +131,7 @@ class GRPOConfig:
         _require(0 < self.ema_decay < 1,
                  f"ema_decay={self.ema_decay}; it must lie in (0, 1), e.g. 0.999 (MMEngine momentum 0.001).")
         self._validate_mask_policy()
+        self._validate_dense()
         # Derived once (TRL): the upper clip range defaults to the lower one; loop 2's level to the global one.
         if self.epsilon_high is None:
             self.epsilon_high = self.epsilon
@@ -170,11 +191,26 @@ class GRPOConfig:
                  ">= 0 and at least one > 0 (0 switches that loop's loss off).")
 
     def _validate_mask_policy(self) -> None:
-        _require(self.mask_policy in MASK_POLICIES,
-                 f"mask_policy={self.mask_policy!r} is not one of {sorted(MASK_POLICIES)}.")
+        choices = sorted([*MASK_POLICIES, DETERMINISTIC_MASK])
+        _require(self.mask_policy in choices, f"mask_policy={self.mask_policy!r} is not one of {choices}.")
         _require(self.mask_temperature > 0, f"mask_temperature={self.mask_temperature}; it must be > 0.")
         _require(isinstance(self.mask_pool, int) and self.mask_pool >= 1,
                  f"mask_pool={self.mask_pool!r}; it must be an integer >= 1 (1 = no pooling).")
         _require(self.seg_noise_std > 0, f"seg_noise_std={self.seg_noise_std}; it must be > 0.")
         _require(self.multimask_score in MultimaskPolicy.SCORES,
                  f"multimask_score={self.multimask_score!r} is not one of {sorted(MultimaskPolicy.SCORES)}.")
+
+    def _validate_dense(self) -> None:
+        for knob in ("mask_to_caption_dense_weight", "caption_to_mask_dense_weight"):
+            value = getattr(self, knob)
+            _require(math.isfinite(value) and value >= 0, f"{knob}={value}; it must be a finite number >= 0 "
+                     "(0 switches the dense loss off).")
+        _require(self.mask_to_caption_dense_rollouts in DENSE_ROLLOUT_WEIGHTS,
+                 f"mask_to_caption_dense_rollouts={self.mask_to_caption_dense_rollouts!r} is not one of "
+                 f"{sorted(DENSE_ROLLOUT_WEIGHTS)}.")
+        _require(self.caption_to_mask_dense_weight == 0 or self.mask_policy == DETERMINISTIC_MASK,
+                 f"caption_to_mask_dense_weight={self.caption_to_mask_dense_weight} needs "
+                 f"mask_policy={DETERMINISTIC_MASK!r} (its target is the best member's deterministic [SEG] mask); "
+                 f"got mask_policy={self.mask_policy!r}.")
+        _require(isinstance(self.dense_num_points, int) and self.dense_num_points >= 1,
+                 f"dense_num_points={self.dense_num_points!r}; it must be an integer >= 1.")

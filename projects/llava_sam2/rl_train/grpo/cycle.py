@@ -35,16 +35,19 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
-from ..model.decoding import TextDecoding, completion_texts, eval_mode, group_chunks, sample_text
+from ..model.decoding import (
+    TextDecoding, completion_texts, eval_mode, fed_back_seg_positions, group_chunks, sample_text)
 from ..model.grouped_scoring import grouped_completion_logprobs
 from ..model.pipeline import forced_seg_prompts, prompt_embeds
 from ..model.region_chain import MaskChain
+from ..model.sft_loss import mask_loss_per_mask, resize_gt_masks
 from ..rewards.base import RewardInputs
+from .dense import best_in_group, dense_rollout_weights, weighted_mean
 from .features import StepFeatures
 from .losses import PolicyLoss
 from .mask_policy import MaskHead
 from .passes import cat_chunks, partner_describe, partner_segment, slice_rows
-from .rollout import CaptionReplay, MaskReplay, Rollout
+from .rollout import AnswerReplay, CaptionReplay, MaskReplay, Rollout
 
 
 @dataclass
@@ -97,6 +100,31 @@ def reward_inputs(features: StepFeatures, G: int, pred_masks=None, pred_captions
                         images=_repeat([s.image for s in features.samples], G))
 
 
+def mask_iou(pred_logits: Tensor, target: Tensor) -> Tensor:
+    """Mean IoU of ``pred_logits > 0`` against bool targets ``[M, h, w]`` (an empty union counts 1), detached."""
+    pred, target = pred_logits.detach() > 0, target.bool()
+    inter = (pred & target).flatten(1).sum(-1).float()
+    union = (pred | target).flatten(1).sum(-1).float()
+    return torch.where(union > 0, inter / union.clamp(min=1), torch.ones_like(inter)).mean()
+
+
+def teacher_forced_seg_logits(model, features: StepFeatures, tile_embeds: Tensor, prompt_ids: Tensor,
+                              prompt_attention: Tensor, images: Sequence[int], answer_ids: Tensor,
+                              seg_index: int) -> Tensor:
+    """The policy's mask logits ``[m, h, w]`` for m RES prompts (left padded ``[m, L]``) answered with the fixed
+    ``answer_ids [A]`` (its ``[SEG]`` at ``seg_index``): the pipeline's ``forced_seg_prompts`` → SAM2 decoder on the
+    step's cached features (best of multimask); carries grad through LoRA, ``mlp1``, ``text_hidden_fcs`` and the
+    decoder."""
+    keep = prompt_attention.any(0)  # columns that are padding in every selected row are dropped (left padding)
+    ids, attention = prompt_ids[:, keep], prompt_attention[:, keep]
+    embeds = prompt_embeds(model, features, tile_embeds, ids, images)  # [m, L, D]
+    m = ids.shape[0]
+    prompts = forced_seg_prompts(model, embeds, attention, answer_ids[None].expand(m, -1),
+                                 torch.full((m,), seg_index, device=ids.device))  # [m, C]
+    image_index = torch.tensor(list(images), dtype=torch.long, device=prompts.device)
+    return model.decode_masks(prompts, features.grounding, image_index).best_logits  # [m, h, w]
+
+
 # ---- loop 1: the caption action ------------------------------------------------------------------------------
 
 
@@ -126,12 +154,58 @@ class MaskToCaptionLoop:
     def __init__(self, ctx: CycleContext, composer, weight: float):
         self.ctx, self.composer, self.weight = ctx, composer, weight
         self.loss_fn = PolicyLoss.from_config(ctx.config)  # importance_sampling_level, TRL's meaning
+        self.dense_weight = float(ctx.config.mask_to_caption_dense_weight)
 
     def action_logp(self, model, features: StepFeatures, tile_embeds: Tensor, rollout: Rollout,
                     samples: Sequence[int]) -> Tensor:
         """Caption-token log-probs ``[n, T]`` of a (sliced) loop-1 rollout; carries grad outside ``no_grad``."""
         return caption_logp(model, features, tile_embeds, rollout.replay, rollout.action_mask, samples,
                             rollout.group_size, self.ctx.config.temperature)
+
+    def loss_terms(self, model, features: StepFeatures, tile_embeds: Tensor, rollout: Rollout,
+                   samples: Sequence[int], num_active_tokens: float | None) -> tuple[Tensor, dict[str, Tensor]]:
+        """The loop's loss with grad: the clipped policy gradient on the caption tokens, plus
+        ``mask_to_caption_dense_weight`` times :meth:`dense_loss` when that weight is > 0."""
+        logp = self.action_logp(model, features, tile_embeds, rollout, samples)  # [n, T]
+        loss, stats = self.loss_fn(logp, rollout, num_active_tokens=num_active_tokens)
+        if self.dense_weight > 0:
+            dense, dense_stats = self.dense_loss(model, features, tile_embeds, rollout, samples)
+            loss = loss + self.dense_weight * dense
+            stats.update(dense_stats)
+        return loss, stats
+
+    def dense_loss(self, model, features: StepFeatures, tile_embeds: Tensor, rollout: Rollout,
+                   samples: Sequence[int]) -> tuple[Tensor, dict[str, Tensor]]:
+        """Dice + BCE of the policy's segmentation of its own sampled captions against the input region, weighted
+        per rollout by ``mask_to_caption_dense_rollouts`` (grpo/dense.py); only rollouts with weight > 0 and a
+        non-empty caption run the segmentation pass.
+
+        Stats: ``dense_term`` (the unweighted loss), ``dense_frac`` (share of rollouts that got it), ``dense_iou``
+        (IoU of the policy's mask with the region on those rollouts, low-res)."""
+        cfg, replay, G = self.ctx.config, rollout.replay, rollout.group_size
+        if replay.seg_prompt_ids is None:
+            raise ValueError("MaskToCaptionLoop.dense_loss: the rollout holds no RES prompts of its captions; it was "
+                             "sampled with mask_to_caption_dense_weight=0.")
+        weights = dense_rollout_weights(rollout.advantages, G, cfg.mask_to_caption_dense_rollouts)  # [n]
+        weights = weights * replay.has_caption.to(weights)
+        rows = torch.nonzero(weights > 0).flatten().tolist()
+        zero = tile_embeds.sum() * 0.0  # a grad-carrying 0 when no rollout qualifies
+        if not rows:
+            return zero, {"dense_term": zero.detach(), "dense_frac": zero.detach(), "dense_iou": zero.detach()}
+        owners = [samples[n // G] for n in rows]
+        logits = teacher_forced_seg_logits(
+            model, features, tile_embeds, replay.seg_prompt_ids[rows], replay.seg_prompt_attention[rows],
+            [features.image_of(b) for b in owners], self.ctx.seg_answer_ids.to(tile_embeds.device),
+            self.ctx.seg_answer_index)  # [m, h, w]
+        target = resize_gt_masks([features.gt_masks[b][None].to(logits.device) for b in owners],
+                                 tuple(logits.shape[-2:]))  # [m, h, w]
+        per_mask = mask_loss_per_mask(logits, target, num_points=cfg.dense_num_points,
+                                      generator=self.ctx.generator)  # [m]
+        dense = weighted_mean(per_mask, weights[rows].to(per_mask))
+        with torch.no_grad():
+            stats = {"dense_term": dense.detach(), "dense_frac": torch.tensor(len(rows) / len(weights)),
+                     "dense_iou": mask_iou(logits, target > 0.5)}
+        return dense, stats
 
     @torch.no_grad()
     def rollout(self, features: StepFeatures, *, needs_old_logp: bool) -> LoopRollout:
@@ -166,6 +240,8 @@ class MaskToCaptionLoop:
                 with ctx.weights.reference(model):
                     ref_logp = cat_chunks(score(model.project_vision(features.vit_tokens)), B, G, chunk)
             captions = completion_texts(completions, ctx.decoding)
+            if self.dense_weight > 0:  # the RES prompts of the policy's own captions, for dense_loss
+                replay = self._with_seg_prompts(replay, features, captions, images)
             with ctx.weights.partner(model):
                 pred_masks, stats = partner_segment(
                     model, proc, features, model.project_vision(features.vit_tokens), captions, _repeat(images, G),
@@ -174,6 +250,17 @@ class MaskToCaptionLoop:
                           rewards=torch.full((B, G), float("nan")), is_truncated=completions.is_truncated,
                           max_action_length=cfg.max_completion_length, replay=replay, loop=self.name)
         return LoopRollout(rollout, reward_inputs(features, G, pred_masks=pred_masks, pred_captions=captions), stats)
+
+    def _with_seg_prompts(self, replay: CaptionReplay, features: StepFeatures, captions: Sequence[str],
+                          images: Sequence[int]) -> CaptionReplay:
+        proc, G = self.ctx.processor, self.ctx.config.num_generations
+        rows = _repeat(images, G)
+        ids, attention = proc.tokenize_prompts([proc.segment_prompt(features.n_tiles(i), c or ".")
+                                                for i, c in zip(rows, captions)])  # [N, L']
+        device = replay.prompt_ids.device
+        has_caption = torch.tensor([bool(c) for c in captions], dtype=torch.bool, device=device)
+        return replace(replay, seg_prompt_ids=ids.to(device), seg_prompt_attention=attention.to(device),
+                       has_caption=has_caption)
 
 
 # ---- loop 2: the mask action ---------------------------------------------------------------------------------
@@ -255,6 +342,12 @@ class CaptionToMaskLoop:
         head = seg_mask_head(model, features, tile_embeds, rollout.replay, samples, rollout.group_size)
         return self.ctx.mask_policy.log_prob(head, rollout.replay.action)
 
+    def loss_terms(self, model, features: StepFeatures, tile_embeds: Tensor, rollout: Rollout,
+                   samples: Sequence[int], num_active_tokens: float | None) -> tuple[Tensor, dict[str, Tensor]]:
+        """The loop's loss with grad: the clipped policy gradient on the sampled mask action."""
+        logp = self.action_logp(model, features, tile_embeds, rollout, samples)
+        return self.loss_fn(logp, rollout, num_active_tokens=num_active_tokens)
+
     def _replay(self, features: StepFeatures) -> MaskReplay:
         """N-row replay whose action is filled in once the policy has sampled."""
         proc, model, G = self.ctx.processor, self.ctx.model, self.ctx.config.num_generations
@@ -307,3 +400,172 @@ class CaptionToMaskLoop:
                           is_truncated=torch.zeros(B * G, dtype=torch.bool, device=logp.device),
                           max_action_length=logp.shape[1], replay=replay, loop=self.name)
         return LoopRollout(rollout, reward_inputs(features, G, pred_masks=pred_masks, pred_captions=captions), stats)
+
+
+# ---- loop 2, deterministic mask: the answer-text action ------------------------------------------------------
+
+
+def answer_logp_and_seg_logits(model, features: StepFeatures, tile_embeds: Tensor, replay: AnswerReplay,
+                               completion_mask: Tensor, samples: Sequence[int], group_size: int,
+                               temperature: float) -> tuple[Tensor, Tensor, Tensor]:
+    """One teacher-forced pass over (RES prompt, sampled answer) of n = b * G rows under the weights in effect:
+    ``(token_logp [n, T], rows [m], seg_logits [m, h, w])``, the answer tokens' log-probs (prompt run once per
+    group) and the mask logits of the m rows whose answer feeds back a ``[SEG]`` (its state → ``text_hidden_fcs``
+    → SAM2 decoder on the cached features). Carries grad outside ``no_grad``."""
+    G = group_size
+    embeds = prompt_embeds(model, features, tile_embeds, replay.prompt_ids[::G],
+                           [features.image_of(s) for s in samples])  # [b, L, D]
+    logp, hidden = grouped_completion_logprobs(model.language_model, embeds, replay.prompt_attention[::G],
+                                               replay.completion_ids, completion_mask, num_generations=G,
+                                               temperature=temperature, return_hidden=True)  # [n, T], [n, T, D]
+    rows = torch.nonzero(replay.seg_position >= 0).flatten()  # [m]
+    seg_hidden = hidden[rows, replay.seg_position[rows]]  # [m, D]
+    seg_logits = model.decode_masks(model.seg_hidden_to_prompt(seg_hidden), features.grounding,
+                                    replay.image_index[rows]).best_logits  # [m, h, w]
+    return logp, rows, seg_logits
+
+
+class AnswerToMaskLoop:
+    """Loop 2 (caption → mask → caption') with a deterministic mask (``mask_policy='deterministic'``).
+
+    The policy samples G answers to the RES prompt of the gt caption (as upstream's GRPO recipes for ``[SEG]``
+    models do: the action is the answer text, ``[SEG]`` included); each answer's mask is the greedy mask of its
+    first fed-back ``[SEG]`` (no sampled mask cells); the partner describes it; the reward scores the description.
+    The policy gradient runs on the answer tokens (``importance_sampling_level``, as loop 1's captions); an answer
+    without ``[SEG]`` gets an empty mask. With ``caption_to_mask_dense_weight > 0`` a Dice + BCE self-training loss
+    pulls every rollout's mask logits toward the mask of its group's best-scored member (grpo/dense.py).
+
+    Same name, rewards and metrics as ``CaptionToMaskLoop``: it is the other action of the same loop.
+    """
+
+    name = CaptionToMaskLoop.name
+
+    def __init__(self, ctx: CycleContext, composer, weight: float):
+        self.ctx, self.composer, self.weight = ctx, composer, weight
+        self.loss_fn = PolicyLoss.from_config(ctx.config)  # token-level text action, like loop 1
+        self.dense_weight = float(ctx.config.caption_to_mask_dense_weight)
+
+    def _terms(self, model, features: StepFeatures, tile_embeds: Tensor, rollout: Rollout, samples: Sequence[int]):
+        return answer_logp_and_seg_logits(model, features, tile_embeds, rollout.replay, rollout.action_mask, samples,
+                                          rollout.group_size, self.ctx.config.temperature)
+
+    def action_logp(self, model, features: StepFeatures, tile_embeds: Tensor, rollout: Rollout,
+                    samples: Sequence[int]) -> Tensor:
+        """Answer-token log-probs ``[n, T]`` of a (sliced) rollout; carries grad outside ``no_grad``."""
+        return self._terms(model, features, tile_embeds, rollout, samples)[0]
+
+    def loss_terms(self, model, features: StepFeatures, tile_embeds: Tensor, rollout: Rollout,
+                   samples: Sequence[int], num_active_tokens: float | None) -> tuple[Tensor, dict[str, Tensor]]:
+        """Clipped policy gradient on the answer tokens, plus ``caption_to_mask_dense_weight`` times the
+        self-training loss, both from one teacher-forced pass.
+
+        Self-training stats: ``dense_term`` (the unweighted loss), ``dense_frac`` (share of rollouts pulled),
+        ``dense_iou`` (IoU of their masks with the target, low-res)."""
+        logp, rows, seg_logits = self._terms(model, features, tile_embeds, rollout, samples)
+        loss, stats = self.loss_fn(logp, rollout, num_active_tokens=num_active_tokens)
+        if self.dense_weight > 0:
+            dense, dense_stats = self.self_training_loss(seg_logits, rows, rollout)
+            loss = loss + self.dense_weight * dense
+            stats.update(dense_stats)
+        return loss, stats
+
+    def self_training_targets(self, rows: Tensor, rollout: Rollout) -> tuple[Tensor, Tensor]:
+        """``(pulled [m] bool, targets [m, h, w] bool)`` for the m rows with a mask: a row is pulled when its group's
+        rewards differ, toward the stored mask of the group's best-scored member."""
+        G = rollout.group_size
+        best, has_spread = best_in_group(rollout.rewards)  # [b], [b]
+        groups = (rows // G).cpu()  # [m]
+        pulled = has_spread[groups].to(rows.device)  # [m]
+        best_rows = groups * G + best[groups]  # [m]
+        return pulled, rollout.replay.seg_mask[best_rows.to(rollout.replay.seg_mask.device)]
+
+    def self_training_loss(self, seg_logits: Tensor, rows: Tensor, rollout: Rollout
+                           ) -> tuple[Tensor, dict[str, Tensor]]:
+        pulled, targets = self.self_training_targets(rows, rollout)
+        zero = seg_logits.sum() * 0.0
+        if not bool(pulled.any()):
+            return zero, {"dense_term": zero.detach(), "dense_frac": zero.detach(), "dense_iou": zero.detach()}
+        logits, target = seg_logits[pulled], targets[pulled]  # [k, h, w]
+        per_mask = mask_loss_per_mask(logits, target.float(), num_points=self.ctx.config.dense_num_points,
+                                      generator=self.ctx.generator)  # [k]
+        dense = per_mask.mean()
+        with torch.no_grad():
+            stats = {"dense_term": dense.detach(), "dense_frac": torch.tensor(len(logits) / rollout.num_rollouts),
+                     "dense_iou": mask_iou(logits, target)}
+        return dense, stats
+
+    def _replay(self, features: StepFeatures) -> tuple[Tensor, Tensor]:
+        proc, model = self.ctx.processor, self.ctx.model
+        ids, attention = proc.tokenize_prompts(
+            [proc.segment_prompt(features.n_tiles(features.image_of(b)), text)
+             for b, text in enumerate(features.prompt_texts)])
+        return ids.to(model.device), attention.to(model.device)  # [B, L]
+
+    @torch.no_grad()
+    def rollout(self, features: StepFeatures, *, needs_old_logp: bool) -> LoopRollout:
+        """G sampled answers per gt caption (policy), their greedy ``[SEG]`` masks, ``old_logp`` (if needed),
+        ``ref_logp`` (if beta > 0), and the partner's caption' of each mask."""
+        ctx, model, cfg = self.ctx, self.ctx.model, self.ctx.config
+        B, G, chunk = features.num_samples, cfg.num_generations, cfg.generation_chunk_size
+        images = features.image_index.tolist()
+        ids, attention = self._replay(features)
+        with eval_mode(model):
+            tiles = model.project_vision(features.vit_tokens)
+            embeds = prompt_embeds(model, features, tiles, ids, images)  # [B, L, D]
+            completions = sample_text(model, embeds, attention, ctx.decoding, num_generations=G,
+                                      max_new_tokens=cfg.max_completion_length, do_sample=True,
+                                      temperature=cfg.temperature, top_p=cfg.top_p, chunk_size=chunk,
+                                      generator=ctx.generator)  # ids [N, T]
+            positions = fed_back_seg_positions(completions, model.seg_token_id)
+            seg_position = torch.tensor([p[0] if p else -1 for p in positions], device=model.device)  # [N]
+            replay = AnswerReplay(prompt_ids=ids.repeat_interleave(G, 0),
+                                  prompt_attention=attention.repeat_interleave(G, 0),
+                                  completion_ids=completions.ids, image_index=features.image_index.repeat_interleave(G),
+                                  seg_position=seg_position)
+
+            def terms(tile_embeds: Tensor, b0: int, b1: int):
+                return answer_logp_and_seg_logits(model, features, tile_embeds, slice_rows(replay, b0 * G, b1 * G),
+                                                  completions.completion_mask[b0 * G:b1 * G], range(b0, b1), G,
+                                                  cfg.temperature)
+
+            logps, seg_masks, pred_masks = [], [], []
+            for b0, b1 in group_chunks(B, G, chunk):
+                logp, rows, seg_logits = terms(tiles, b0, b1)  # rows are local to the chunk
+                logps.append(logp)
+                h, w = seg_logits.shape[-2:] if len(rows) else _low_res_size(model)
+                low_res = torch.zeros((b1 - b0) * G, h, w, dtype=torch.bool, device=logp.device)
+                low_res[rows] = seg_logits > 0
+                seg_masks.append(low_res)
+                sizes = [features.image_sizes[images[(b0 * G + n) // G]] for n in range((b1 - b0) * G)]
+                masks = [torch.zeros(size, dtype=torch.bool) for size in sizes]
+                for n, mask in zip(rows.tolist(), model.logits_to_masks(seg_logits, [sizes[n] for n in rows.tolist()])):
+                    masks[n] = mask.cpu()
+                pred_masks += masks
+            logp = torch.cat(logps)  # [N, T]
+            replay = replace(replay, seg_mask=torch.cat(seg_masks))  # [N, h, w]
+            ref_logp = None
+            if cfg.beta > 0:
+                with ctx.weights.reference(model):
+                    ref_tiles = model.project_vision(features.vit_tokens)
+                    ref_logp = cat_chunks(lambda b0, b1: terms(ref_tiles, b0, b1)[0], B, G, chunk)
+            captions, stats = None, {}
+            if ctx.use_partner_captions:
+                with ctx.weights.partner(model):
+                    captions, stats = partner_describe(
+                        model, ctx.processor, features, model.project_vision(features.vit_tokens), pred_masks,
+                        replay.image_index.tolist(), _repeat(features.sample_ids, G), ctx.decoding,
+                        max_new_tokens=cfg.max_completion_length, chunk_size=chunk)
+        stats["mask/area_frac"] = float(sum(m.float().mean() for m in pred_masks) / len(pred_masks))
+        stats["answer/no_seg"] = float((seg_position < 0).sum())
+        rollout = Rollout(group_size=G, old_logp=logp if needs_old_logp else None, ref_logp=ref_logp,
+                          action_mask=completions.completion_mask, rewards=torch.full((B, G), float("nan")),
+                          is_truncated=completions.is_truncated, max_action_length=cfg.max_completion_length,
+                          replay=replay, loop=self.name)
+        return LoopRollout(rollout, reward_inputs(features, G, pred_masks=pred_masks, pred_captions=captions), stats)
+
+
+def _low_res_size(model) -> tuple[int, int]:
+    """(h, w) of the SAM2 decoder's low-res logits: 4 x the image-embedding side."""
+    sam = model.grounding_encoder.sam2_model
+    side = sam.image_size // sam.backbone_stride * 4
+    return side, side

@@ -324,7 +324,14 @@ class MultimaskPolicy(MaskPolicy):
 
 MASK_POLICIES = {p.name: p for p in (RegionMaskPolicy, BernoulliMaskPolicy, GaussianSegPolicy, MultimaskPolicy)}
 
+# mask_policy value of the deterministic loop-2 action: no mask distribution, the answer text is the action
+# (grpo.cycle.AnswerToMaskLoop); it has no MaskPolicy
+DETERMINISTIC_MASK = "deterministic"
 
-def build_mask_policy(config) -> MaskPolicy:
-    """``MASK_POLICIES[config.mask_policy]`` built with its knobs from a validated ``GRPOConfig``."""
+
+def build_mask_policy(config) -> MaskPolicy | None:
+    """``MASK_POLICIES[config.mask_policy]`` built with its knobs from a validated ``GRPOConfig``; None for
+    ``mask_policy='deterministic'`` (no mask is sampled)."""
+    if config.mask_policy == DETERMINISTIC_MASK:
+        return None
     return MASK_POLICIES[config.mask_policy].from_config(config)

@@ -25,8 +25,10 @@ from .features import StepFeatures
 
 
 def slice_rows(data, r0: int, r1: int):
-    """Rows ``[r0, r1)`` of every tensor field of a replay dataclass (``CaptionReplay`` / ``MaskReplay``)."""
-    return replace(data, **{f.name: getattr(data, f.name)[r0:r1] for f in fields(data)})
+    """Rows ``[r0, r1)`` of every tensor field of a replay dataclass (``CaptionReplay`` / ``MaskReplay`` /
+    ``AnswerReplay``); optional fields that are None stay None."""
+    return replace(data, **{f.name: getattr(data, f.name)[r0:r1] for f in fields(data)
+                            if getattr(data, f.name) is not None})
 
 
 def cat_chunks(fn: Callable[[int, int], Tensor], num_groups: int, group_size: int, chunk_size: int | None) -> Tensor:

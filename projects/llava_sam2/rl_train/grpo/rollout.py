@@ -4,7 +4,7 @@ Loop 1 (mask -> caption -> mask') acts with caption tokens; loop 2 (caption -> m
 stochastic mask. Both describe their action as ``T`` log-probability elements per rollout (tokens, or mask
 elements of the mask policy), so the clipped objective in ``losses.py`` never asks which loop ran. What only
 a loop needs to re-score its action under new weights (``num_iterations > 1``, reference pass) travels in the
-typed ``replay`` slot: ``CaptionReplay`` or ``MaskReplay``.
+typed ``replay`` slot: ``CaptionReplay``, ``MaskReplay`` or ``AnswerReplay``.
 """
 from __future__ import annotations
 
@@ -25,12 +25,36 @@ class CaptionReplay:
             ``Rollout.action_mask``).
         image_index: ``[N]`` long, row of the once-per-step image features (ViT tokens, SAM2 embeddings)
             that rollout ``n`` belongs to.
+        seg_prompt_ids: ``[N, L']`` long, left-padded RES prompt that asks to segment rollout ``n``'s own caption
+            (loop 1's dense mask loss, ``mask_to_caption_dense_weight > 0``); None otherwise.
+        seg_prompt_attention: ``[N, L']`` bool, or None.
+        has_caption: ``[N]`` bool, False where the sampled caption is empty (nothing to segment), or None.
     """
 
     prompt_ids: Tensor
     prompt_attention: Tensor
     completion_ids: Tensor
     image_index: Tensor
+    seg_prompt_ids: Tensor | None = None
+    seg_prompt_attention: Tensor | None = None
+    has_caption: Tensor | None = None
+
+
+@dataclass
+class AnswerReplay(CaptionReplay):
+    """Loop 2 with ``mask_policy='deterministic'``: the action is the sampled answer text to the RES prompt
+    (``prompt_ids`` / ``completion_ids``, as a caption), and the mask is the greedy mask of its first fed-back
+    ``[SEG]``.
+
+    Attributes (besides ``CaptionReplay``'s):
+        seg_position: ``[N]`` long, index in ``completion_ids`` of the first fed-back ``[SEG]``, -1 where the answer
+            has none (no mask).
+        seg_mask: ``[N, h, w]`` bool, the low-res mask the rollout produced (SAM2 best logits > 0; all False without
+            ``[SEG]``): the self-training target when the rollout is its group's best.
+    """
+
+    seg_position: Tensor | None = None
+    seg_mask: Tensor | None = None
 
 
 @dataclass
@@ -75,7 +99,7 @@ class Rollout:
             (always False for mask actions).
         max_action_length: dr_grpo's constant T_max: ``max_completion_length`` for captions, the number of
             action elements for masks.
-        replay: loop-specific inputs to re-score the action (``CaptionReplay`` | ``MaskReplay``).
+        replay: loop-specific inputs to re-score the action (``CaptionReplay`` | ``MaskReplay`` | ``AnswerReplay``).
         loop: name of the loop that produced it (``mask_to_caption`` | ``caption_to_mask``): the prefix of its
             metrics (``<loop>/reward_mean``) and rollout logs.
         advantages: ``[N]`` float, filled by ``with_advantages`` after scoring.
@@ -89,7 +113,7 @@ class Rollout:
     rewards: Tensor
     is_truncated: Tensor
     max_action_length: int
-    replay: CaptionReplay | MaskReplay
+    replay: CaptionReplay | MaskReplay | AnswerReplay
     loop: str
     advantages: Tensor | None = None
     reward_stats: dict[str, float] = field(default_factory=dict)

@@ -17,7 +17,10 @@ weight knob ``<name>_weight``, its ``rewards`` key, its rollouts' ``Rollout.loop
 
 Loss of a minibatch: ``mask_to_caption_weight * L1 + caption_to_mask_weight * L2``, each ``L`` the clipped GRPO
 objective (the loop's ``PolicyLoss``: loop 1 at ``importance_sampling_level``, loop 2 at
-``mask_importance_sampling_level`` / ``mask_length_norm``) of that loop's rows; a loop with weight 0 is not run at all.
+``mask_importance_sampling_level`` / ``mask_length_norm``) of that loop's rows, plus the loop's dense mask loss when
+its ``*_dense_weight`` is > 0 (``loop.loss_terms``; grpo/dense.py); a loop with weight 0 is not run at all. With
+``mask_policy='deterministic'`` loop 2 is ``AnswerToMaskLoop`` (the answer text is the action, the mask the greedy
+``[SEG]`` mask).
 
 Minibatches: every minibatch holds the same prompt range of each active loop (whole groups), at most
 ``minibatch_size`` rollouts per loop. With several minibatches per rollout batch (or ``num_iterations > 1``) the
@@ -49,9 +52,9 @@ from ..model.pipeline import SEG_ANSWER, seg_answer_ids
 from ..rewards import RewardComposer
 from .advantages import group_advantages, reward_moments, std_from_moments
 from .config import GRPOConfig
-from .cycle import CaptionToMaskLoop, CycleContext, MaskToCaptionLoop
+from .cycle import AnswerToMaskLoop, CaptionToMaskLoop, CycleContext, MaskToCaptionLoop
 from .features import StepFeatures, encode_step, loop_rows
-from .mask_policy import build_mask_policy
+from .mask_policy import DETERMINISTIC_MASK, build_mask_policy
 from .passes import slice_rows
 from .rollout import Rollout
 
@@ -202,6 +205,8 @@ class CycleGRPO:
             use_partner_captions=bool(use_partner_captions), generator=generator)
         self.loops = []
         for loop_cls in CYCLE_LOOPS:
+            if loop_cls is CaptionToMaskLoop and config.mask_policy == DETERMINISTIC_MASK:
+                loop_cls = AnswerToMaskLoop  # the same loop with the answer text as its action
             weight = float(getattr(config, f"{loop_cls.name}_weight"))
             if weight > 0:
                 composer = build_composer((rewards or {}).get(loop_cls.name), config, loop_cls.name)
@@ -300,10 +305,9 @@ class CycleGRPO:
         features = minibatch.features
         total, stats = None, {}
         tile_embeds = model.project_vision(features.vit_tokens)  # [n_tiles, t, D], with grad through mlp1
-        for part in minibatch.parts:
-            logp = part.loop.action_logp(model, part.features or features, tile_embeds, part.rollout,
-                                         part.samples)  # [n, T]
-            loss, loop_stats = part.loop.loss_fn(logp, part.rollout, num_active_tokens=part.num_active_tokens)
+        for part in minibatch.parts:  # the loop's policy gradient (+ its dense mask loss when configured)
+            loss, loop_stats = part.loop.loss_terms(model, part.features or features, tile_embeds, part.rollout,
+                                                    part.samples, part.num_active_tokens)
             total = part.loop.weight * loss if total is None else total + part.loop.weight * loss
             stats.update({f"{part.loop.name}/{key}": value for key, value in loop_stats.items()})
         return {"loss": total, **stats}

@@ -145,7 +145,8 @@ def grouped_completion_logprobs(
     num_generations: int,
     temperature: float = 1.0,
     max_logit_bytes: int | None = MAX_LOGIT_BYTES,
-) -> Tensor:
+    return_hidden: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
     """``completion_logprobs`` of G completions per prompt, each prompt run once (module docstring); differentiable.
 
     ``token_logp[n, t] = log_softmax(head(h_t) / temperature)[c_t]`` with ``h_0`` the prompt's last state and ``h_t``
@@ -155,9 +156,12 @@ def grouped_completion_logprobs(
         prompt_embeds: ``[B, L, D]``; prompt_attention: ``[B, L]`` LEFT padded.
         completion_ids, completion_mask: ``[N, T]``, N = B·G (row ``b·G + g`` answers prompt b), right padded.
         max_logit_bytes: bound on the fp32 logits of one head call (``generation.token_logprobs``).
+        return_hidden: also return ``hidden [N, T, D]``, the final-norm state at the position whose input is
+            ``c_t`` (Sa2VA's ``[SEG]`` state where ``c_t`` is ``[SEG]``), as ``completion_logprobs``; the grouped
+            path never feeds the last token, so ``hidden[:, T - 1]`` is 0 there.
 
     Returns:
-        ``token_logp [N, T]`` float32.
+        ``token_logp [N, T]`` float32 (and ``hidden`` when asked).
     """
     G, (B, L) = num_generations, prompt_attention.shape
     if prompt_embeds.dim() != 3 or prompt_embeds.shape[:2] != prompt_attention.shape or \
@@ -176,9 +180,12 @@ def grouped_completion_logprobs(
     if not supports_grouping(lm, L + T):
         return completion_logprobs(lm, prompt_embeds.repeat_interleave(G, 0), prompt_attention.repeat_interleave(G, 0),
                                    completion_ids, completion_mask, temperature=temperature,
-                                   max_logit_bytes=max_logit_bytes)
+                                   max_logit_bytes=max_logit_bytes, return_hidden=return_hidden)
     _, head = decoder_and_head(lm)
     last, continuation = grouped_hidden(lm, prompt_embeds, prompt_attention, completion_ids[:, :-1], completion_mask, G)
     hidden = torch.cat([last.repeat_interleave(G, 0)[:, None], continuation], dim=1)  # [N, T, D]
     token_logp = token_logprobs(head, hidden, completion_ids, temperature=temperature, max_logit_bytes=max_logit_bytes)
-    return token_logp.masked_fill(~completion_mask.bool(), 0.0)  # [N, T]
+    token_logp = token_logp.masked_fill(~completion_mask.bool(), 0.0)  # [N, T]
+    if return_hidden:  # state at input c_t: the continuation's t-th state; c_{T-1} was never fed
+        return token_logp, torch.cat([continuation, torch.zeros_like(continuation[:, :1])], dim=1)  # [N, T, D]
+    return token_logp

@@ -79,13 +79,18 @@ def mask_bce_loss(point_logits: torch.Tensor, point_targets: torch.Tensor,
     return weight * bce / (M * P + 1e-4)
 
 
+def dice_terms(point_logits: torch.Tensor, point_targets: torch.Tensor, eps: float = 1.0) -> torch.Tensor:
+    """Per mask ``1 − (2 Σ p t + eps) / (Σ p + Σ t + eps)`` ``[M]``, p = sigmoid(x) over its ``[M, P]`` points."""
+    p = point_logits.sigmoid()  # [M, P]
+    dice = (2 * (p * point_targets).sum(-1) + eps) / (p.sum(-1) + point_targets.sum(-1) + eps)  # [M]
+    return 1 - dice
+
+
 def mask_dice_loss(point_logits: torch.Tensor, point_targets: torch.Tensor,
                    weight: float = LOSS_DICE_WEIGHT, eps: float = 1.0) -> torch.Tensor:
     """``weight · Σ_m [1 − (2 Σ p t + eps) / (Σ p + Σ t + eps)] / (M + 1e-4)``, p = sigmoid(x) (naive Dice)."""
     M = point_logits.shape[0]
-    p = point_logits.sigmoid()  # [M, P]
-    dice = (2 * (p * point_targets).sum(-1) + eps) / (p.sum(-1) + point_targets.sum(-1) + eps)  # [M]
-    return weight * (1 - dice).sum() / (M + 1e-4)
+    return weight * dice_terms(point_logits, point_targets, eps).sum() / (M + 1e-4)
 
 
 def resize_gt_masks(gt_masks: list[torch.Tensor], size: tuple[int, int]) -> torch.Tensor:
@@ -109,11 +114,44 @@ def mask_losses(
             f"mask_losses: predicted logits {tuple(pred_logits.shape)} and GT masks {tuple(gt_mask.shape)} "
             "differ; resize the GT to the logits size first (resize_gt_masks)."
         )
+    point_logits, point_targets = _point_pairs(pred_logits, gt_mask, num_points, oversample_ratio,
+                                               importance_sample_ratio, generator)  # [M, P] each
+    return mask_bce_loss(point_logits, point_targets), mask_dice_loss(point_logits, point_targets)
+
+
+def _point_pairs(pred_logits: torch.Tensor, gt_mask: torch.Tensor, num_points: int, oversample_ratio: float,
+                 importance_sample_ratio: float, generator: torch.Generator | None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits and GT ``[M, P]`` at the PointRend points of ``pred_logits`` (shapes checked by the callers)."""
     coords = sample_uncertain_points(pred_logits.detach(), num_points, oversample_ratio,
                                      importance_sample_ratio, generator)  # [M, P, 2]
-    point_targets = point_sample(gt_mask.float(), coords)  # [M, P]
-    point_logits = point_sample(pred_logits, coords)  # [M, P]
-    return mask_bce_loss(point_logits, point_targets), mask_dice_loss(point_logits, point_targets)
+    return point_sample(pred_logits, coords), point_sample(gt_mask.float(), coords)
+
+
+def mask_loss_per_mask(
+    pred_logits: torch.Tensor,
+    gt_mask: torch.Tensor,
+    *,
+    num_points: int = NUM_POINTS,
+    oversample_ratio: float = 3.0,
+    importance_sample_ratio: float = 0.75,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Upstream's mask loss of each mask ``[M]``: 2.0 · mean BCE over its points + 0.5 · its Dice term.
+
+    The same points and weights as :func:`mask_losses`, kept per mask so that a caller can weight masks (the
+    GRPO dense losses weight rollouts by their advantage); its mean over M equals ``loss_mask + loss_dice`` up
+    to the 1e-4 avg factors.
+    """
+    if pred_logits.shape != gt_mask.shape:
+        raise ValueError(
+            f"mask_loss_per_mask: predicted logits {tuple(pred_logits.shape)} and GT masks "
+            f"{tuple(gt_mask.shape)} differ; resize the GT to the logits size first (resize_gt_masks)."
+        )
+    point_logits, point_targets = _point_pairs(pred_logits, gt_mask, num_points, oversample_ratio,
+                                               importance_sample_ratio, generator)  # [M, P] each
+    bce = F.binary_cross_entropy_with_logits(point_logits, point_targets, reduction="none").mean(-1)  # [M]
+    return LOSS_MASK_WEIGHT * bce + LOSS_DICE_WEIGHT * dice_terms(point_logits, point_targets)  # [M]
 
 
 def llm_loss(logits_fn, hidden: torch.Tensor, labels: torch.Tensor,
