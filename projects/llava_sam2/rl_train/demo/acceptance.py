@@ -95,7 +95,7 @@ def acceptance(per_seed: Mapping[int, object], controls: Mapping[int, Mapping[st
         share = gain.value / oracle_gain.value if oracle_gain.value > 0 else float("nan")
         recovered.append(share)
         checks = {"cycle_beyond_ci": gain.low > 0,
-                  "no_regression": not any(rl[k] is not None and rl[k].high < 0
+                  "no_regression": not any(rl.get(k) is not None and rl[k].high < 0
                                            for k in ("res/gIoU", "caption/METEOR_nltk")),
                   "text_gap": rl["text_gap"] is None or not rl["text_gap"].high < 0,
                   "above_source_sft": versus.value > 0}
