@@ -75,8 +75,10 @@ def test_demo_loop1_reward_keeps_the_caption_true(tmp_path):
     paired = DemoSettings(tmp_path, rl_data="paired", target_shift=0.0).rl_config
     demo = Config.fromfile(paired).train_cfg.algorithm.rewards.mask_to_caption
     assert [(r["type"].__name__, r["weight"]) for r in demo] == [("IoUReward", 1.0), ("MeteorReward", 1.0)]
-    unpaired = Config.fromfile(DemoSettings(tmp_path).rl_config).train_cfg.algorithm.rewards.mask_to_caption
-    assert [r["type"].__name__ for r in unpaired] == ["IoUReward"]
+    unpaired = Config.fromfile(DemoSettings(tmp_path).rl_config).train_cfg.algorithm
+    assert [r["type"].__name__ for r in unpaired.rewards.mask_to_caption] == ["IoUReward"]
+    # loop 1's dense mask loss needs no caption label: the unpaired demo's default (chosen on validation seeds)
+    assert unpaired.config.mask_to_caption_dense_weight == 1.0
     control = Path(paired).with_name("grpo_shapes_cycle_only_cpu.py")
     only = Config.fromfile(str(control)).train_cfg.algorithm.rewards.mask_to_caption
     assert [r["type"].__name__ for r in only] == ["IoUReward"]
