@@ -38,14 +38,15 @@ MARGINS = dict(zip(REWARD_KEYS, (0.05, 0.04)))  # loop 1, loop 2: above every nu
 # the data the margins were measured on: paired source-domain scenes (the same-domain demo; the domain-adaptation
 # default of `sa2va-rl demo` has no calibrated margins yet, docs/demo.md)
 CALIBRATED_DATA = dict(target_shift=0.0, rl_data="paired", eval_split="val")
+DOMAIN_DATA = dict(target_shift=1.0, rl_data="unpaired", eval_split="val")  # the default demo's data, uncalibrated
 
 
-def short_demo(work_dir, seed: int = 0, options: list[str] = (), rl_iters: int = RL_ITERS
-               ) -> tuple[DemoSettings, dict]:
+def short_demo(work_dir, seed: int = 0, options: list[str] = (), rl_iters: int = RL_ITERS,
+               data: dict | None = None) -> tuple[DemoSettings, dict]:
     """data -> GRPO (+ export) of the shortened demo; the stage records (tools/experiments/demo_test_margins.py
-    runs it too)."""
+    runs it too, ``data`` = DOMAIN_DATA for the domain demo's calibration)."""
     settings = DemoSettings(work_dir, seed=seed, train_samples=PROMPTS, val_samples=4, rl_iters=rl_iters,
-                            text_scenes=0, rl_options=[*RL_OPTIONS, *options], **CALIBRATED_DATA)
+                            text_scenes=0, rl_options=[*RL_OPTIONS, *options], **(data or CALIBRATED_DATA))
     return settings, run_demo(settings, only={"data", "sft", "rl"})
 
 
