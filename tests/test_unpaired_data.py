@@ -98,3 +98,19 @@ def test_each_loop_gets_only_the_samples_it_can_use():
     out = step_loss(algo, model, rollouts)
     assert torch.isfinite(out["loss"])
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters() if p.requires_grad)
+
+
+def test_rollout_logging_shows_each_loop_its_own_samples():
+    from projects.llava_sam2.rl_train.engine.hooks.rollout_logging import loop_samples
+
+    world = ShapesWorld("train", 3, seed=0, image_size=64)
+    region = [type(s)(s.image, s.gt_mask, [], [], s.sample_id, s.source) for s in (world[0], world[1])]
+    text = type(world[2])(world[2].image, None, world[2].captions, [], world[2].sample_id, world[2].source)
+    batch = [region[0], text, region[1]]
+    paired = [world[0], world[1]]
+
+    def ids(samples):
+        return [id(s) for s in samples]
+    assert ids(loop_samples(batch, "mask_to_caption")) == ids(region)  # prompt b of loop 1 is the b-th region sample
+    assert ids(loop_samples(batch, "caption_to_mask")) == ids([text])
+    assert ids(loop_samples(paired, "caption_to_mask")) == ids(paired)  # paired data: every sample, both loops
