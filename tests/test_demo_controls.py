@@ -21,6 +21,10 @@ def test_demo_starts_from_the_committed_pretrained_model_without_sft(tmp_path):
     # the base evaluation does not depend on the training seed when nothing is trained before GRPO
     assert DemoSettings(tmp_path, seed=1).fingerprint("eval_base") == s.fingerprint("eval_base")
     assert DemoSettings(tmp_path, seed=1).fingerprint("rl") != s.fingerprint("rl")
+    # ... but on the data: another held-out split, domain or data seed redoes the evaluations and GRPO
+    for other in (dict(eval_split="val"), dict(target_shift=2.0), dict(data_seed=1), dict(rl_data="paired")):
+        assert DemoSettings(tmp_path, **other).fingerprint("eval_base") != s.fingerprint("eval_base"), other
+        assert DemoSettings(tmp_path, **other).fingerprint("rl") != s.fingerprint("rl"), other
     sft = DemoSettings(tmp_path, sft_iters=50)
     assert sft.rl_start == str(tmp_path / "sft/hf") and sft.systems["rl"] == "pretrained + SFT + GRPO"
     assert DemoSettings(tmp_path, seed=1, sft_iters=50).fingerprint("eval_base") != sft.fingerprint("eval_base")
