@@ -151,3 +151,11 @@ def test_sft_more_length_comes_from_every_probe_iteration(tmp_path, monkeypatch)
 
     monkeypatch.setattr(controls, "run_jobs", fake_run_jobs)
     assert controls.sft_more_iters(s) == 240  # 60 GRPO iterations x 2 s / 0.5 s per SFT iteration
+
+
+def test_report_only_runs_nothing_and_needs_the_evaluations(tmp_path, capsys, monkeypatch):
+    from projects.llava_sam2.rl_train.demo import controls
+
+    monkeypatch.setattr(controls, "run_demo", lambda *a, **k: pytest.fail("--report-only must not run the demo"))
+    code = controls.main(["--work-dir", str(tmp_path), "--seeds", "10", "--controls", "sft_more", "--report-only"])
+    assert code == 1 and "run the seeds first" in capsys.readouterr().err

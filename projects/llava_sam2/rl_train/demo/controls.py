@@ -203,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="controls run on every seed (the others on the first seed only)")
     parser.add_argument("--jobs", type=int, default=2,
                         help="controls trained side by side, one process (one core) each")
+    parser.add_argument("--report-only", action="store_true",
+                        help="run nothing: write the report from the evaluations already on disk (e.g. after per-seed "
+                             "runs side by side)")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs: {args.jobs}; at least 1 control must run at a time")
@@ -216,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--controls: unknown {unknown}; choose from {sorted(control_specs(first, 0))}")
     controls: dict[int, dict[str, Path]] = {}
+    if args.report_only:
+        return write_report_only(root, per_seed, names, args.every_seed, seeds[0], first)
     try:
         for seed, s in per_seed.items():
             banner(f"seed {seed}: the demo pipeline")
@@ -228,6 +233,24 @@ def main(argv: list[str] | None = None) -> int:
         return error.returncode
     from projects.llava_sam2.rl_train.demo.controls_report import write_controls_report
 
+    write_controls_report(root, per_seed, controls, default_variant=mask_variant_name(algorithm_config(first)))
+    return 0
+
+
+def write_report_only(root: Path, per_seed: dict, names: list[str], every_seed: list[str], first_seed: int,
+                      first: DemoSettings) -> int:
+    """The report of runs already on disk: each seed's evaluations and the controls whose evaluation exists."""
+    from projects.llava_sam2.rl_train.demo.controls_report import write_controls_report
+
+    missing = [str(s.path("eval", key)) for s in per_seed.values() for key in ("base", "rl")
+               if not (s.path("eval", key) / "metrics.json").is_file()]
+    if missing:
+        print(f"controls --report-only: no evaluation in {missing[:3]}; run the seeds first", file=sys.stderr)
+        return 1
+    controls = {seed: {name: s.path("eval", "controls", name)
+                       for name in (names if seed == first_seed else [n for n in names if n in every_seed])
+                       if (s.path("eval", "controls", name) / "metrics.json").is_file()}
+                for seed, s in per_seed.items()}
     write_controls_report(root, per_seed, controls, default_variant=mask_variant_name(algorithm_config(first)))
     return 0
 
