@@ -133,6 +133,9 @@ class DemoSettings:
             raise ValueError(f"demo: eval_split={self.eval_split!r}; use 'val' (choosing settings) or 'test'")
         if self.target_shift < 0:
             raise ValueError(f"demo: target_shift={self.target_shift} must be >= 0")
+        if self.rl_data == "unpaired" and self.rl_train_samples > self.train_samples:
+            raise ValueError(f"demo: rl_train_samples={self.rl_train_samples} > train_samples={self.train_samples}; "
+                             "the unpaired RL sets reuse the training scenes' images")
         if not self.rl_config:
             self.rl_config = str(CONFIG_DIR / RL_DATA[self.rl_data])
 
