@@ -56,8 +56,11 @@ def local_files(tmp_path_factory) -> dict[str, str]:
     prompts = root / "prompts.json"  # a pre-filter file that keeps every prompt
     prompts.write_text(json.dumps({"format": PREFILTER_FORMAT,
                                    "keep_ids": [regions.sample_id(i) for i in range(len(regions))]}))
+    world = ShapesWorld("train", 4, 0, image_size=64, domain="target")
     return {"checkpoint": str(make_tiny_checkpoint(root / "tiny", seed=0)), "reward_net": str(root / "reward_net"),
-            "annotations": annotations, "prompts": str(prompts)}
+            "annotations": annotations, "prompts": str(prompts),
+            "target": str(root / "target"), "regions": world.write_coco(str(root / "target"), keep="regions"),
+            "texts": world.write_coco(str(root / "target_texts"), keep="texts", write_images=False)}
 
 
 def local_options(name: str, files: dict[str, str]) -> dict:
@@ -69,6 +72,11 @@ def local_options(name: str, files: dict[str, str]) -> dict:
                                                "train_dataloader.dataset.pretrained_path": ckpt,
                                                "train_dataloader.dataset.region_dataset.ann_file": ann},
         "rl/demo/grpo_shapes_cpu.py": {"model.pretrained_path": ckpt, "train_dataloader.dataset.ann_file": ann},
+        "rl/demo/grpo_shapes_unpaired_cpu.py": {
+            "model.pretrained_path": ckpt, "train_dataloader.dataset.regions.ann_file": files["regions"],
+            "train_dataloader.dataset.regions.image_root": files["target"],
+            "train_dataloader.dataset.texts.ann_file": files["texts"],
+            "train_dataloader.dataset.texts.image_root": files["target"]},
         "rl/demo/grpo_shapes_cycle_only_cpu.py": {"model.pretrained_path": ckpt,
                                                    "train_dataloader.dataset.ann_file": ann},
         **{f"rl/demo/grpo_shapes_{variant}_cpu.py": {"model.pretrained_path": ckpt,

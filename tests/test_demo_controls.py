@@ -21,6 +21,10 @@ def test_demo_starts_from_the_committed_pretrained_model_without_sft(tmp_path):
     # the base evaluation does not depend on the training seed when nothing is trained before GRPO
     assert DemoSettings(tmp_path, seed=1).fingerprint("eval_base") == s.fingerprint("eval_base")
     assert DemoSettings(tmp_path, seed=1).fingerprint("rl") != s.fingerprint("rl")
+    # ... but on the data: another held-out split, domain or data seed redoes the evaluations and GRPO
+    for other in (dict(eval_split="val"), dict(target_shift=2.0), dict(data_seed=1), dict(rl_data="paired")):
+        assert DemoSettings(tmp_path, **other).fingerprint("eval_base") != s.fingerprint("eval_base"), other
+        assert DemoSettings(tmp_path, **other).fingerprint("rl") != s.fingerprint("rl"), other
     sft = DemoSettings(tmp_path, sft_iters=50)
     assert sft.rl_start == str(tmp_path / "sft/hf") and sft.systems["rl"] == "pretrained + SFT + GRPO"
     assert DemoSettings(tmp_path, seed=1, sft_iters=50).fingerprint("eval_base") != sft.fingerprint("eval_base")
@@ -31,7 +35,7 @@ def test_control_specs_cover_loops_mask_variants_kl_and_sft(tmp_path):
     config = algorithm_config(s)
     default = mask_variant_name(config)
     specs = control_specs(s, sft_iters=40)
-    expected = {"sft_more", "loop1_only", "loop2_only", "kl_off" if config["beta"] > 0 else "kl_on"}
+    expected = {"sft_more", "source_sft", "loop1_only", "loop2_only", "kl_off" if config["beta"] > 0 else "kl_on"}
     expected |= {f"mask_{name}" for name in MASK_VARIANTS if name != default}
     assert set(specs) == expected
     # the demo runs the project's default mask action; the earlier one (pooled Bernoulli, per-cell ratio) is a control
@@ -46,8 +50,15 @@ def test_control_specs_cover_loops_mask_variants_kl_and_sft(tmp_path):
     sft_config, sft_options = specs["sft_more"]
     assert sft_config == s.sft_config and "train_cfg.max_iters=40" in sft_options
     assert f"model.pretrained_path={s.start_checkpoint}" in sft_options
+    # the oracle trains on the demo's paired (target) scenes, source-SFT on source scenes, for the same iterations
+    assert f"train_dataloader.dataset.region_dataset.ann_file={s.path('data/train/annotations.json')}" in sft_options
+    source_config, source_options = specs["source_sft"]
+    assert source_config == s.sft_config and "train_cfg.max_iters=40" in source_options
+    assert f"train_dataloader.dataset.region_dataset.ann_file={s.path('data/source_train/annotations.json')}" in \
+        source_options
+    assert "source_sft" not in control_specs(DemoSettings(tmp_path, target_shift=0.0), sft_iters=40)
     for name, (config_path, options) in specs.items():  # every GRPO control starts where the demo's GRPO starts
-        if name != "sft_more":
+        if name not in ("sft_more", "source_sft"):
             assert config_path == s.rl_config and f"model.pretrained_path={s.rl_start}" in options
 
 
@@ -61,13 +72,18 @@ def test_demo_subprocesses_keep_the_callers_pythonpath(monkeypatch):
 
 
 def test_demo_loop1_reward_keeps_the_caption_true(tmp_path):
-    # the demo pays loop 1 for the cycle IoU and for METEOR against the GT caption (docs/demo.md, "Loop 1's reward");
-    # the cycle-only control config drops the second term
+    # the paired demo pays loop 1 for the cycle IoU and for METEOR against the GT caption (docs/demo.md, "Loop 1's
+    # reward"); the cycle-only control config drops the second term, and so does the unpaired demo (no caption)
     from mmengine.config import Config
 
-    demo = Config.fromfile(DemoSettings(tmp_path).rl_config).train_cfg.algorithm.rewards.mask_to_caption
+    paired = DemoSettings(tmp_path, rl_data="paired", target_shift=0.0).rl_config
+    demo = Config.fromfile(paired).train_cfg.algorithm.rewards.mask_to_caption
     assert [(r["type"].__name__, r["weight"]) for r in demo] == [("IoUReward", 1.0), ("MeteorReward", 1.0)]
-    control = Path(DemoSettings(tmp_path).rl_config).with_name("grpo_shapes_cycle_only_cpu.py")
+    unpaired = Config.fromfile(DemoSettings(tmp_path).rl_config).train_cfg.algorithm
+    assert [r["type"].__name__ for r in unpaired.rewards.mask_to_caption] == ["IoUReward"]
+    # loop 1's dense mask loss needs no caption label: the unpaired demo's default (chosen on validation seeds)
+    assert unpaired.config.mask_to_caption_dense_weight == 1.0
+    control = Path(paired).with_name("grpo_shapes_cycle_only_cpu.py")
     only = Config.fromfile(str(control)).train_cfg.algorithm.rewards.mask_to_caption
     assert [r["type"].__name__ for r in only] == ["IoUReward"]
 
@@ -153,3 +169,11 @@ def test_summary_comments_when_training_reward_and_held_out_metric_disagree():
     assert lines[0] in summary_terminal(rows, {}, trend, ["sft", "rl"])
     agreeing = {**trend, "mask_to_caption/reward_mean": {"first": 0.30, "last": 0.40, "window": 2, "n": 8}}
     assert trend_disagreements(rows, agreeing) == []
+
+
+def test_report_only_runs_nothing_and_needs_the_evaluations(tmp_path, capsys, monkeypatch):
+    from projects.llava_sam2.rl_train.demo import controls
+
+    monkeypatch.setattr(controls, "run_demo", lambda *a, **k: pytest.fail("--report-only must not run the demo"))
+    code = controls.main(["--work-dir", str(tmp_path), "--seeds", "10", "--controls", "sft_more", "--report-only"])
+    assert code == 1 and "run the seeds first" in capsys.readouterr().err

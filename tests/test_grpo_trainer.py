@@ -238,10 +238,10 @@ def test_build_and_call_errors_name_the_knob():
     assert [r.weight for r in algo.loops[1].composer.rewards] == [2.0]
     with pytest.raises(ValueError, match="empty batch"):
         algo.encode([])
-    batch = shapes_batch(2)
-    batch[1] = dataclasses.replace(batch[1], captions=[], expressions=[])
-    with pytest.raises(ValueError, match=batch[1].sample_id):
-        algo.encode(batch)
+    batch = [dataclasses.replace(s, captions=[], expressions=[]) for s in shapes_batch(2)]
+    with pytest.raises(ValueError, match=f"no sample of the step has a caption.*{batch[0].sample_id}.*"
+                                         "caption_to_mask_weight=0"):  # a text-less sample is region-only data
+        algo.rollout(algo.encode(batch))
     rollouts = algo.rollout(algo.encode(shapes_batch(2)))
     algo.score(rollouts)
     with pytest.raises(ValueError, match="scored already"):

@@ -10,7 +10,7 @@ run (an interrupted calibration keeps what it measured; finished runs are read b
     OMP_NUM_THREADS=1 python -m tools.experiments.demo_test_margins --out work_dirs/test_margins --seeds 0 1 2
 
 ``--options`` adds --cfg-options to both kinds and ``--rl-iters`` changes the run length, to try other settings
-(use another ``--out``).
+(use another ``--out``); ``--domain`` runs the domain demo's data and config (unpaired target scenes).
 """
 from __future__ import annotations
 
@@ -21,15 +21,15 @@ import time
 from pathlib import Path
 
 from projects.llava_sam2.rl_train.demo.summary import REWARD_KEYS, reward_trend
-from tests.test_demo_pipeline import RL_ITERS, WINDOW, short_demo
+from tests.test_demo_pipeline import DOMAIN_DATA, RL_ITERS, WINDOW, short_demo
 
 KINDS = {"learn": [], "null": ["optim_wrapper.optimizer.lr=0.0"]}
 
 
-def one_run(work_dir: Path, seed: int, options: list[str], rl_iters: int) -> dict:
+def one_run(work_dir: Path, seed: int, options: list[str], rl_iters: int, data: dict | None = None) -> dict:
     """The rise (last WINDOW − first WINDOW mean training reward) per loop of one shortened run, and its wall time."""
     start = time.perf_counter()
-    settings, _ = short_demo(work_dir, seed=seed, options=options, rl_iters=rl_iters)
+    settings, _ = short_demo(work_dir, seed=seed, options=options, rl_iters=rl_iters, data=data)
     trend = reward_trend(settings.path("rl"), window=WINDOW)
     return {"wall_s": round(time.perf_counter() - start, 1),
             **{key: trend[key]["last"] - trend[key]["first"] for key in REWARD_KEYS},
@@ -59,6 +59,9 @@ def main() -> None:
     parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
     parser.add_argument("--options", nargs="*", default=[], help="extra --cfg-options of both kinds")
     parser.add_argument("--rl-iters", type=int, default=RL_ITERS)
+    parser.add_argument("--domain", action="store_true",
+                        help="the domain demo's data (unpaired target scenes, its GRPO config) instead of the "
+                             "paired same-domain data the test's margins were measured on")
     args = parser.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -69,7 +72,8 @@ def main() -> None:
         for kind in args.kinds:
             if str(seed) in runs.get(kind, {}):
                 continue
-            result = one_run(out / f"{kind}_seed{seed}", seed, [*args.options, *KINDS[kind]], args.rl_iters)
+            result = one_run(out / f"{kind}_seed{seed}", seed, [*args.options, *KINDS[kind]], args.rl_iters,
+                             DOMAIN_DATA if args.domain else None)
             runs.setdefault(kind, {})[str(seed)] = result
             print(f"{kind} seed {seed}: " + ", ".join(f"{k} {result[k]:+.4f}" for k in REWARD_KEYS)
                   + f" ({result['wall_s']} s)", flush=True)

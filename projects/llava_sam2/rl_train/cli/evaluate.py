@@ -52,6 +52,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     data.add_argument("--num-samples", type=int, default=200, help="samples to evaluate (shapes: split size)")
     data.add_argument("--data-seed", type=int, default=0, help="shapes world seed")
     data.add_argument("--image-size", type=int, default=224, help="shapes image side in pixels")
+    data.add_argument("--domain", choices=("source", "target"), default="source",
+                      help="shapes domain: the pretraining pixels or the shifted target pixels (same scenes)")
+    data.add_argument("--shift", type=float, default=1.0, help="strength of the target domain's pixel shift")
     data.add_argument("--ann-file", help="COCO-style annotations.json (--dataset coco)")
     data.add_argument("--image-root", help="folder that file_name is relative to (default: the json's folder)")
     data.add_argument("--name", default="coco", help="dataset name used in sample ids (--dataset coco)")
@@ -73,7 +76,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def dataset_spec(args: argparse.Namespace) -> dict:
     if args.dataset == "shapes":
         return {"kind": "shapes", "split": args.split, "seed": args.data_seed, "num_samples": args.num_samples,
-                "image_size": args.image_size}
+                "image_size": args.image_size, "domain": args.domain, "shift": args.shift}
     if not args.ann_file:
         raise SystemExit("--dataset coco needs --ann-file path/to/annotations.json")
     return {"kind": "coco", "ann_file": args.ann_file, "image_root": args.image_root, "name": args.name,

@@ -5,6 +5,10 @@ Format (docs/data.md): ``images`` (``id``, ``file_name`` relative to ``image_roo
 compressed RLE or uncompressed RLE, ``iscrowd``) and ``categories``. Optional per-annotation text:
 ``caption`` (str or list of str) / ``captions`` (list) and ``expressions`` (list of str).
 
+Unpaired data: an annotation may leave out its text (a region only, e.g. an automatic mask) or its ``segmentation``
+(a text about the image only, e.g. a referring expression without a mask); the sample's ``gt_mask`` is then None.
+One without both is a bad annotation.
+
 The constructor reads the JSON only (no image is opened, no mask decoded); ``load`` decodes one.
 """
 from __future__ import annotations
@@ -149,7 +153,7 @@ class CocoRegionDataset(RegionDataset):
     def _index_ann(self, ann: dict, categories: dict[int, str], position: int, repeated_ids: set) -> AnnRecord:
         sample_id = f"{self.name}/{ann.get('image_id')}#{ann.get('id')}"
         where = dict(file=self.ann_file, sample_id=sample_id)
-        for key in ("id", "image_id", "segmentation"):
+        for key in ("id", "image_id"):
             if key not in ann:
                 raise BadSampleError("bad_annotation", f"annotation has no '{key}'", **where)
         if ann["id"] in repeated_ids:
@@ -159,7 +163,10 @@ class CocoRegionDataset(RegionDataset):
         captions = text_list(ann.get("caption"), "caption", **where) + \
             text_list(ann.get("captions"), "captions", **where)
         expressions = text_list(ann.get("expressions"), "expressions", **where)
-        return AnnRecord(ann["id"], ann["image_id"], ann["segmentation"], captions, expressions,
+        if ann.get("segmentation") is None and not (captions or expressions):
+            raise BadSampleError("bad_annotation", "annotation has neither a 'segmentation' nor a text ('caption', "
+                                 "'captions', 'expressions')", **where)
+        return AnnRecord(ann["id"], ann["image_id"], ann.get("segmentation"), captions, expressions,
                          categories.get(ann.get("category_id")))
 
     def __len__(self) -> int:
@@ -175,6 +182,11 @@ class CocoRegionDataset(RegionDataset):
         image = self._images[ann.image_id]
         sample_id = self.sample_id(index)
         image_path = os.path.join(self.image_root, image.file_name)
+        if ann.segmentation is None:  # a text-only annotation (unpaired data): no region to decode
+            pil = load_rgb(image_path, alpha=self.alpha, file=image_path, sample_id=sample_id)
+            return RegionSample(image=pil, gt_mask=None, captions=list(ann.captions),
+                                expressions=list(ann.expressions), sample_id=sample_id, source=self.name,
+                                category=ann.category)
         pil, gt_mask = load_region(image_path, image, ann.segmentation, alpha=self.alpha,
                                    ann_file=self.ann_file, sample_id=sample_id)
         return finish_sample(pil, gt_mask, captions=ann.captions, expressions=ann.expressions,

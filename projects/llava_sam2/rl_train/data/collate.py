@@ -21,13 +21,15 @@ class RegionBatch(list):
         return type(self), (list(self), self.skipped)
 
 
-def region_collate(samples: list[RegionSample | SkippedSample]) -> RegionBatch:
-    """Drop ``SkippedSample`` entries (kept in ``.skipped``) and return the rest in order.
+def region_collate(samples: list) -> RegionBatch:
+    """Drop ``SkippedSample`` entries (kept in ``.skipped``) and return the rest in order; a tuple item (one region
+    and one text sample of ``UnpairedRegionDataset``) contributes its samples in order.
 
     A batch may come out shorter than the loader's ``batch_size``, or empty, when samples were skipped.
     """
     kept, skipped = [], []
-    for sample in samples:
+    flat = [s for item in samples for s in (item if isinstance(item, tuple) else (item,))]
+    for sample in flat:
         if isinstance(sample, SkippedSample):
             skipped.append(sample)
         elif isinstance(sample, RegionSample):

@@ -10,7 +10,11 @@
    same split (``WORK_DIR/seed<k>/controls/<name>``; :func:`control_specs`):
 
    * ``sft_more``       (b) SFT (``sft_shapes_cpu.py``, the GRPO run's trainable set and step size) for the
-                        iteration time of the GRPO run, instead of GRPO;
+                        iteration time of the GRPO run, instead of GRPO, on the paired training scenes of the demo's
+                        domain: in the domain demo this is the **oracle** (paired target data, which GRPO never sees);
+   * ``source_sft``     the same SFT for the same iterations on paired *source* scenes (the data the starting model was
+                        pretrained on; only when the demo adapts to a target domain): what equal compute buys without
+                        target data;
    * ``loop1_only``     (c) GRPO with loop 2 switched off (``caption_to_mask_weight=0``): it can change the model
                         only through its captions, so its effect shows in the caption-driven cycle IoU and in
                         caption METEOR vs GT;
@@ -52,8 +56,10 @@ MASK_VARIANTS = {
     "gaussian_seg": {"mask_policy": "gaussian_seg"},
     "multimask": {"mask_policy": "multimask"},
 }
+SOURCE_TRAIN = "data/source_train"  # paired source-domain scenes of control source_sft (written when needed)
 SFT_PROBE_ITERS = 20  # iterations of the SFT run that measures SFT's time per iteration for control (b)
-LABELS = {"sft_more": "more SFT (GRPO's iteration time)", "loop1_only": "GRPO loop 1 only",
+LABELS = {"sft_more": "oracle: paired SFT on the training scenes (GRPO's iteration time)",
+          "source_sft": "paired SFT on source scenes (GRPO's iteration time)", "loop1_only": "GRPO loop 1 only",
           "loop2_only": "GRPO loop 2 only", "kl_on": f"GRPO with KL (beta {KL_BETA})", "kl_off": "GRPO without KL"}
 
 
@@ -90,6 +96,9 @@ def control_specs(s: DemoSettings, sft_iters: int | None = None) -> dict[str, tu
     specs = {}
     if sft_iters is not None:
         specs["sft_more"] = (s.sft_config, sft_options(s, start=s.rl_start, iters=sft_iters))
+        if s.world["domain"] == "target":
+            specs["source_sft"] = (s.sft_config, sft_options(s, start=s.rl_start, iters=sft_iters,
+                                                             data=SOURCE_TRAIN))
     specs["loop1_only"] = (s.rl_config, [*base, f"{ALGO}.caption_to_mask_weight=0.0"])
     specs["loop2_only"] = (s.rl_config, [*base, f"{ALGO}.mask_to_caption_weight=0.0"])
     default = mask_variant_name(config)
@@ -137,6 +146,20 @@ def sft_more_iters(s: DemoSettings) -> int:
     return max(2, round(sum(rl) / (sum(sft) / len(sft))))
 
 
+def write_source_train(s: DemoSettings) -> None:
+    """The paired source-domain training scenes of control ``source_sft`` (same split, seed and count as the demo's
+    ``train``), written once."""
+    from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
+
+    inputs = {"train_samples": s.train_samples, "data_seed": s.data_seed, "image_size": s.image_size}
+    fingerprint = hashlib.sha1(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:12]
+    if is_finished(s, "control_source_train", fingerprint):
+        return
+    world = ShapesWorld("train", s.train_samples, s.data_seed, image_size=s.image_size)
+    world.write_coco(str(s.path(SOURCE_TRAIN)), all_objects=s.all_objects)
+    write_marker(s, "control_source_train", {"scenes": s.train_samples}, fingerprint)
+
+
 def control_job(s: DemoSettings, name: str, config: str, options: list[str]) -> Job:
     """Train + export + evaluate (+ text dependence) one control."""
     key = f"controls/{name}"
@@ -148,7 +171,9 @@ def control_job(s: DemoSettings, name: str, config: str, options: list[str]) -> 
 def run_controls(s: DemoSettings, names: list[str], force: bool = False, jobs_at_once: int = 2) -> dict[str, Path]:
     """Train, export and evaluate the controls ``names`` on seed ``s.seed`` (``jobs_at_once`` at a time, one core
     each); returns name -> its evaluation directory."""
-    sft_iters = sft_more_iters(s) if "sft_more" in names else None
+    sft_iters = sft_more_iters(s) if {"sft_more", "source_sft"} & set(names) else None
+    if "source_sft" in names:
+        write_source_train(s)
     specs = {n: spec for n, spec in control_specs(s, sft_iters).items() if n in names}
     jobs, prints = [], {}
     for name, (config, options) in specs.items():
@@ -178,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="controls run on every seed (the others on the first seed only)")
     parser.add_argument("--jobs", type=int, default=2,
                         help="controls trained side by side, one process (one core) each")
+    parser.add_argument("--report-only", action="store_true",
+                        help="run nothing: write the report from the evaluations already on disk (e.g. after per-seed "
+                             "runs side by side)")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs: {args.jobs}; at least 1 control must run at a time")
@@ -191,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--controls: unknown {unknown}; choose from {sorted(control_specs(first, 0))}")
     controls: dict[int, dict[str, Path]] = {}
+    if args.report_only:
+        return write_report_only(root, per_seed, names, args.every_seed, seeds[0], first)
     try:
         for seed, s in per_seed.items():
             banner(f"seed {seed}: the demo pipeline")
@@ -203,6 +233,24 @@ def main(argv: list[str] | None = None) -> int:
         return error.returncode
     from projects.llava_sam2.rl_train.demo.controls_report import write_controls_report
 
+    write_controls_report(root, per_seed, controls, default_variant=mask_variant_name(algorithm_config(first)))
+    return 0
+
+
+def write_report_only(root: Path, per_seed: dict, names: list[str], every_seed: list[str], first_seed: int,
+                      first: DemoSettings) -> int:
+    """The report of runs already on disk: each seed's evaluations and the controls whose evaluation exists."""
+    from projects.llava_sam2.rl_train.demo.controls_report import write_controls_report
+
+    missing = [str(s.path("eval", key)) for s in per_seed.values() for key in ("base", "rl")
+               if not (s.path("eval", key) / "metrics.json").is_file()]
+    if missing:
+        print(f"controls --report-only: no evaluation in {missing[:3]}; run the seeds first", file=sys.stderr)
+        return 1
+    controls = {seed: {name: s.path("eval", "controls", name)
+                       for name in (names if seed == first_seed else [n for n in names if n in every_seed])
+                       if (s.path("eval", "controls", name) / "metrics.json").is_file()}
+                for seed, s in per_seed.items()}
     write_controls_report(root, per_seed, controls, default_variant=mask_variant_name(algorithm_config(first)))
     return 0
 

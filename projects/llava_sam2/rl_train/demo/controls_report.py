@@ -153,6 +153,13 @@ def write_controls_report(root: Path, per_seed: Mapping[int, object], controls: 
              f"![variants]({plot_variant_curves(variant_runs, root / 'mask_variants.png')})", "",
              "## CPU seconds (train + export + evaluations of each run)", "", "| run | CPU s |", "|---|---|"]
     lines += [f"| {name} | {value:.0f} |" for name, value in cpu.items()]
+    if any("sft_more" in c for c in controls.values()):  # the domain demo's table (demo/acceptance.py)
+        from projects.llava_sam2.rl_train.demo.acceptance import acceptance
+
+        table_lines, verdict = acceptance(per_seed, controls)
+        lines = ["## Domain adaptation: every system and seed", "", *table_lines, *lines]
+        (root / "acceptance.json").write_text(json.dumps(verdict, indent=1), encoding="utf-8")
+        print("\n".join(table_lines))
     text = report.read_text(encoding="utf-8")
     title, _, rest = text.partition("\n")
     report.write_text(f"{title}\n\n" + "\n".join(lines) + "\n" + rest, encoding="utf-8")

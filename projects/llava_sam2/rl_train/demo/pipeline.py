@@ -1,5 +1,12 @@
 """The embedded demo: the pretrained tiny Sa2VA -> dual-loop GRPO -> held-out evaluation -> report, on a CPU.
 
+By default the demo is a domain adaptation (issue #23): the committed tiny Sa2VA was pretrained on the source shapes
+world; GRPO adapts it to the target domain (``--target-shift``: the same scenes and vocabulary with shifted pixels,
+data/shapes.py ``DomainShift``) from unpaired target data only (loop 1: regions without text; loop 2: texts
+without masks, on other images), and every evaluation scores the target domain's held-out ``--eval-split``
+(``test`` for reporting; ``val`` while choosing settings). ``--target-shift 0 --rl-data paired`` is the same-domain
+demo of earlier sessions (paired source data, ``grpo_shapes_cpu.py``).
+
     sa2va-rl demo --work-dir work_dirs/demo            # what `make demo` runs
     sa2va-rl demo --work-dir work_dirs/demo --force    # run every stage again
     sa2va-rl demo --help                               # every setting (DemoSettings)
@@ -9,8 +16,9 @@ The demo starts, as a user starts from a released Sa2VA, from the committed text
 leaves ``WORK_DIR/stages/<stage>.json`` and is skipped when the demo runs again with the same settings, so an
 interrupted demo resumes at the stage it was in):
 
-1. ``data``      the procedural shapes world, written as COCO-style files (train + held-out val), so training and
-                 evaluation go through the real-data loader (``CocoRegionDataset``);
+1. ``data``      the procedural shapes world, written as COCO-style files, so training and evaluation go through the
+                 real-data loader (``CocoRegionDataset``): ``train`` (paired, the SFT data), ``rl_regions`` +
+                 ``rl_texts`` (the two unpaired halves of the training scenes) and ``eval`` (the held-out split);
 2. ``sft``       optional (``--sft-iters N``, off by default): ``sa2va-rl train configs/rl/demo/sft_shapes_cpu.py``
                  from the starting checkpoint, then ``sa2va-rl export`` -> ``WORK_DIR/sft/hf``;
 3. ``rl``        ``sa2va-rl train configs/rl/demo/grpo_shapes_cpu.py`` (GRPOLoop, both cycle loops) from the
@@ -45,15 +53,18 @@ CLI = ("-m", "projects.llava_sam2.rl_train.cli")  # `sa2va-rl` without the conso
 TEXT_DEPENDENCE = ("-m", "projects.llava_sam2.rl_train.evaluation.text_dependence")
 CONFIG_DIR = REPO_ROOT / "projects/llava_sam2/configs/rl/demo"
 PRETRAINED = REPO_ROOT / "projects/llava_sam2/rl_train/assets/tiny_shapes_pretrained"
+LISTENER = ("-m", "projects.llava_sam2.rl_train.evaluation.listener")
+RL_DATA = {"unpaired": "grpo_shapes_unpaired_cpu.py", "paired": "grpo_shapes_cpu.py"}  # --rl-data -> its config
 # stages of a row run side by side, one process (core) each
 PIPELINE = (("data",), ("sft",), ("rl", "eval_base"), ("eval_rl", "text_rl"), ("report",))
-_EVAL = ("val_samples", "eval_batch_size", "eval_max_new_tokens", "text_scenes")
+_EVAL = ("val_samples", "eval_batch_size", "eval_max_new_tokens", "text_scenes", "listener_checkpoint")
 # stage -> (settings it reads, stages it starts from): a finished stage is redone when its fingerprint changes
 STAGE_INPUTS = {
-    "data": (("data_seed", "train_samples", "val_samples", "image_size", "all_objects", "rl_train_samples"), ()),
+    "data": (("data_seed", "train_samples", "val_samples", "image_size", "all_objects", "rl_train_samples",
+              "target_shift", "rl_data", "eval_split"), ()),
     "sft": (("seed", "start_checkpoint", "sft_config", "sft_iters", "sft_options"), ("data",)),
-    "rl": (("seed", "rl_config", "rl_iters", "rl_options"), ("sft",)),
-    "eval_base": (_EVAL, ("sft",)),
+    "rl": (("seed", "rl_config", "rl_iters", "rl_options"), ("sft", "data")),
+    "eval_base": (_EVAL, ("sft", "data")),
     "eval_rl": (_EVAL, ("rl",)),
     "text_rl": (_EVAL, ("rl",)),
     "report": (("num_examples",), ("eval_base", "eval_rl", "text_rl")),
@@ -68,11 +79,19 @@ class DemoSettings:
     seed: int = 0
     """training seed: LoRA init, data order, RL sampling (the data and the held-out split stay the same)."""
     data_seed: int = 0
-    """shapes-world seed of the train and val splits."""
+    """shapes-world seed of the train and held-out splits."""
+    target_shift: float = 1.0
+    """pixel-shift strength of the target domain the demo adapts to (data/shapes.py DomainShift; chosen on the val
+    split, docs/demo.md); 0 = the source domain itself (the same-domain demo of earlier sessions)."""
+    rl_data: str = "unpaired"
+    """GRPO's data: 'unpaired' (loop 1 on region-only scenes, loop 2 on text-only scenes: the two halves of the
+    training scenes) or 'paired' (every training scene with its mask and texts)."""
+    eval_split: str = "test"
+    """held-out split every evaluation scores: 'test' (reporting) or 'val' (choosing settings)."""
     train_samples: int = 2000
     """training scenes (GRPO prompts, and SFT items when --sft-iters > 0)."""
     val_samples: int = 200
-    """held-out scenes scored by every evaluation task (>= 200 for the bootstrap CIs)."""
+    """held-out scenes (of --eval-split) scored by every evaluation task (>= 200 for the bootstrap CIs)."""
     image_size: int = 128
     """side of the shapes images in pixels."""
     all_objects: bool = False
@@ -83,8 +102,9 @@ class DemoSettings:
     """HF-layout Sa2VA checkpoint (with its tokenizer) the demo starts from: the committed text-aware tiny model."""
     sft_config: str = str(CONFIG_DIR / "sft_shapes_cpu.py")
     """SFT config of the optional sft stage."""
-    rl_config: str = str(CONFIG_DIR / "grpo_shapes_cpu.py")
-    """GRPO config (stage rl)."""
+    rl_config: str = ""
+    """GRPO config (stage rl); empty: grpo_shapes_unpaired_cpu.py for --rl-data unpaired, grpo_shapes_cpu.py for
+    paired."""
     sft_iters: int = 0
     """SFT iterations on the demo task before GRPO; 0 = no SFT, GRPO starts from start_checkpoint (docs/demo.md: a
     short SFT did not help)."""
@@ -99,9 +119,32 @@ class DemoSettings:
     eval_max_new_tokens: int = 24
     """longest generated answer in the evaluation."""
     text_scenes: int = 200
-    """held-out scenes with >= 2 objects of the text-dependence measure (evaluation/text_dependence.py); 0 skips it."""
+    """held-out scenes with >= 2 objects of the text-dependence measure (evaluation/text_dependence.py) and of
+    listener accuracy (evaluation/listener.py); 0 skips both."""
+    listener_checkpoint: str = str(PRETRAINED)
+    """the frozen listener of listener accuracy (the starting model, never trained)."""
     num_examples: int = 4
     """held-out samples per before/after example figure."""
+
+    def __post_init__(self):
+        if self.rl_data not in RL_DATA:
+            raise ValueError(f"demo: rl_data={self.rl_data!r}; use one of {RL_DATA}")
+        if self.eval_split not in ("val", "test"):
+            raise ValueError(f"demo: eval_split={self.eval_split!r}; use 'val' (choosing settings) or 'test'")
+        if self.target_shift < 0:
+            raise ValueError(f"demo: target_shift={self.target_shift} must be >= 0")
+        if self.rl_data == "unpaired" and self.rl_train_samples > self.train_samples:
+            raise ValueError(f"demo: rl_train_samples={self.rl_train_samples} > train_samples={self.train_samples}; "
+                             "the unpaired RL sets reuse the training scenes' images")
+        if not self.rl_config:
+            self.rl_config = str(CONFIG_DIR / RL_DATA[self.rl_data])
+
+    @property
+    def world(self) -> dict:
+        """ShapesWorld keywords of the demo's domain (source when target_shift is 0)."""
+        if self.target_shift == 0:
+            return {"domain": "source"}
+        return {"domain": "target", "shift": self.target_shift}
 
     def fingerprint(self, stage: str) -> str:
         """Hash of the settings ``stage`` depends on, through its upstream stages (STAGE_INPUTS)."""
@@ -131,17 +174,27 @@ class DemoSettings:
 
 
 def stage_data(s: DemoSettings) -> dict:
-    """Write the train and held-out val splits of the shapes world as ``annotations.json`` + PNGs."""
+    """Write the demo's domain as ``annotations.json`` + PNGs: the paired training scenes (``train``), the held-out
+    split (``eval``) and the RL prompts: the two unpaired halves of the RL scenes (``rl_regions``: masks only;
+    ``rl_texts``: captions and expressions only; their images are ``train``'s) or, paired, the first
+    ``rl_train_samples`` training scenes (``rl_train``)."""
     from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
 
     files = {}
-    splits = [("train", "train", s.train_samples, s.all_objects), ("val", "val", s.val_samples, False)]
-    if s.rl_train_samples:  # the first scenes of the train split (same seed, same scenes)
-        splits.append(("rl_train", "train", s.rl_train_samples, s.all_objects))
-    for name, split, count, all_objects in splits:
-        world = ShapesWorld(split, count, s.data_seed, image_size=s.image_size)
-        files[name] = world.write_coco(str(s.path("data", name)), all_objects=all_objects)
-        print(f"  {name}: {count} scenes -> {files[name]}")
+    splits = [("train", "train", s.train_samples, 0, "paired", s.all_objects, True),
+              ("eval", s.eval_split, s.val_samples, 0, "paired", False, True)]
+    rl_scenes = s.rl_train_samples or s.train_samples
+    if s.rl_data == "unpaired":  # disjoint halves of the RL scenes: no image has both a region and a text
+        half = rl_scenes // 2
+        splits += [("rl_regions", "train", half, 0, "regions", s.all_objects, False),
+                   ("rl_texts", "train", rl_scenes - half, half, "texts", s.all_objects, False)]
+    elif s.rl_train_samples:  # the first scenes of the train split (same seed, same scenes)
+        splits.append(("rl_train", "train", s.rl_train_samples, 0, "paired", s.all_objects, True))
+    for name, split, count, start, keep, all_objects, write_images in splits:
+        world = ShapesWorld(split, count, s.data_seed, image_size=s.image_size, start=start, **s.world)
+        files[name] = world.write_coco(str(s.path("data", name)), all_objects=all_objects, keep=keep,
+                                       write_images=write_images)
+        print(f"  {name}: {count} {s.world['domain']} scenes of {split!r} ({keep}) -> {files[name]}")
     return {"annotations": files}
 
 
@@ -178,25 +231,35 @@ def train_and_export(s: DemoSettings, name: str, config: str, options: list[str]
     return [train, export]
 
 
-def sft_options(s: DemoSettings, start: str | None = None, iters: int | None = None) -> list[str]:
-    """The SFT run's --cfg-options: seed, the checkpoint it starts from (model and processor), the training scenes,
-    length, extras."""
+def sft_options(s: DemoSettings, start: str | None = None, iters: int | None = None, data: str = "data/train"
+                ) -> list[str]:
+    """The SFT run's --cfg-options: seed, the checkpoint it starts from (model and processor), the training scenes
+    (``data``: a data directory of the work dir), length, extras."""
     start = start or s.start_checkpoint
     return [f"randomness.seed={s.seed}", f"model.pretrained_path={start}",
             f"train_dataloader.dataset.pretrained_path={start}",
-            f"train_dataloader.dataset.region_dataset.ann_file={s.path('data/train/annotations.json')}",
+            f"train_dataloader.dataset.region_dataset.ann_file={s.path(data, 'annotations.json')}",
             *schedule_options(s.sft_iters if iters is None else iters), *s.sft_options]
 
 
 def rl_split(s: DemoSettings) -> str:
-    """Data directory of the RL prompts."""
+    """Data directory of the paired RL prompts."""
     return "data/rl_train" if s.rl_train_samples else "data/train"
+
+
+def rl_data_options(s: DemoSettings) -> list[str]:
+    """--cfg-options pointing the GRPO config's dataset at the demo's files (both unpaired halves, or the paired
+    set)."""
+    if s.rl_data == "paired":
+        return [f"train_dataloader.dataset.ann_file={s.path(rl_split(s), 'annotations.json')}"]
+    return [f"train_dataloader.dataset.{half}.{key}={value}" for half in ("regions", "texts")
+            for key, value in (("ann_file", s.path(f"data/rl_{half}", "annotations.json")),
+                               ("image_root", s.path("data/train")))]
 
 
 def rl_options(s: DemoSettings) -> list[str]:
     """The RL run's --cfg-options: seed, the checkpoint to start from, the training scenes, length, extras."""
-    return [f"randomness.seed={s.seed}", f"model.pretrained_path={s.rl_start}",
-            f"train_dataloader.dataset.ann_file={s.path(rl_split(s), 'annotations.json')}",
+    return [f"randomness.seed={s.seed}", f"model.pretrained_path={s.rl_start}", *rl_data_options(s),
             *schedule_options(s.rl_iters), *s.rl_options]
 
 
@@ -211,21 +274,34 @@ def rl_job(s: DemoSettings) -> Job:
 def eval_command(s: DemoSettings, checkpoint: str, key: str, label: str) -> Command:
     """``sa2va-rl evaluate`` of the HF checkpoint on the held-out split, into ``WORK_DIR/eval/<key>``."""
     argv = [*_python(), *CLI, "evaluate", "--checkpoint", checkpoint,
-            "--dataset", "coco", "--ann-file", str(s.path("data/val/annotations.json")), "--name", "shapes_val",
+            "--dataset", "coco", "--ann-file", str(s.path("data/eval/annotations.json")),
+            "--name", f"shapes_{s.world['domain']}_{s.eval_split}",
             "--num-samples", str(s.val_samples), "--out", str(s.path("eval", key)), "--system", label,
             "--batch-size", str(s.eval_batch_size), "--max-new-tokens", str(s.eval_max_new_tokens)]
     return Command(argv, s.path("logs", f"eval_{key.replace('/', '_')}.log"), TQDM_PROGRESS, "evaluate")
 
 
+def world_arguments(s: DemoSettings) -> list[str]:
+    """The held-out scenes' flags of the scene-level measures (same split, domain and seed as the evaluation)."""
+    shift = ["--shift", str(s.target_shift)] if s.world["domain"] == "target" else []
+    return ["--seed", str(s.data_seed), "--split", s.eval_split, "--domain", s.world["domain"], *shift,
+            "--image-size", str(s.image_size), "--batch-size", str(s.eval_batch_size)]
+
+
 def text_command(s: DemoSettings, checkpoint: str, key: str) -> list[Command]:
-    """The text-dependence measure (own vs other-text IoU on ``text_scenes`` held-out scenes of the same val stream),
-    into ``WORK_DIR/eval/<key>/text_dependence.json``; none when ``text_scenes`` is 0."""
+    """The text-dependence measure (own vs other-text IoU on ``text_scenes`` held-out multi-object scenes of the
+    evaluation's split and domain) and listener accuracy (the frozen listener segments the system's captions), into
+    ``WORK_DIR/eval/<key>/{text_dependence,listener}.json``; none when ``text_scenes`` is 0."""
     if not s.text_scenes:
         return []
-    argv = [*_python(), *TEXT_DEPENDENCE, "--checkpoint", checkpoint, "--scenes", str(s.text_scenes),
-            "--seed", str(s.data_seed), "--image-size", str(s.image_size), "--batch-size", str(s.eval_batch_size),
-            "--json", str(s.path("eval", key, "text_dependence.json"))]
-    return [Command(argv, s.path("logs", f"text_{key.replace('/', '_')}.log"), None, "text dependence")]
+    tag = key.replace('/', '_')
+    text = [*_python(), *TEXT_DEPENDENCE, "--checkpoint", checkpoint, "--scenes", str(s.text_scenes),
+            *world_arguments(s), "--json", str(s.path("eval", key, "text_dependence.json"))]
+    listener = [*_python(), *LISTENER, "--checkpoint", checkpoint, "--listener", s.listener_checkpoint,
+                "--scenes", str(s.text_scenes), *world_arguments(s), "--max-new-tokens", str(s.eval_max_new_tokens),
+                "--json", str(s.path("eval", key, "listener.json"))]
+    return [Command(text, s.path("logs", f"text_{tag}.log"), None, "text dependence"),
+            Command(listener, s.path("logs", f"listener_{tag}.log"), None, "listener accuracy")]
 
 
 def eval_base_job(s: DemoSettings) -> Job:

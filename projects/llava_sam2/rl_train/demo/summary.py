@@ -33,6 +33,7 @@ REWARD_KEYS = ("mask_to_caption/reward_mean", "caption_to_mask/reward_mean")
 # each loop's training reward and the held-out headline metric that measures the same cycle
 REWARD_METRICS = {"mask_to_caption/reward_mean": "cycle_IoU", "caption_to_mask/reward_mean": "cycle_METEOR_nltk"}
 TEXT_DEPENDENCE_FILE = "text_dependence.json"
+LISTENER_FILE = "listener.json"
 
 
 @dataclass
@@ -147,6 +148,36 @@ def text_dependence_markdown(found: Mapping[str, dict], change, baseline: str) -
     return lines
 
 
+def listener_results(runs: Mapping[str, str | os.PathLike], baseline: str):
+    """``({system: listener accuracy dict}, Estimate of the other system − the baseline or None)`` from
+    ``<eval dir>/listener.json`` (the demo's listener-accuracy commands); empty when absent."""
+    import json
+
+    from projects.llava_sam2.rl_train.evaluation.listener import compare
+
+    found = {name: json.loads((Path(path) / LISTENER_FILE).read_text()) for name, path in runs.items()
+             if (Path(path) / LISTENER_FILE).is_file()}
+    other = next((n for n in found if n != baseline), None)
+    change = compare(found[baseline], found[other]) if baseline in found and other else None
+    return found, change
+
+
+def listener_markdown(found: Mapping[str, dict], change) -> list[str]:
+    """One row: each system's listener accuracy and the paired change."""
+    from projects.llava_sam2.rl_train.evaluation.bootstrap import Estimate
+
+    if not found:
+        return []
+    cells = [Estimate(**found[n]["accuracy"]).format(3) for n in found] + ([change.format(3)] if change else [])
+    first = next(iter(found.values()))
+    return ["", f"Listener accuracy (the frozen starting model segments each system's caption of every object of "
+                f"{first['num_scenes']} held-out multi-object scenes; right object at IoU > 0.5 and above every "
+                "other object; evaluation/listener.py):", "",
+            "| measure | " + " | ".join(found) + (" | Δ (paired, 95% CI) |" if change else " |"),
+            "|---|" + "---|" * (len(found) + bool(change)),
+            "| listener accuracy | " + " | ".join(cells) + " |"]
+
+
 def reward_trend(rl_work_dir: str | os.PathLike, keys: Sequence[str] = REWARD_KEYS, window: int | None = None
                  ) -> dict[str, dict[str, float]]:
     """Per loop: mean training reward over the first and the last ``window`` logged iterations of the RL run
@@ -254,6 +285,8 @@ def summarize_demo(work_dir: str | os.PathLike, runs: Mapping[str, str | os.Path
     checks, trend = goal_checks(rows, change), reward_trend(rl_work_dir)
     blind = {name: text_blind_rate(path) for name, path in runs.items()}
     text_lines = text_dependence_markdown(found, change, baseline)
+    heard, heard_change = listener_results(runs, baseline)
+    text_lines += listener_markdown(heard, heard_change)
     summary = summary_markdown(rows, checks, trend, judge_fallbacks(rl_work_dir), dict(stages), [baseline, other],
                                blind, text_lines)
     text = Path(report).read_text(encoding="utf-8")
@@ -266,6 +299,8 @@ def summarize_demo(work_dir: str | os.PathLike, runs: Mapping[str, str | os.Path
           + " of the held-out samples (identical masks for the GT expression and the model's caption)")
     print(f"\nreport: {report}")
     return {"report": report, "checks": checks, "reward_trend": trend, "text_blind_rate": blind,
+            "listener": {"systems": {n: r["accuracy"] for n, r in heard.items()},
+                         "change": None if heard_change is None else heard_change.to_dict()},
             "text_dependence": {"systems": {n: {k: v for k, v in r.items() if k != "scenes"} for n, r in found.items()},
                                 "change": None if change is None else change.to_dict()},
             "metrics": {f"{r.task}/{r.metric}": {"base": r.base.to_dict(), "rl": r.rl.to_dict(),

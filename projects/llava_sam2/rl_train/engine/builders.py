@@ -14,6 +14,7 @@ from typing import Any
 
 from mmengine.registry import DATASETS
 
+from ..data.unpaired import UnpairedRegionDataset
 from ..model.configuration import Sa2VAConfig
 from ..model.input_check import InputCheck, region_grid_size
 from ..model.presets import build_preset
@@ -115,3 +116,9 @@ def input_check_from_config(model_cfg: Mapping[str, Any]) -> InputCheck | None:
                     patch_size=int(config.vision_config.patch_size), downsample_ratio=float(config.downsample_ratio))
     geometry.update({k: overrides[k] for k in geometry if k in overrides})
     return InputCheck(region_grid_size(**geometry), overrides.get("empty_region", "raise"))
+
+
+def unpaired_region_dataset(regions: Any, texts: Any) -> UnpairedRegionDataset:
+    """``UnpairedRegionDataset`` of two region datasets or their configs (loop 1's regions, loop 2's texts)."""
+    regions, texts = (build_component(DATASETS, d) if isinstance(d, Mapping) else d for d in (regions, texts))
+    return UnpairedRegionDataset(regions, texts)

@@ -85,7 +85,8 @@ def build_dataset(spec: Mapping):
         from ..data.shapes import ShapesWorld
 
         return ShapesWorld(spec.get("split", "val"), int(spec["num_samples"]), int(spec.get("seed", 0)),
-                           image_size=int(spec.get("image_size", 224)))
+                           image_size=int(spec.get("image_size", 224)), domain=spec.get("domain", "source"),
+                           shift=float(spec.get("shift", 1.0)))
     if kind == "coco":
         from ..data.coco import CocoRegionDataset
 

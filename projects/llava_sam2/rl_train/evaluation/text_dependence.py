@@ -16,8 +16,9 @@ pairs; an oracle that returns each named object's GT has own 1, other 0 (the vis
 overlap). Issue #12's targets: gap ≥ 0.30 and < 20 % identical pairs. An answer without ``[SEG]`` gives an empty
 mask (IoU 0), as in the ``res`` task.
 
-Scenes: ``ShapesWorld('val', seed=seed)`` (the held-out stream the demo evaluates, never trained on), walked from
-index 0, keeping the first ``num_scenes`` with two objects or more. Text per object: its first referring
+Scenes: ``ShapesWorld(split, seed=seed, domain=domain, shift=shift)`` (``'val'`` for choosing settings, ``'test'``
+for reporting; both held out from training), walked from index 0, keeping the first ``num_scenes`` with two objects
+or more. Text per object: its first referring
 expression (the shortest phrase that identifies it, the ``res`` task's choice) or its canonical caption.
 
 Two systems on the same scenes (e.g. a model before and after RL) are compared scene by scene
@@ -139,8 +140,9 @@ def summarize(scores: Sequence[SceneScore], *, n_resamples: int = 1000, confiden
 
 
 def held_out_scenes(num_scenes: int, *, seed: int = 0, text_source: str = "expression",
-                    image_size: int = 224) -> list[HeldOutScene]:
-    """The first ``num_scenes`` scenes with >= 2 objects of ``ShapesWorld('val', seed=seed)``."""
+                    image_size: int = 224, split: str = "val", domain: str = "source",
+                    shift: float = 1.0) -> list[HeldOutScene]:
+    """The first ``num_scenes`` scenes with >= 2 objects of ``ShapesWorld(split, seed=seed, domain=domain)``."""
     from PIL import Image
 
     from ..data.shapes import ShapesWorld
@@ -150,7 +152,7 @@ def held_out_scenes(num_scenes: int, *, seed: int = 0, text_source: str = "expre
         raise ValueError(f"text_source={text_source!r}: expected one of {TEXT_SOURCES}")
     if num_scenes < 1:
         raise ValueError(f"num_scenes={num_scenes}: expected >= 1 (the issue's measure uses >= 200)")
-    world = ShapesWorld("val", 100 * num_scenes, seed, image_size=image_size)
+    world = ShapesWorld(split, 100 * num_scenes, seed, image_size=image_size, domain=domain, shift=shift)
     scenes = []
     for index in range(len(world)):
         scene, pixels = world.scene(index)
@@ -244,20 +246,31 @@ def _first_mask(answer) -> np.ndarray | None:
 
 def text_dependence(model, processor, *, num_scenes: int = 200, seed: int = 0, text_source: str = "expression",
                     image_size: int | None = None, batch_size: int = 16, max_new_tokens: int = 64,
-                    n_resamples: int = 1000) -> TextDependence:
+                    n_resamples: int = 1000, split: str = "val", domain: str = "source",
+                    shift: float = 1.0) -> TextDependence:
     """The measure of the module docstring for a Sa2VA model on ``num_scenes`` held-out scenes rendered at
     ``image_size`` pixels (None: the model's tile size, 224 for the tiny preset; the demo renders 128)."""
     image_size = image_size or processor.tiling.image_size
-    scenes = held_out_scenes(num_scenes, seed=seed, text_source=text_source, image_size=image_size)
+    scenes = held_out_scenes(num_scenes, seed=seed, text_source=text_source, image_size=image_size, split=split,
+                             domain=domain, shift=shift)
     return measure(model_segmenter(model, processor, max_new_tokens=max_new_tokens), scenes,
                    batch_size=batch_size, n_resamples=n_resamples)
+
+
+def add_world_arguments(parser: argparse.ArgumentParser) -> None:
+    """--seed, --split, --domain, --shift: which held-out shapes scenes are scored."""
+    parser.add_argument("--seed", type=int, default=0, help="ShapesWorld seed (the demo's held-out data: 0)")
+    parser.add_argument("--split", choices=("val", "test"), default="val",
+                        help="held-out split: val for choosing settings, test for reporting")
+    parser.add_argument("--domain", choices=("source", "target"), default="source", help="shapes world domain")
+    parser.add_argument("--shift", type=float, default=1.0, help="target domain's pixel-shift strength")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", required=True, help="HF-layout Sa2VA checkpoint directory (with its tokenizer)")
     parser.add_argument("--scenes", type=int, default=200, help="held-out scenes with >= 2 objects to score")
-    parser.add_argument("--seed", type=int, default=0, help="ShapesWorld('val') seed (the demo's held-out split: 0)")
+    add_world_arguments(parser)
     parser.add_argument("--text-source", choices=TEXT_SOURCES, default="expression",
                         help="object text: first referring expression (as the res task) or canonical caption")
     parser.add_argument("--image-size", type=int, default=None,
@@ -274,12 +287,14 @@ def main(argv: list[str] | None = None) -> int:
 
     model, processor, _ = load_system(checkpoint=args.checkpoint, device=args.device)
     result = text_dependence(model, processor, num_scenes=args.scenes, seed=args.seed, text_source=args.text_source,
-                             image_size=args.image_size, batch_size=args.batch_size)
+                             image_size=args.image_size, batch_size=args.batch_size, split=args.split,
+                             domain=args.domain, shift=args.shift)
     print(result.format())
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump({"checkpoint": args.checkpoint, "scenes": args.scenes, "seed": args.seed,
+            json.dump({"checkpoint": args.checkpoint, "scenes": args.scenes, "seed": args.seed, "split": args.split,
+                       "domain": args.domain, "shift": args.shift,
                        "text_source": args.text_source, "image_size": args.image_size or processor.tiling.image_size,
                        **result.to_dict()}, handle, indent=1)
     return 0

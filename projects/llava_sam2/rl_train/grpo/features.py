@@ -8,11 +8,15 @@ those weight sets, so it is *not* cached: each pass re-projects ``vit_tokens`` w
 
 An image shared by several samples (several regions of one picture) is encoded once when the samples hold the
 same PIL object; equal pixels in distinct objects are encoded separately (no hashing of pixels).
+
+Unpaired data: a sample may carry a region and no text (loop 1 only) or a text and no mask (``gt_mask`` None, loop 2
+only). ``loop_rows`` names the samples each loop can use and ``StepFeatures.select`` gives a loop its rows, sharing
+the encoded images.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import torch
@@ -29,9 +33,11 @@ class StepFeatures(EncodedImages):
     Attributes:
         samples: the B ``RegionSample`` of the step.
         image_index: ``[B]`` long (model device), row of each sample's image in the per-image tensors.
-        gt_masks: B bool ``[H, W]`` CPU tensors, the region of each sample.
-        region_cells: ``[B, g, g]`` bool region-token cells of each gt_mask (CPU), or None when loop 1 is off.
-        prompt_texts: B texts loop 2 grounds (first caption, else first expression), or None when loop 2 is off.
+        gt_masks: B bool ``[H, W]`` CPU tensors, the region of each sample (None for a text-only sample).
+        region_cells: ``[B, g, g]`` bool region-token cells of each gt_mask (CPU; all False for a text-only
+            sample), or None when loop 1 is off.
+        prompt_texts: B texts loop 2 grounds (first caption, else first expression; "" for a region-only sample),
+            or None when loop 2 is off.
         references: B lists of reference texts for caption rewards (captions, else expressions).
     """
 
@@ -54,12 +60,40 @@ class StepFeatures(EncodedImages):
     def image_of(self, sample: int) -> int:
         return int(self.image_index[sample])
 
+    def select(self, rows: Sequence[int]) -> "StepFeatures":
+        """The features of samples ``rows`` only (the encoded images are shared, not copied); self for all rows."""
+        rows = [int(r) for r in rows]
+        if rows == list(range(self.num_samples)):
+            return self
+        return replace(self, samples=[self.samples[r] for r in rows], image_index=self.image_index[rows],
+                       gt_masks=[self.gt_masks[r] for r in rows],
+                       region_cells=None if self.region_cells is None else self.region_cells[rows],
+                       prompt_texts=None if self.prompt_texts is None else [self.prompt_texts[r] for r in rows],
+                       references=[self.references[r] for r in rows])
+
+
+# loop name -> does a sample carry what that loop needs (loop 1: a region mask; loop 2: a text to ground)
+LOOP_NEEDS = {"mask_to_caption": lambda s: s.gt_mask is not None,
+              "caption_to_mask": lambda s: bool(_reference_texts(s))}
+
+
+def loop_rows(features: StepFeatures, loop_name: str) -> list[int]:
+    """The samples of the step that loop ``loop_name`` can use; raises when there is none."""
+    rows = [b for b, sample in enumerate(features.samples) if LOOP_NEEDS[loop_name](sample)]
+    if not rows:
+        what = "a region mask" if loop_name == "mask_to_caption" else "a caption or an expression to ground"
+        raise ValueError(f"{loop_name} loop: no sample of the step has {what} (e.g. {features.sample_ids[0]!r}); "
+                         f"give the RL data such samples or set {loop_name}_weight=0.")
+    return rows
+
 
 def _reference_texts(sample) -> list[str]:
     return [t for t in (list(sample.captions) or list(sample.expressions)) if isinstance(t, str) and t.strip()]
 
 
-def _gt_mask(sample, size: tuple[int, int]) -> Tensor:
+def _gt_mask(sample, size: tuple[int, int]) -> Tensor | None:
+    if sample.gt_mask is None:  # a text-only sample of unpaired data
+        return None
     gt_mask = torch.as_tensor(np.asarray(sample.gt_mask))
     if gt_mask.dim() != 2 or tuple(gt_mask.shape) != tuple(size):
         raise ValueError(f"sample {sample.sample_id!r}: gt_mask has shape {tuple(gt_mask.shape)} but the image is "
@@ -77,7 +111,8 @@ def encode_step(model, processor, batch: Sequence, *, use_region_cells: bool, us
         batch: B ``RegionSample``.
         use_region_cells: compute region cells of every gt_mask (loop 1; the processor's empty-region policy
             applies, so a region that hits no grid point raises under ``empty_region='raise'``).
-        use_prompt_texts: pick the text loop 2 grounds; a sample with neither caption nor expression raises.
+        use_prompt_texts: pick the text loop 2 grounds ("" for a sample with neither caption nor expression, which
+            ``loop_rows`` leaves out of loop 2).
     """
     if isinstance(batch, (str, bytes)) or len(batch) == 0:
         raise ValueError("CycleGRPO.encode: got an empty batch; the dataloader must yield a non-empty list of "
@@ -95,16 +130,15 @@ def encode_step(model, processor, batch: Sequence, *, use_region_cells: bool, us
     gt_masks = [_gt_mask(s, sizes[i]) for s, i in zip(batch, image_index)]
     region_cells = None
     if use_region_cells:
-        region_cells = torch.stack([processor.region_cells(m, sample_id=s.sample_id, size=sizes[i])
-                                    for s, m, i in zip(batch, gt_masks, image_index)])  # [B, g, g]
+        cells = {b: processor.region_cells(m, sample_id=s.sample_id, size=sizes[i])
+                 for b, (s, m, i) in enumerate(zip(batch, gt_masks, image_index)) if m is not None}  # b -> [g, g]
+        blank = torch.zeros_like(next(iter(cells.values()))) if cells else None
+        region_cells = None if blank is None else torch.stack(
+            [cells.get(b, blank) for b in range(len(batch))])  # [B, g, g]
     references = [_reference_texts(s) for s in batch]
     prompt_texts = None
     if use_prompt_texts:
-        missing = [s.sample_id for s, refs in zip(batch, references) if not refs]
-        if missing:
-            raise ValueError(f"caption_to_mask loop: sample {missing[0]!r} has neither a caption nor an expression "
-                             "to ground; drop text-less samples from the RL data or set caption_to_mask_weight=0.")
-        prompt_texts = [refs[0] for refs in references]
+        prompt_texts = [refs[0] if refs else "" for refs in references]
     return StepFeatures(
         **{f.name: getattr(encoded, f.name) for f in fields(EncodedImages)}, samples=list(batch),
         image_index=torch.tensor(image_index, dtype=torch.long, device=model.device), gt_masks=gt_masks,

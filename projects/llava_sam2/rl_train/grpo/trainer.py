@@ -54,7 +54,7 @@ from ..rewards import RewardComposer
 from .advantages import group_advantages, reward_moments, std_from_moments
 from .config import GRPOConfig
 from .cycle import AnswerToMaskLoop, CaptionToMaskLoop, CycleContext, MaskToCaptionLoop
-from .features import StepFeatures, encode_step
+from .features import StepFeatures, encode_step, loop_rows
 from .mask_policy import DETERMINISTIC_MASK, build_mask_policy
 from .passes import slice_rows
 from .rollout import Rollout
@@ -79,12 +79,15 @@ class LoopBatch:
         rollout: the loop's rollout restricted to whole groups ``samples`` (rows ``b * G + g``).
         samples: the prompt indices ``b`` of those groups.
         num_active_tokens: dapo's normaliser (global active elements / chunks / world size).
+        features: the loop's rows of the step (``StepFeatures.select``: with unpaired data each loop has its own
+            samples); None: the minibatch's features.
     """
 
     loop: Any
     rollout: Rollout
     samples: range
     num_active_tokens: float | None
+    features: StepFeatures | None = None
 
 
 @dataclass
@@ -215,6 +218,7 @@ class CycleGRPO:
             raise ValueError(f"CycleGRPO: reward_weights names {unused}, which no active loop's reward has (they have "
                              f"{sorted(names)}); fix the names or drop them.")
         self._features: StepFeatures | None = None
+        self._loop_features: dict[str, StepFeatures] = {}
         self._pending: dict[int, tuple[Any, Any, dict]] = {}  # id(rollout) -> (loop, reward inputs, stats)
 
     # ---- the step ------------------------------------------------------------------------------------------
@@ -230,13 +234,16 @@ class CycleGRPO:
         return len(group_chunks(features.num_samples, self.config.num_generations, self.minibatch_size))
 
     def rollout(self, features: StepFeatures) -> list[Rollout]:
-        """One rollout per active loop (loop 1 first), no grad; rewards stay NaN until ``score``."""
+        """One rollout per active loop (loop 1 first), no grad; rewards stay NaN until ``score``. Each loop runs on
+        the samples that carry what it needs (``loop_rows``: all of them with paired data)."""
         check_compute_dtype(self.model, "CycleGRPO.rollout")
         self._features, self._pending = features, {}
-        needs_old_logp = self.config.num_iterations > 1 or self._num_chunks(features) > 1
+        self._loop_features = {loop.name: features.select(loop_rows(features, loop.name)) for loop in self.loops}
+        needs_old_logp = self.config.num_iterations > 1 or any(
+            self._num_chunks(f) > 1 for f in self._loop_features.values())
         rollouts = []
         for loop in self.loops:
-            out = loop.rollout(features, needs_old_logp=needs_old_logp)
+            out = loop.rollout(self._loop_features[loop.name], needs_old_logp=needs_old_logp)
             self._pending[id(out.rollout)] = (loop, out.reward_inputs, out.stats)
             rollouts.append(out.rollout)
         return rollouts
@@ -270,14 +277,19 @@ class CycleGRPO:
         """``num_iterations`` passes over the prompt chunks; each minibatch holds that chunk of every loop."""
         if self._features is None:
             raise ValueError("CycleGRPO.minibatches: call encode() and rollout() first.")
-        B = self._features.num_samples
-        chunks = group_chunks(B, self.config.num_generations, self.minibatch_size)
         local = torch.tensor([[self._active_tokens(r), 1.0] for r in rollouts], dtype=torch.float64)  # [R, 2]
         counts = self.cross_rank_sum(local).tolist()  # per loop: [global active elements, world size]
-        loops = [(self._loop_of(r), r, total / world / len(chunks)) for r, (total, world) in zip(rollouts, counts)]
+        loops = []
+        for rollout, (total, world) in zip(rollouts, counts):
+            loop = self._loop_of(rollout)
+            features = self._loop_features.get(loop.name, self._features)
+            chunks = group_chunks(features.num_samples, self.config.num_generations, self.minibatch_size)
+            loops.append((loop, rollout, total / world / len(chunks), features, chunks))
         for iteration in range(self.config.num_iterations):
-            for b0, b1 in chunks:
-                parts = [LoopBatch(loop, slice_groups(r, b0, b1), range(b0, b1), n) for loop, r, n in loops]
+            # chunk k of every loop in minibatch k (loops with fewer prompts have fewer chunks)
+            for k in range(max(len(chunks) for *_, chunks in loops)):
+                parts = [LoopBatch(loop, slice_groups(r, *chunks[k]), range(*chunks[k]), n, features)
+                         for loop, r, n, features, chunks in loops if k < len(chunks)]
                 yield PolicyMinibatch(features=self._features, parts=parts, iteration=iteration)
 
     def _active_tokens(self, rollout: Rollout) -> float:
@@ -296,8 +308,8 @@ class CycleGRPO:
         total, stats = None, {}
         tile_embeds = model.project_vision(features.vit_tokens)  # [n_tiles, t, D], with grad through mlp1
         for part in minibatch.parts:  # the loop's policy gradient (+ its dense mask loss when configured)
-            loss, loop_stats = part.loop.loss_terms(model, features, tile_embeds, part.rollout, part.samples,
-                                                    part.num_active_tokens)
+            loss, loop_stats = part.loop.loss_terms(model, part.features or features, tile_embeds, part.rollout,
+                                                    part.samples, part.num_active_tokens)
             total = part.loop.weight * loss if total is None else total + part.loop.weight * loss
             stats.update({f"{part.loop.name}/{key}": value for key, value in loop_stats.items()})
         return {"loss": total, **stats}

@@ -98,6 +98,18 @@ class RolloutDecoder:
         return None
 
 
+def loop_samples(data_batch, loop: str) -> list:
+    """The batch's samples that ``loop`` ran on, in its prompt order: with unpaired data each loop has its own
+    (``grpo.features.LOOP_NEEDS``); samples that are not ``RegionSample``-like are all kept."""
+    from ...grpo.features import LOOP_NEEDS
+
+    samples = list(data_batch or [])
+    needs = LOOP_NEEDS.get(loop)
+    if needs is None or not all(hasattr(s, "gt_mask") and hasattr(s, "captions") for s in samples):
+        return samples
+    return [s for s in samples if needs(s)]
+
+
 @HOOKS.register_module()
 class RolloutLoggingHook(Hook):
     """Log a table of rollouts and PNG overlays every ``interval`` iterations (and at the first one).
@@ -125,8 +137,9 @@ class RolloutLoggingHook(Hook):
         decoder = RolloutDecoder(getattr(getattr(unwrap_model(runner.model), "processor", None), "tokenizer", None))
         rows = []
         for loop, rollout in zip(loop_names(rollouts), rollouts):
+            samples = loop_samples(data_batch, loop)
             for b in range(min(rollout.num_prompts, self.max_prompts)):
-                sample = data_batch[b] if data_batch is not None and b < len(data_batch) else None
+                sample = samples[b] if b < len(samples) else None
                 loop_rows = self._rows(batch_idx, loop, rollout, b, sample, decoder)
                 rows.extend(loop_rows)
                 if getattr(sample, "image", None) is not None:
