@@ -40,7 +40,7 @@ def _delta_cells(rows: dict, change) -> list[str]:
 def seed_table(per_seed: Mapping[int, object]) -> tuple[str, bool]:
     """Markdown rows per seed: cycle IoU of both systems, the paired deltas, the goal checks; and whether the goal
     holds on every seed."""
-    head = ["seed", "cycle IoU start", "cycle IoU + GRPO", *(t for _, t in DELTAS), "Δ text gap", "cycle ≥ +0.10",
+    head = ["seed", "cycle IoU start", "cycle IoU + GRPO", *(t for _, t in DELTAS), "Δ text gap", "cycle gain beyond CI",
             "no regression", "gap kept"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     deltas: dict[str, list[float]] = {}

@@ -1,9 +1,11 @@
-"""The demo's verdict: headline held-out metrics of the RL result against the SFT-only baseline, the issue's goal
+"""The demo's verdict: headline held-out metrics of the RL result against the model it starts from, the per-seed
 checks, the training reward trends, and the summary on top of ``report.md`` and in the terminal.
 
-Goal (issues #6 and #12), per seed, against the model GRPO starts from ("base"):
+Checks of one seed, against the model GRPO starts from ("base"):
 
-* ``cycle_gain``: Loop-1 cycle IoU after RL >= base + 0.10, and the paired difference's 95% CI lies above 0;
+* ``cycle_gain``: the paired difference of Loop-1 cycle IoU (RL − base) has its 95% CI above 0. How much of the
+  reachable gain that is needs the oracle (paired target SFT for the same compute): ``sa2va-rl demo-controls
+  --controls sft_more source_sft`` and its acceptance table (``demo/acceptance.py``; goal: >= 50 % on average);
 * ``no_regression``: supervised referring IoU (gIoU, cIoU) and caption METEOR vs the ground truth are not lower
   than the base beyond the CI (the paired difference's CI does not lie entirely below 0);
 * ``text_gap``: the segmenter's own-minus-other-text IoU gap (evaluation/text_dependence.py) does not shrink beyond
@@ -20,7 +22,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-CYCLE_GAIN_GOAL = 0.10
 # (task, metric, label, counts for the no-regression check)
 HEADLINES = (
     ("cycle_iou", "cycle_IoU", "Loop-1 cycle IoU (mask → caption → mask')", False),
@@ -92,10 +93,11 @@ def goal_checks(rows: Sequence[Row], text_change=None) -> dict[str, dict]:
         gain = cycle.diff.value
         separate = cycle.rl.low > cycle.base.high
         checks["cycle_gain"] = {
-            "passed": bool(gain >= CYCLE_GAIN_GOAL and cycle.diff.low > 0),
-            "detail": f"cycle IoU {cycle.base.value:.3f} → {cycle.rl.value:.3f} (paired Δ {cycle.diff.format(3)}, "
-                      f"goal ≥ +{CYCLE_GAIN_GOAL:.2f} with the CI above 0); per-system CIs "
-                      f"{'do not overlap' if separate else 'overlap'}"}
+            "passed": bool(cycle.diff.low > 0),
+            "detail": f"cycle IoU {cycle.base.value:.3f} → {cycle.rl.value:.3f} (paired Δ {gain:+.3f}, CI "
+                      f"{cycle.diff.format(3)}, above 0 needed); per-system CIs "
+                      f"{'do not overlap' if separate else 'overlap'}; the share of the oracle's gain: "
+                      "`sa2va-rl demo-controls --controls sft_more source_sft`"}
     regressions = [r for r in rows if r.is_guarded and r.diff is not None and r.diff.high < 0]
     checks["no_regression"] = {
         "passed": not regressions,
