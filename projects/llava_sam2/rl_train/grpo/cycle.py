@@ -87,6 +87,18 @@ class LoopRollout:
     stats: dict[str, float]
 
 
+def _partner_captions(ctx, features, pred_masks, replay, G: int, chunk: int) -> tuple[list[str] | None, dict]:
+    """Loop 2's reward input: the EMA partner's caption of each policy mask (``(None, {})`` when
+    ``use_partner_captions`` is off)."""
+    if not ctx.use_partner_captions:
+        return None, {}
+    model = ctx.model
+    with ctx.weights.partner(model):
+        return partner_describe(model, ctx.processor, features, model.project_vision(features.vit_tokens), pred_masks,
+                                replay.image_index.tolist(), _repeat(features.sample_ids, G), ctx.decoding,
+                                max_new_tokens=ctx.config.max_completion_length, chunk_size=chunk)
+
+
 def _repeat(items: Sequence, G: int) -> list:
     """``[x_0]*G + [x_1]*G + ...``: per-sample values laid out per rollout (n = b * G + g)."""
     return [x for x in items for _ in range(G)]
@@ -387,13 +399,7 @@ class CaptionToMaskLoop:
                     ref_logp = cat_chunks(lambda b0, b1: policy.log_prob(seg_mask_head(
                         model, features, ref_tiles, slice_rows(replay, b0 * G, b1 * G), range(b0, b1), G),
                         action[b0 * G:b1 * G]), B, G, chunk)
-            captions, stats = None, {}
-            if ctx.use_partner_captions:
-                with ctx.weights.partner(model):
-                    captions, stats = partner_describe(
-                        model, ctx.processor, features, model.project_vision(features.vit_tokens), pred_masks,
-                        replay.image_index.tolist(), _repeat(features.sample_ids, G), ctx.decoding,
-                        max_new_tokens=cfg.max_completion_length, chunk_size=chunk)
+            captions, stats = _partner_captions(ctx, features, pred_masks, replay, G, chunk)
         stats["mask/area_frac"] = float(sum(m.float().mean() for m in pred_masks) / len(pred_masks))
         rollout = Rollout(group_size=G, old_logp=logp if needs_old_logp else None, ref_logp=ref_logp,
                           action_mask=torch.ones_like(logp, dtype=torch.bool), rewards=torch.full((B, G), float("nan")),
@@ -548,13 +554,7 @@ class AnswerToMaskLoop:
                 with ctx.weights.reference(model):
                     ref_tiles = model.project_vision(features.vit_tokens)
                     ref_logp = cat_chunks(lambda b0, b1: terms(ref_tiles, b0, b1)[0], B, G, chunk)
-            captions, stats = None, {}
-            if ctx.use_partner_captions:
-                with ctx.weights.partner(model):
-                    captions, stats = partner_describe(
-                        model, ctx.processor, features, model.project_vision(features.vit_tokens), pred_masks,
-                        replay.image_index.tolist(), _repeat(features.sample_ids, G), ctx.decoding,
-                        max_new_tokens=cfg.max_completion_length, chunk_size=chunk)
+            captions, stats = _partner_captions(ctx, features, pred_masks, replay, G, chunk)
         stats["mask/area_frac"] = float(sum(m.float().mean() for m in pred_masks) / len(pred_masks))
         stats["answer/no_seg"] = float((seg_position < 0).sum())
         rollout = Rollout(group_size=G, old_logp=logp if needs_old_logp else None, ref_logp=ref_logp,
