@@ -228,7 +228,12 @@ class CycleGRPO:
         keys = {loop.name for loop in self.loops}
         self._features = encode_step(self.model, self.processor, batch, use_region_cells="mask_to_caption" in keys,
                                      use_prompt_texts="caption_to_mask" in keys)
+        self._loop_features = self._split_by_loop(self._features)  # the minibatches' features follow the last encode
         return self._features
+
+    def _split_by_loop(self, features: StepFeatures) -> dict[str, StepFeatures]:
+        """Each loop's share of ``features``: the samples that carry what it needs (all of them with paired data)."""
+        return {loop.name: features.select(loop_rows(features, loop.name)) for loop in self.loops}
 
     def _num_chunks(self, features: StepFeatures) -> int:
         return len(group_chunks(features.num_samples, self.config.num_generations, self.minibatch_size))
@@ -238,7 +243,7 @@ class CycleGRPO:
         the samples that carry what it needs (``loop_rows``: all of them with paired data)."""
         check_compute_dtype(self.model, "CycleGRPO.rollout")
         self._features, self._pending = features, {}
-        self._loop_features = {loop.name: features.select(loop_rows(features, loop.name)) for loop in self.loops}
+        self._loop_features = self._split_by_loop(features)
         needs_old_logp = self.config.num_iterations > 1 or any(
             self._num_chunks(f) > 1 for f in self._loop_features.values())
         rollouts = []
