@@ -2,6 +2,7 @@
 # tools/setup/gpu_wheels.sh: download the py3.12 wheels our stack needs on the lent GPU machines (torch 2.11 + cu130 and
 # transformers 5.x are preinstalled there, with no package registry). Install there with:
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+# (docs/gpu.md, docs/benchmarks.md: the command every GPU figure was measured with)
 # See ../shared/reference/environment.md §H for the verified list.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -15,11 +16,9 @@ pkgs=(addict==2.4.0 annotated_types==0.8.0 antlr4-python3-runtime==4.9.3 dataset
       termcolor==3.3.0 tokenizers==0.21.4 transformers==4.48.0 transformers_stream_generator==0.0.5
       typing_inspection==0.4.5 xtuner==0.2.0 yapf==0.43.0 peft==0.21.2
       openai==3.52.0 httpx2==2.16.2 httpcore2==2.16.2 jiter==0.19.0 sniffio==1.3.1 truststore==0.10.5
-      inflect==7.5.0 more_itertools==11.2.1 typeguard==4.6.0
-      # the demo's CPU experiments on the machine's cores (tools/experiments/cpu_battery.sh): its report's plots,
-      # and the CI test module tools/experiments/demo_test_margins.py imports
-      matplotlib==3.11.2 contourpy==1.4.0 cycler==0.12.1 fonttools==4.68.0 kiwisolver==1.5.1 pyparsing==3.3.3
-      pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1)
+      inflect==7.5.0 more_itertools==11.2.1 typeguard==4.6.0)
+# matplotlib, pytest, tensorboard, aiohttp, opencv and mpi4py are in the GPU image already; leaving them out keeps the
+# wheels plus WordNet under the 64 MiB a call can carry.
 for p in "${pkgs[@]}"; do
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     "${plat[@]}" -d "$dest" "$p" 2>/dev/null \
@@ -28,3 +27,8 @@ done
 # sam2 is an sdist: build a pure-python wheel without CUDA ops (hole filling is not used).
 ls "$dest"/sam2-*.whl >/dev/null 2>&1 || SAM2_BUILD_CUDA=0 .venv/bin/pip wheel -q --no-deps --no-build-isolation -w "$dest" sam2==1.1.0
 ls "$dest" | wc -l; du -sh "$dest"
+# WordNet for METEOR, zipped (11 MB): carry .devrun and unzip it there before a run that scores METEOR:
+#   (cd .devrun/nltk_data/corpora && python3 -m zipfile -e wordnet.zip .) && export NLTK_DATA=$PWD/.devrun/nltk_data
+mkdir -p .devrun/nltk_data/corpora
+(cd "${NLTK_DATA:-.cache/nltk_data}/corpora" && python3 -m zipfile -c "$OLDPWD/.devrun/nltk_data/corpora/wordnet.zip" wordnet)
+du -sh .devrun
