@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     code = main()
-    # Leave without the interpreter's shutdown: in about one launch in three a rank wrote its results and then never
+    # Leave without the interpreter's shutdown: in 2 of about 6 launches here a rank wrote its results and then never
     # exited (CPU, gloo; the main thread past main(), a thread-pool worker of the reward runner still alive), which
     # kept torchrun waiting until the caller's timeout. Nothing is left to write here.
     sys.stdout.flush(), sys.stderr.flush()
