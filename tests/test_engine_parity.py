@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from projects.llava_sam2.rl_train.engine.parity import LOCAL_BY_DEFINITION, compare
+from projects.llava_sam2.rl_train.engine.parity import LOCAL_BY_DEFINITION, compare, launch
 from projects.llava_sam2.rl_train.grpo.losses import LOSS_AGGREGATIONS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,24 +24,12 @@ CASES = [pytest.param(f"{name}/group", marks=pytest.mark.xfail(strict=True, reas
          if name in LOCAL_BY_DEFINITION else f"{name}/group" for name in LOSS_AGGREGATIONS] + ["grpo/batch"]
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict[int, dict]:
     """World size -> case -> stats, from one 2-process torchrun launch (rank 0 also runs the single process)."""
     path = tmp_path_factory.mktemp("parity") / "results.json"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PARITY_WATCHDOG_S": "500"}
-    with open(path.with_suffix(".log"), "w") as log:
-        code = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                               f"--master_port={free_port()}", "-m", "projects.llava_sam2.rl_train.engine.parity",
-                               str(path)],
-                              cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=600).returncode
+    code = launch(path, 2, [], path.with_suffix(".log"), env, timeout_s=600)
     assert code == 0, path.with_suffix(".log").read_text()[-5000:]
     return {int(world): cases for world, cases in json.loads(path.read_text()).items()}
 

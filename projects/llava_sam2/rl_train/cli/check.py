@@ -179,15 +179,15 @@ def resume_check(launcher: Launcher, of: str, nproc: int, deepspeed: str | None,
 
 
 def parity_check(work_dir: Path, env: dict, preset: str, nproc: int, cpu: bool, rel: float) -> dict:
-    from ..engine.parity import compare
+    from ..engine.parity import compare, launch
 
     out = work_dir / "parity.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
-           "-m", f"{PACKAGE}.engine.parity", str(out), "--preset", preset, "--batch", str(2 * nproc)]
+    out.unlink(missing_ok=True)
+    args = ["--preset", preset, "--batch", str(2 * nproc)]
     if not cpu:
-        cmd += ["--device", "cuda", "--amp", "bfloat16", "--image-size", "448"]
+        args += ["--device", "cuda", "--amp", "bfloat16", "--image-size", "448"]
     start = time.time()
-    code = run_logged(cmd, work_dir / "parity.log", env)
+    code = launch(out, nproc, args, work_dir / "parity.log", env)
     if code != 0 or not out.exists():
         return {"check": "parity", "ok": False, "exit_code": code, "detail": f"see {work_dir / 'parity.log'}"}
     rows = compare(json.loads(out.read_text()), rel=rel)

@@ -170,6 +170,38 @@ def compare(results: dict[str, dict], rel: float, abs_tol: float = 1e-7) -> list
     return rows
 
 
+def launch(out, nproc: int, args: list[str], log, env: dict[str, str], timeout_s: float = 600.0,
+           exit_grace_s: float = 30.0) -> int:
+    """Run this module under torchrun with ``nproc`` processes, writing ``out``; returns torchrun's exit code, or 0
+    when rank 0 wrote ``out`` and the launch then failed to end within ``exit_grace_s`` (it is killed).
+
+    Why the grace: on CPU (gloo), some launches here finished every case, wrote ``out`` and then never exited (a rank
+    in interpreter shutdown, or torchrun's agent after its workers left); the cause is not found. The results are
+    complete once rank 0 wrote them: it writes after the last collective of every rank."""
+    import signal
+    import socket
+    import subprocess
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={port}",
+           "-m", __name__ if __name__ != "__main__" else "projects.llava_sam2.rl_train.engine.parity", str(out), *args]
+    with open(log, "w") as stream:
+        proc = subprocess.Popen(cmd, stdout=stream, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while proc.poll() is None and time.monotonic() < deadline and not os.path.exists(out):
+            time.sleep(0.5)
+        try:
+            return proc.wait(timeout=exit_grace_s if os.path.exists(out) else max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            stream.write(f"\nparity: killed the launch {exit_grace_s:.0f} s after the results were written\n")
+            return 0 if os.path.exists(out) else 124
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m projects.llava_sam2.rl_train.engine.parity",
                                      description=__doc__.splitlines()[0])
