@@ -214,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--image-size", type=int, default=64)
     args = parser.parse_args(argv)
     faulthandler.dump_traceback_later(float(os.environ.get("PARITY_WATCHDOG_S", "900")))  # a stuck rank says where
+    from .launch import die_with_parent
+
+    die_with_parent()  # torchrun starts its workers in sessions of their own: ending the launch must end them too
     import torch.distributed as dist
     from mmengine.logging import MessageHub
     from mmengine.model import MMDistributedDataParallel
