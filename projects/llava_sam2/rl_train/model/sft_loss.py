@@ -109,20 +109,20 @@ def mask_losses(
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(loss_mask, loss_dice)`` of low-res logits ``[M, h, w]`` against GT ``[M, h, w]`` (0/1, same size)."""
-    if pred_logits.shape != gt_mask.shape:
-        raise ValueError(
-            f"mask_losses: predicted logits {tuple(pred_logits.shape)} and GT masks {tuple(gt_mask.shape)} "
-            "differ; resize the GT to the logits size first (resize_gt_masks)."
-        )
-    point_logits, point_targets = _point_pairs(pred_logits, gt_mask, num_points, oversample_ratio,
+    point_logits, point_targets = _point_pairs("mask_losses", pred_logits, gt_mask, num_points, oversample_ratio,
                                                importance_sample_ratio, generator)  # [M, P] each
     return mask_bce_loss(point_logits, point_targets), mask_dice_loss(point_logits, point_targets)
 
 
-def _point_pairs(pred_logits: torch.Tensor, gt_mask: torch.Tensor, num_points: int, oversample_ratio: float,
-                 importance_sample_ratio: float, generator: torch.Generator | None
+def _point_pairs(where: str, pred_logits: torch.Tensor, gt_mask: torch.Tensor, num_points: int,
+                 oversample_ratio: float, importance_sample_ratio: float, generator: torch.Generator | None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits and GT ``[M, P]`` at the PointRend points of ``pred_logits`` (shapes checked by the callers)."""
+    """Logits and GT ``[M, P]`` at the PointRend points of ``pred_logits``; ``where`` names the caller in errors."""
+    if pred_logits.shape != gt_mask.shape:
+        raise ValueError(
+            f"{where}: predicted logits {tuple(pred_logits.shape)} and GT masks {tuple(gt_mask.shape)} "
+            "differ; resize the GT to the logits size first (resize_gt_masks)."
+        )
     coords = sample_uncertain_points(pred_logits.detach(), num_points, oversample_ratio,
                                      importance_sample_ratio, generator)  # [M, P, 2]
     return point_sample(pred_logits, coords), point_sample(gt_mask.float(), coords)
@@ -143,13 +143,8 @@ def mask_loss_per_mask(
     GRPO dense losses weight rollouts by their advantage); its mean over M equals ``loss_mask + loss_dice`` up
     to the 1e-4 avg factors.
     """
-    if pred_logits.shape != gt_mask.shape:
-        raise ValueError(
-            f"mask_loss_per_mask: predicted logits {tuple(pred_logits.shape)} and GT masks "
-            f"{tuple(gt_mask.shape)} differ; resize the GT to the logits size first (resize_gt_masks)."
-        )
-    point_logits, point_targets = _point_pairs(pred_logits, gt_mask, num_points, oversample_ratio,
-                                               importance_sample_ratio, generator)  # [M, P] each
+    point_logits, point_targets = _point_pairs("mask_loss_per_mask", pred_logits, gt_mask, num_points,
+                                               oversample_ratio, importance_sample_ratio, generator)  # [M, P] each
     bce = F.binary_cross_entropy_with_logits(point_logits, point_targets, reduction="none").mean(-1)  # [M]
     return LOSS_MASK_WEIGHT * bce + LOSS_DICE_WEIGHT * dice_terms(point_logits, point_targets)  # [M]
 
