@@ -13,8 +13,8 @@ prompts, so a rising mean is learning, not easier batches), G = 4, captions of a
 than the demo's, no KL term (it would add the reference pass). The rise of a loop = mean training reward over the last WINDOW iterations − over the first WINDOW.
 
 The margins (MARGINS) come from six seeds of this very run (docs/demo.md, "The CI test";
-``python -m tools.experiments.demo_test_margins --seeds 0 1 2 3 4 5``, run on the lent machine's CPU cores with
-tools/experiments/plans/demo_round2.txt and demo_round3.txt): the same run at learning rate 0 measures the noise of
+``python -m research.demo_test_margins --seeds 0 1 2 3 4 5``, run on the lent machine's CPU cores with
+research/plans/demo_round2.txt and demo_round3.txt): the same run at learning rate 0 measures the noise of
 the rise (sampling only: the policy and the EMA partner stay the pretrained model), and each margin is above the
 largest null rise of its loop (loop 1: +0.047 -> 0.05; loop 2: +0.035 -> 0.04). Learning rises over the six seeds:
 loop 1 +0.070 +0.088 +0.050 +0.065 +0.100 +0.112, loop 2 +0.075 +0.072 +0.107 +0.030 +0.089 +0.007, so learning
@@ -49,7 +49,7 @@ DOMAIN_MARGINS = {REWARD_KEYS[0]: 0.05}
 
 def short_demo(work_dir, seed: int = 0, options: list[str] = (), rl_iters: int = RL_ITERS,
                data: dict | None = None) -> tuple[DemoSettings, dict]:
-    """data -> GRPO (+ export) of the shortened demo; the stage records (tools/experiments/demo_test_margins.py
+    """data -> GRPO (+ export) of the shortened demo; the stage records (research/demo_test_margins.py
     runs it too, ``data`` = DOMAIN_DATA for the domain demo's calibration)."""
     settings = DemoSettings(work_dir, seed=seed, train_samples=PROMPTS, val_samples=4, rl_iters=rl_iters,
                             text_scenes=0, rl_options=[*RL_OPTIONS, *options], **(data or CALIBRATED_DATA))

@@ -15,7 +15,7 @@ with read_base():
 from projects.llava_sam2.rl_train.prompt_rl.reward import RewardNetDiceReward  # noqa: E402
 from projects.llava_sam2.rl_train.rewards import MeteorReward  # noqa: E402
 
-reward_net_path = "work_dirs/prompt_rl_pretrained/reward_net"  # tools/experiments/prompt_rl_from_checkpoint.sh output
+reward_net_path = "work_dirs/prompt_rl_pretrained/reward_net"  # research/prompt_rl_from_checkpoint.sh output
 train_cfg.algorithm.rewards.caption_to_mask = [  # noqa: F405
     dict(type=MeteorReward, weight=1.0),  # METEOR(partner's caption of the policy's mask, gt_caption)
     dict(type=RewardNetDiceReward, checkpoint=reward_net_path, weight=1.0),  # predicted Dice of the policy's mask

@@ -4,7 +4,7 @@
 # `sa2va-rl evaluate` on the first 100 target-domain val scenes. Data as `sa2va-rl demo --eval-split val` writes it
 # (DATA_DIR/train: paired target scenes, DATA_DIR/eval: target val scenes); SOURCE=1 trains on DATA_DIR/source_train
 # (paired source scenes, e.g. written by `sa2va-rl demo-controls --controls source_sft`) instead.
-#   bash tools/experiments/domain_sft_probe.sh DATA_DIR OUT_DIR ITERS LR [more --cfg-options ...]
+#   bash research/domain_sft_probe.sh DATA_DIR OUT_DIR ITERS LR [more --cfg-options ...]
 set -eu
 DATA=$1; W=$2; IT=$3; LR=$4; shift 4
 CFG=projects/llava_sam2/configs/rl/demo/sft_shapes_cpu.py

@@ -6,7 +6,7 @@ Printed per model: mean |z| (confidence), the share of low-res cells with |z| < 
 p > 0.12), the mean Bernoulli entropy per cell and the greedy gIoU; then how many greedy masks changed and the mean
 share of their pixels that changed.
 
-    python -m tools.experiments.mask_logit_probe START_CHECKPOINT RL_CHECKPOINT [--num-samples 200]
+    python -m research.mask_logit_probe START_CHECKPOINT RL_CHECKPOINT [--num-samples 200]
 
 Run it from the repository root (``python -m`` puts the root on the import path).
 """

@@ -2,7 +2,7 @@
 # Third GPU run of demo/pretrain_tiny.py (issue #12; docs/benchmarks.md, "Pretraining the tiny Sa2VA"): continue the
 # committed checkpoint (the second run's sam_heavy) with more sam/joint steps, beside a longer run from scratch.
 # Usage, from the repository root with nltk_data/corpora/wordnet.zip under $NLTK_ROOT:
-#   bash tools/experiments/pretrain_continue.sh TIME_LIMIT_S KILL_AFTER_S NLTK_ROOT
+#   bash research/pretrain_continue.sh TIME_LIMIT_S KILL_AFTER_S NLTK_ROOT
 set -u
 TL=${1:-400}
 KILL=${2:-500}
@@ -25,4 +25,4 @@ for name in "${!VARIANT[@]}"; do
     > logs/$name.log 2>&1 &
 done
 wait
-python3 -m tools.experiments.pretrain_summary --out "$OUT" "${!VARIANT[@]}"
+python3 -m research.pretrain_summary --out "$OUT" "${!VARIANT[@]}"

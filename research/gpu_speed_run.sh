@@ -4,7 +4,7 @@
 # Run from the repository root AFTER installing the GPU wheels (nothing is installed here):
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 #   export PYTHONPATH=/tmp/site:$PWD
-#   BUDGET_S=420 bash tools/experiments/gpu_speed_run.sh
+#   BUDGET_S=420 bash research/gpu_speed_run.sh
 # Stages, in priority order, each under `timeout` and inside the BUDGET_S wall-clock budget of this script:
 #   A  4b, B=8, G=8, T=128, both loops, forced [SEG], captions of 32-128 tokens, host-stored partner/reference,
 #      1 warm-up + 2 timed iterations, the generate() baseline (1 iteration), one profiled iteration, then 4b scaling

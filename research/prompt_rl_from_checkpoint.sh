@@ -6,7 +6,7 @@
 # size; the same images and held-out split as the doc's text-blind run), K = 11 prompts, 40% of the images held out.
 # The GRPO fine-tuning step (5) is not part of this script.
 # Usage, from the repository root (CPU, one thread; about 3 minutes):
-#   bash tools/experiments/prompt_rl_from_checkpoint.sh CKPT RUN_DIR
+#   bash research/prompt_rl_from_checkpoint.sh CKPT RUN_DIR
 # Leaves RUN_DIR/{quality,reward_net,policy,postprocess,report}/, RUN_DIR/report/prompt_rl_report.md and
 # RUN_DIR/run_info.json (checkpoint sha256, git commit, seconds per step).
 set -eu

@@ -24,4 +24,4 @@ for name in "${!VARIANT[@]}"; do
   $RUN --out runs/$name ${VARIANT[$name]} > logs/$name.log 2>&1 &
 done
 wait
-python3 -m tools.experiments.pretrain_summary --out "$OUT" "${!VARIANT[@]}"
+python3 -m research.pretrain_summary --out "$OUT" "${!VARIANT[@]}"

@@ -6,7 +6,7 @@ learned embedding of the object's colour, shape and grid cell)?
 only the decoder and the prompt head train (dense BCE + Dice + SAM's IoU-prediction loss, or PR=ratio for the SFT
 loss's PointRend points). Prints own vs other-object-text IoU on 60 held-out scenes every 100 steps.
 
-    MODE=seg|oracle INIT=0.1 N=600 STEPS=1500 python -m tools.experiments.decoder_on_frozen_llm
+    MODE=seg|oracle INIT=0.1 N=600 STEPS=1500 python -m research.decoder_on_frozen_llm
 
 Run it from the repository root (``python -m`` puts the root on the import path).
 """

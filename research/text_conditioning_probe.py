@@ -13,7 +13,7 @@ multipliers; MASKW mask-loss weight; NPTS/IMP PointRend points and importance ra
 INIT=std re-initialises the LLM's matrices; ONEQ=1 one question/answer template; CAPONLY=1 captions as the text;
 CONST=1 constant lr; NOCLIP=1 no gradient clipping. Run one variant per process, e.g.
 
-    INIT=0.1 ENC=1 IOU=1 ALLOBJ=1 STEPS=1200 OMP_NUM_THREADS=1 python -m tools.experiments.text_conditioning_probe
+    INIT=0.1 ENC=1 IOU=1 ALLOBJ=1 STEPS=1200 OMP_NUM_THREADS=1 python -m research.text_conditioning_probe
 
 Run it from the repository root (``python -m`` puts the root on the import path).
 """

@@ -1,7 +1,7 @@
-"""End of every side-by-side pretraining call (tools/experiments/pretrain_*.sh): bring back each run's log and
+"""End of every side-by-side pretraining call (research/pretrain_*.sh): bring back each run's log and
 weights and print one line per run.
 
-    python3 -m tools.experiments.pretrain_summary --out "$OUT" NAME ...
+    python3 -m research.pretrain_summary --out "$OUT" NAME ...
 
 For each NAME: ``runs/NAME/pretrain_log.json`` is copied to ``logs/NAME.json``; ``logs/`` (with the runs' stdout)
 goes to ``OUT/logs.tgz`` and ``runs/NAME`` without its log to ``OUT/ckpt_NAME.tar``. Then, per log: the steps done

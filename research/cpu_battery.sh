@@ -6,7 +6,7 @@
 # text dependence, training scalars, margins) come back as $OUT/battery.tgz; checkpoints and images stay.
 # POST (optional): one command run after them all, before the outputs are packed (e.g. a report over their runs).
 # Usage (after the wheel install and PYTHONPATH export of docs/benchmarks.md, WordNet zipped under $NLTK_ROOT):
-#   bash tools/experiments/cpu_battery.sh tools/experiments/plans/PLAN.txt KILL_AFTER_S NLTK_ROOT
+#   bash research/cpu_battery.sh research/plans/PLAN.txt KILL_AFTER_S NLTK_ROOT
 set -u
 PLAN=$1
 KILL=${2:-540}

@@ -4,7 +4,7 @@
 # side. The held-out evaluation of each run is on ShapesWorld('val', seed=0); pick among them on seed 1 (CPU,
 # evaluation/text_dependence.py --seed 1) so the reported seed-0 numbers are not the ones that chose.
 # Usage, from the repository root with nltk_data/corpora/wordnet.zip under $NLTK_ROOT:
-#   bash tools/experiments/pretrain_round4.sh TIME_LIMIT_S KILL_AFTER_S NLTK_ROOT
+#   bash research/pretrain_round4.sh TIME_LIMIT_S KILL_AFTER_S NLTK_ROOT
 set -u
 TL=${1:-460}
 KILL=${2:-530}
@@ -28,4 +28,4 @@ done
 nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv -l 30 > logs/gpu_util.txt 2>&1 &
 wait -n; wait -n; wait -n
 kill %4 2>/dev/null
-python3 -m tools.experiments.pretrain_summary --out "$OUT" "${!VARIANT[@]}"
+python3 -m research.pretrain_summary --out "$OUT" "${!VARIANT[@]}"

@@ -1,7 +1,7 @@
-"""tools/experiments/mask_logit_probe.py (docs/demo.md "Session 7"): a checkpoint against itself changes nothing."""
+"""research/mask_logit_probe.py (docs/demo.md "Session 7"): a checkpoint against itself changes nothing."""
 import json
 
-from tools.experiments import mask_logit_probe
+from research import mask_logit_probe
 
 CHECKPOINT = "projects/llava_sam2/rl_train/assets/tiny_shapes_pretrained"
 

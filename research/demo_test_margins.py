@@ -7,7 +7,7 @@ last WINDOW iterations is sampling noise only). Prints each run's rise per loop 
 loop the largest null rise, the smallest learning rise and whether they separate; writes OUT/margins.json after every
 run (an interrupted calibration keeps what it measured; finished runs are read back, not redone).
 
-    OMP_NUM_THREADS=1 python -m tools.experiments.demo_test_margins --out work_dirs/test_margins --seeds 0 1 2
+    OMP_NUM_THREADS=1 python -m research.demo_test_margins --out work_dirs/test_margins --seeds 0 1 2
 
 ``--options`` adds --cfg-options to both kinds and ``--rl-iters`` changes the run length, to try other settings
 (use another ``--out``); ``--domain`` runs the domain demo's data and config (unpaired target scenes).

@@ -21,4 +21,4 @@ for name in "${!VARIANT[@]}"; do
     > logs/$name.log 2>&1 &
 done
 wait
-python3 -m tools.experiments.pretrain_summary --out "$OUT" "${!VARIANT[@]}"
+python3 -m research.pretrain_summary --out "$OUT" "${!VARIANT[@]}"

@@ -1,10 +1,10 @@
-"""tools/experiments/pretrain_summary.py: what a side-by-side pretraining call brings back and prints."""
+"""research/pretrain_summary.py: what a side-by-side pretraining call brings back and prints."""
 from __future__ import annotations
 
 import json
 import tarfile
 
-from tools.experiments import pretrain_summary
+from research import pretrain_summary
 
 
 def test_packs_logs_and_weights_and_names_a_run_that_died(tmp_path, monkeypatch, capsys):
