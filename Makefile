@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.stack-installed
 NLTK_DATA ?= $(CURDIR)/.cache/nltk_data
 export NLTK_DATA
 # torch >= 2.6 loads checkpoints weights-only by default; MMEngine/xtuner resume needs full pickles
-# of our own checkpoints (environment.md fact 18).
+# of our own checkpoints (docs/stack.md §2).
 export TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD := 1
 # Two workers (one per core of the CI machine), each test file on one worker (module fixtures run once);
 # tests/conftest.py gives each worker one torch thread. The slowest tests are listed at the end.

@@ -1,4 +1,4 @@
-"""Tiny DLC, GAR, COCO and RefCOCO datasets in their real on-disk layouts (reference/datasets.md).
+"""Tiny DLC, GAR, COCO and RefCOCO datasets in their real on-disk layouts (docs/data.md).
 
 Each ``make_*`` writes under ``root`` and returns the paths plus the samples a loader must yield:
 ``Expected(sample_id, gt_mask, captions, expressions, category, size)``. Masks are drawn here with

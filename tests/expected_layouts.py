@@ -1,4 +1,4 @@
-"""Expected HF Sa2VA checkpoint layouts, written from /work/shared/reference/sa2va.md §1.3-§1.8 (not from
+"""Expected HF Sa2VA checkpoint layouts, written from docs/sa2va_internals.md §1.3-§1.8 (not from
 our model code), for tests/test_model_layout.py.
 
 Exact key sets are generated for the groups the reference spells out (InternViT, Qwen2, InternLM2,

@@ -10,7 +10,7 @@ WHERE = dict(file="ann.json", sample_id="set/7#3")
 
 
 def worked_example():
-    # reference/datasets.md §5: 4x6 mask, rows 1-2, cols 2-4 on
+    # docs/data.md "Masks (RLE)": 4x6 mask, rows 1-2, cols 2-4 on
     gt_mask = np.zeros((4, 6), dtype=bool)
     gt_mask[1:3, 2:5] = True
     return gt_mask

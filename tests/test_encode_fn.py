@@ -1,4 +1,4 @@
-"""encode_fn: video_lisa_encode_fn layout (reference/sa2va.md §5.1) on hand-derived token layouts."""
+"""encode_fn: video_lisa_encode_fn layout (docs/sa2va_internals.md §5.1) on hand-derived token layouts."""
 import pytest
 from transformers import PreTrainedTokenizerFast
 

@@ -51,7 +51,7 @@ def logged_scalars(work_dir: Path) -> dict[int, dict]:
 
 def test_train_py_propagates_training_failures(tmp_path):
     config = write_toy_config(tmp_path)
-    with pytest.raises(RuntimeError, match="failing on purpose"):  # `xtuner train` would exit 0 here (fact 10)
+    with pytest.raises(RuntimeError, match="failing on purpose"):  # `xtuner train` would exit 0 here (docs/stack.md §1)
         train_main([config, "--work-dir", str(tmp_path / "fail"), "--cfg-options", "train_cfg.algorithm.fail_at_iter=1",
                     "train_cfg.max_iters=2"])
     assert train_main([config, "--work-dir", str(tmp_path / "ok"), "--cfg-options", "train_cfg.max_iters=2"]) == 0
@@ -82,7 +82,7 @@ def test_dist_train_deepspeed_zero2_resume_is_exact(tmp_path):
     assert full.returncode == 0, full.stderr[-3000:]
     assert "ZeRO stage 2" in full.stdout + full.stderr
     full_logs = logged_scalars(work_dir)
-    for name in ("ema_partner", "rng_state"):  # DeepSpeed never calls the checkpoint hooks (fact 24)
+    for name in ("ema_partner", "rng_state"):  # DeepSpeed never calls the checkpoint hooks (docs/stack.md §6)
         assert (work_dir / f"iter_2.pth.{name}.pth").is_file(), name
 
     resumed = launch(["bash", "tools/dist_train.sh", config, "2", *common, "--resume", str(work_dir / "iter_2.pth")],

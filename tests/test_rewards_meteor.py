@@ -31,7 +31,7 @@ def test_meteor_matches_direct_nltk_calls():
         refs = [refs] if isinstance(refs, str) else refs
         direct.append(meteor_score([tokenize_for_meteor(r) for r in refs], tokenize_for_meteor(pred)))
         assert meteor_nltk(pred, refs) == pytest.approx(direct[-1], abs=1e-12)
-    # environment.md fact 30: a known value of nltk's METEOR on pre-tokenised input
+    # docs/stack.md §8: a known value of nltk's METEOR on pre-tokenised input
     assert meteor_score([["a", "man", "is", "riding", "a", "red", "bicycle"]],
                         ["a", "man", "rides", "a", "red", "bike"]) == pytest.approx(0.7014, abs=1e-4)
     assert direct[2] < 0.2 < direct[0] < direct[1]

@@ -8,7 +8,7 @@ import pytest
 
 from projects.llava_sam2.rl_train.rewards.meteor_jar import Meteor15, corpus_meteor15, shared_meteor15
 
-# environment.md fact 32: pycocoevalcap 1.2 jar per-pair scores of these pairs
+# docs/stack.md §9: pycocoevalcap 1.2 jar per-pair scores of these pairs
 PAIRS = [
     ("a man rides a red bike on the street", ["a man is riding a red bicycle down the street"], 0.3810),
     ("two dogs play in the snow", ["two dogs are playing in the snow", "a pair of dogs play in snow"], 0.8803),

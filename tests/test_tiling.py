@@ -1,4 +1,4 @@
-"""Dynamic tiling (reference/sa2va.md §2.1), normalisation and the SAM2 resize, on small images."""
+"""Dynamic tiling (docs/sa2va_internals.md §2.1), normalisation and the SAM2 resize, on small images."""
 import numpy as np
 import pytest
 import torch

@@ -66,7 +66,7 @@ def test_ema_update_matches_the_manual_formula():
 
 
 def test_fp32_shadow_keeps_moving_for_bf16_params():
-    # environment.md C.26: a bf16 EMA with momentum 1e-3 never leaves 1.0; the fp32 shadow reaches
+    # docs/stack.md §7: a bf16 EMA with momentum 1e-3 never leaves 1.0; the fp32 shadow reaches
     # 1 + (1 - 0.999^200) = 1.18143 after 200 steps towards 2.0.
     model = Toy(torch.bfloat16)
     with torch.no_grad():

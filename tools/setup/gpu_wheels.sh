@@ -3,7 +3,7 @@
 # transformers 5.x are preinstalled there, with no package registry). Install there with:
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 # (docs/gpu.md, docs/benchmarks.md: the command every GPU figure was measured with)
-# See ../shared/reference/environment.md §H for the verified list.
+# docs/stack.md §13 says how the wheels are installed there.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dest=.whl

@@ -46,7 +46,7 @@ from projects.llava_sam2.rl_train.model.presets import build_preset
 
 PROG = "sa2va-rl bench decode"
 
-# Qwen2.5-3B's published config (the LM inside Sa2VA-4B); reference/anchors.md §4.2 measured this shape.
+# Qwen2.5-3B's published config (the LM inside Sa2VA-4B); docs/benchmarks.md records it.
 QWEN25_3B = dict(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
                  num_attention_heads=16, num_key_value_heads=2, max_position_embeddings=32768,
                  rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)

@@ -1,6 +1,6 @@
 """Bad-sample errors, the skip record, and the per-problem count every dataset reports.
 
-Rule (DESIGN §6): a bad sample either raises ``BadSampleError`` naming the file, the sample id and
+Rule (docs/data.md, "Bad samples"): a bad sample either raises ``BadSampleError`` naming the file, the sample id and
 the problem, or -- when the dataset was built with ``on_bad_sample='skip'`` -- is replaced by a
 ``SkippedSample`` record that ``region_collate`` drops and counts. Nothing is dropped uncounted.
 """

@@ -5,7 +5,7 @@ an exact GRPO resume, and this module closes them:
 
 * Hooks with their own state (the EMA partner, the RNG streams) subclass :class:`StatefulHook`. Under ``Runner``
   that state goes into the checkpoint dict through ``before_save_checkpoint`` / ``after_load_checkpoint``. Two
-  cases cannot use those stages: ``FlexibleRunner`` (DeepSpeed) never calls them (environment.md fact 24), and
+  cases cannot use those stages: ``FlexibleRunner`` (DeepSpeed) never calls them (docs/stack.md §6), and
   ``Runner.save_checkpoint`` runs on rank 0 only, so per-rank state (RNG) of other ranks never reaches it. There the
   state is written to a side file ``<checkpoint>.<state_name>.pth`` by ``AtomicCheckpointHook``
   (hooks/checkpoint.py) before it commits the checkpoint, and read back by ``TrainStateHook`` on resume.

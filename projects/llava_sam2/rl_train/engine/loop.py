@@ -1,7 +1,7 @@
 """GRPOLoop: the MMEngine train loop of a GRPO run; it decides *when*, the algorithm decides *what*.
 
 The algorithm is any ``grpo.protocol.GRPOAlgorithm`` (stages, ownership: grpo/protocol.py). One iteration
-(``run_iter``) reads as DESIGN §3::
+(``run_iter``) reads as the training step of docs/architecture.md::
 
     hook before_train_iter(batch_idx, data_batch)
     features = algo.encode(batch)                      # frozen encoders, once per image

@@ -5,7 +5,7 @@ Each item is scoped (a context manager that restores what it changed, or a read 
 ``tests/test_mmengine_seams.py`` that fails, naming the installed MMEngine version and what changed, when an
 upgrade breaks the assumption. docs/architecture.md ("MMEngine seams") has the table.
 
-* ``cpu_launch()``: CPU-only distributed launches (CI, laptops; environment.md facts 15 and 16). While the
+* ``cpu_launch()``: CPU-only distributed launches (CI, laptops; docs/stack.md §3 and §4). While the
   context is open and CUDA is absent:
 
   - ``torch.cuda.set_device`` is a no-op. ``mmengine.dist.init_dist`` calls ``torch.cuda.set_device(LOCAL_RANK)``

@@ -42,7 +42,7 @@ from .upstream_sft import build_upstream_sft_model
 from .registry import ALGORITHMS, build_component
 from .stats import sum_across_ranks
 
-# Upstream Sa2VA SFT LoRA (reference/sa2va.md §6).
+# Upstream Sa2VA SFT LoRA (docs/sa2va_internals.md §6).
 DEFAULT_LORA = dict(r=128, lora_alpha=256, lora_dropout=0.05)
 # Logged when GRPO starts from a preset: why its losses and rewards are 0 (measured on tiny_grpo_cycle_cpu.py)
 RANDOM_WEIGHTS_NOTE = (

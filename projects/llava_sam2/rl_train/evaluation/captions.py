@@ -2,8 +2,8 @@
 
 Cleaning (``caption_cleaning``), applied to the raw greedy answer (``skip_special_tokens=False``):
 
-* ``'sa2va'`` — Sa2VA's RefCOCOg region-caption eval (``region_cap_refcocog_eval.py``, reference/sa2va.md
-  §7.2), in its order: remove ``<s>``, newlines, ``region1`` / ``Region1``, "The region marked by",
+* ``'sa2va'`` — Sa2VA's RefCOCOg region-caption eval (``region_cap_refcocog_eval.py``, docs/sa2va_internals.md
+  §7.3), in its order: remove ``<s>``, newlines, ``region1`` / ``Region1``, "The region marked by",
   "The region marked as", "The region marked", every occurrence of the substring ``is`` (also inside
   words: "this" → "th"), ``shows`` and ``:``; squeeze runs of three / two spaces; keep the text after the
   last "ASSISTANT: "; drop every ``<…>`` tag and ``[SEG]``; collapse whitespace; strip ``'`` and spaces.
@@ -19,7 +19,7 @@ METEOR:
 * METEOR 1.5 (``rewards.meteor_jar.corpus_meteor15``: PTB tokenisation + ``meteor-1.5.jar -l en -norm``,
   what pycocoevalcap's ``COCOEvalCap`` reports): one corpus score ``METEOR15_corpus`` and a per-caption
   segment score; the segment scores give ``METEOR15_mean``. nltk runs ~1.7-1.9x higher than the jar
-  (reference/anchors.md §6.1), so the two are reported in separate columns.
+  (docs/sa2va_internals.md §7.3), so the two are reported in separate columns.
 """
 from __future__ import annotations
 

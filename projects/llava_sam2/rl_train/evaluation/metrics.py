@@ -2,7 +2,7 @@
 
 A metric is either a mean of one per-sample value or a ratio of two per-sample sums, so the same
 column function gives the point estimate, its bootstrap CI (resampling samples) and the paired
-difference between two systems. RES aggregation is Sa2VA's ``RES.evaluate`` (reference/sa2va.md §7.2,
+difference between two systems. RES aggregation is Sa2VA's ``RES.evaluate`` (docs/sa2va_internals.md §7.2,
 checked against bytedance/Sa2VA ``projects/sa2va/evaluation/dataset/RES.py``)::
 
     cIoU = Σ_i |P_i ∩ G_i| / (Σ_i |P_i ∪ G_i| + 1e-10)

@@ -4,7 +4,7 @@ Defaults follow TRL ``GRPOConfig`` (huggingface/trl 1.10.0.dev0, ``trl/trainer/g
 
 * ``max_completion_length`` 128 (TRL 512): region captions are a few sentences; raise it for detailed-caption
   data such as DLC.
-* ``beta`` 0.04 (TRL 0.0 since v0.20): DESIGN §3 keeps a KL to the reference policy, which costs no extra
+* ``beta`` 0.04 (TRL 0.0 since v0.20): the training step keeps a KL to the reference policy, which costs no extra
   model copy here (``WeightSets.reference``); 0.04 is DeepSeekMath's value and TRL's former default.
 * ``reward_weights`` maps reward *names* to weights (TRL: a list parallel to ``reward_funcs``), because the two
   loops score with different reward sets.

@@ -287,7 +287,7 @@ class MultimaskPolicy(MaskPolicy):
     Gradient reach: the log-prob depends on the IoU head's output, so it reaches the IoU prediction head, the
     decoder's two-way transformer (through the IoU token), ``text_hidden_fcs`` and the LLM; it does NOT reach
     the mask upscaling path or the hypernetwork MLPs that shape each candidate mask (Sa2VA's SFT never trained
-    the IoU head either: reference/anchors.md §3.2).
+    the IoU head either: docs/sa2va_internals.md §7.1).
     """
 
     name: ClassVar[str] = "multimask"

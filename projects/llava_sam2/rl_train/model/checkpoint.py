@@ -3,7 +3,7 @@ with ``model.safetensors.index.json``).
 
 Module names differ from checkpoint names in exactly these places, all listed here:
 * ``SAM2_CHECKPOINT_RENAMES``: the sam2 package's CXBlock layer scale ``.gamma`` is ``.g_weight`` in HF
-  checkpoints (Sa2VA's converter renamed it; reference/sa2va.md §1.7, §8.13).
+  checkpoints (Sa2VA's converter renamed it; docs/sa2va_internals.md §1.7, §8.4).
 * ``language.LanguageKeyMap``: InternLM2 keys ↔ the Llama modules we build (identity for Qwen2/Phi3/Llama).
 * A peft-wrapped LLM (``base_model.model.`` prefix, ``.base_layer``, ``lora_*``, ``modules_to_save``) is
   written merged, W' = W + scale·B@A, without touching the live weights.

@@ -41,7 +41,7 @@ VISION_DEFAULTS: dict[str, Any] = {
     "initializer_factor": 0.1,
 }
 
-# SAM 2.0 Hiera-L as built by Sa2VA (sam2_hiera_l.yaml); reference/sa2va.md §1.7.
+# SAM 2.0 Hiera-L as built by Sa2VA (sam2_hiera_l.yaml); docs/sa2va_internals.md §1.7.
 SAM2_HIERA_L: dict[str, Any] = {
     "image_size": 1024,
     "backbone_stride": 16,

@@ -1,7 +1,7 @@
 """Token strings and index constants shared by the processor, the model and the data code.
 
 The strings are data: they must match the released Sa2VA / InternVL2.5 tokenizers byte for byte
-(reference/sa2va.md §3.3). ``IGNORE_INDEX``, ``DEFAULT_PAD_TOKEN_INDEX`` and the ``<image>``
+(docs/sa2va_internals.md §3.3). ``IGNORE_INDEX``, ``DEFAULT_PAD_TOKEN_INDEX`` and the ``<image>``
 placeholder come from xtuner, which the upstream training code uses.
 """
 from __future__ import annotations

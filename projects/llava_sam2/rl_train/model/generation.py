@@ -6,7 +6,7 @@ Two functions carry the RL policy's text side:
   ``DynamicCache``). It is deliberately plain so that a faster decoder can be checked against it.
 * :func:`completion_logprobs` — one teacher-forced forward over ``prompt + completion`` that returns
   the per-token log-probabilities and, optionally, the final-norm hidden states that Sa2VA turns
-  into ``[SEG]`` prompts (``docs/architecture.md``, sa2va.md §8.4). The head runs over the completion in
+  into ``[SEG]`` prompts (``docs/architecture.md``, docs/sa2va_internals.md §8.2). The head runs over the completion in
   chunks of positions (:func:`token_logprobs`), so a pass never holds all ``[N, T, V]`` fp32 logits;
   :func:`completion_hidden` skips the head for passes that only need the ``[SEG]`` states.
 

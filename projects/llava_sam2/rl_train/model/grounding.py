@@ -1,4 +1,4 @@
-"""SAM2 grounding head from the ``sam2`` package classes (reference/sa2va.md §1.7, §2.2, §4.3).
+"""SAM2 grounding head from the ``sam2`` package classes (docs/sa2va_internals.md §1.7, §2.2, §4.3).
 
 ``GroundingEncoder.sam2_model`` is a ``SAM2Base`` with the SAM 2.0 Hiera-L flags Sa2VA builds from
 ``sam2_hiera_l.yaml`` (sizes from ``config.grounding``), so its state-dict keys match

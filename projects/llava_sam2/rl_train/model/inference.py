@@ -1,4 +1,4 @@
-"""Greedy chat + segmentation with upstream ``predict_forward`` semantics (reference/sa2va.md §4.4).
+"""Greedy chat + segmentation with upstream ``predict_forward`` semantics (docs/sa2va_internals.md §4.4).
 
 ``predict`` answers one (image, text) pair; ``predict_batch`` runs several at once (left-padded
 prompts, one batched greedy decode, one SAM2 pass), on the shared pipeline (``model/pipeline.py``,

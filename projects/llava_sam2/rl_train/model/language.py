@@ -1,4 +1,4 @@
-"""The Sa2VA LLM, built from ``llm_config`` with transformers classes (reference/sa2va.md §1.6).
+"""The Sa2VA LLM, built from ``llm_config`` with transformers classes (docs/sa2va_internals.md §1.6).
 
 Qwen2, Phi3 and Llama checkpoints load into the transformers class of the same name with identical
 keys. InternLM2 (Sa2VA-8B/26B) ships as remote code; its blocks are exactly Llama blocks (RMSNorm,

@@ -1,9 +1,9 @@
 """LoRA on Sa2VA's language model and the one definition of the trainable tensors.
 
-Upstream SFT (sa2va.md §6) trains LoRA adapters on the LLM (r=128, alpha=256, dropout 0.05, no
+Upstream SFT (docs/sa2va_internals.md §6) trains LoRA adapters on the LLM (r=128, alpha=256, dropout 0.05, no
 bias), ``mlp1``, the whole SAM2 ``sam_mask_decoder`` and ``text_hidden_fcs`` (plus the full
 embeddings and LM head). RL reuses that set; the embeddings are opt-in because they are large and
-the GRPO reference policy is "adapter disabled", which only covers LoRA (environment.md fact 33).
+the GRPO reference policy is "adapter disabled", which only covers LoRA (docs/stack.md §10).
 
 Usage::
 
@@ -20,7 +20,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from peft.helpers import disable_input_dtype_casting
 from torch import nn
 
-# LoRA target module names per LLM architecture (sa2va.md §8.11: what the released HF class
+# LoRA target module names per LLM architecture (docs/sa2va_internals.md §8.3: what the released HF class
 # re-wraps with; for Qwen2/Llama this equals xtuner's "every nn.Linear except the head").
 # Differs from upstream SFT for InternLM2 only: xtuner there also wrapped the head ("output"),
 # which SFT trained in full anyway.
@@ -91,7 +91,7 @@ def configure_trainable(model: nn.Module, *, train_embeddings: bool = False,
     sam_mask_decoder`` (unless ``train_mask_decoder=False``, upstream's ``frozen_sam2_decoder=True``),
     ``text_hidden_fcs``; with ``train_embeddings`` also the LLM input embeddings and LM head (as
     upstream SFT). With frozen embeddings and gradient checkpointing, the LLM's input embeddings are
-    made to require grad so checkpointed blocks still backpropagate into LoRA (sa2va.md §8.11);
+    made to require grad so checkpointed blocks still backpropagate into LoRA (docs/sa2va_internals.md §8.3);
     enable checkpointing before calling this.
 
     Returns :func:`trainable_parameters` of the configured model.

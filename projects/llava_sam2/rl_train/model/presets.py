@@ -1,6 +1,6 @@
 """Size presets as data: ``build_preset(name, vocab_size=None) -> Sa2VAConfig``.
 
-Real presets follow reference/sa2va.md §1.3-§1.8 (InternViT-300M-448px-V2_5 + Qwen2.5-0.5B / Qwen2.5-3B /
+Real presets follow docs/sa2va_internals.md §1.3-§1.8 (InternViT-300M-448px-V2_5 + Qwen2.5-0.5B / Qwen2.5-3B /
 InternLM2.5-7B + SAM 2.0 Hiera-L). They are for shapes (layouts, memory plans, benchmarks with random
 weights); a real checkpoint always brings its own config.json, which wins. Values not confirmed against
 a released config.json (rope_theta, rms_norm_eps, max_position_embeddings) are InternVL2.5 defaults

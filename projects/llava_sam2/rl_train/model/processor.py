@@ -1,7 +1,7 @@
 """Sa2VA processor: images → tiles, masks → region cells, text → templated prompts and token ids.
 
 Everything the upstream model does to its inputs before the forward pass, in one place
-(reference/sa2va.md §2, §3, §5):
+(docs/sa2va_internals.md §2, §3, §5):
 
 * ``preprocess_image``: dynamic tiling + ImageNet normalisation, and the SAM2 direct resize.
   Tile budget (``from_config``'s ``tile_budget``). Upstream Sa2VA's inference path tiles with 1..12

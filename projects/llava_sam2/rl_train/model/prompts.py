@@ -1,6 +1,6 @@
 """Sa2VA prompt strings (data, byte-for-byte as upstream) and the pure-string builders around them.
 
-Sources (reference/sa2va.md §3.2-§3.5): the InternVL image block, the Osprey region string
+Sources (docs/sa2va_internals.md §3.2-§3.5): the InternVL image block, the Osprey region string
 ``There are N part regions in the picture: region1<vp>…</vp>, ….\\n`` (HF ``predict_forward`` and the
 Osprey datasets build the same text), the RefCOCOg region-caption eval question, the 30 Osprey
 detailed-description questions, the Osprey short-answer suffix, the 16 referring-segmentation

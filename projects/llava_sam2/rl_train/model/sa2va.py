@@ -1,6 +1,6 @@
 """Sa2VAModel: InternViT + pixel shuffle + mlp1 + causal LM + SAM2 + text_hidden_fcs.
 
-Submodules are named as the HF checkpoint keys (reference/sa2va.md §1.1): ``vision_model``,
+Submodules are named as the HF checkpoint keys (docs/sa2va_internals.md §1.1): ``vision_model``,
 ``language_model``, ``mlp1``, ``grounding_encoder.sam2_model``, ``text_hidden_fcs``. The methods
 implement docs/architecture.md (model/ → grpo/, engine/): frozen encoders run without grad, the
 trainable pieces (``mlp1``, LLM, ``text_hidden_fcs``, SAM2 mask decoder) are plain differentiable calls.

@@ -10,7 +10,7 @@ Each example mirrors an upstream Sa2VA training item, single turn:
   ``g_pixel_values`` [3, S_sam, S_sam] and ``masks`` uint8 [1, H, W].
 
 Differs from upstream Sa2VA: RefCOCO items there use a phi3-style INSTRUCTION whatever the configured
-template (reference/sa2va.md §8 pitfall 2); here every item uses the configured template, so SFT
+template (docs/sa2va_internals.md §8.1); here every item uses the configured template, so SFT
 prompts equal inference/RL prompts.
 
 Randomness (question, answer, which caption/expression) comes from a generator seeded by

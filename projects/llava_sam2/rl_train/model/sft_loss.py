@@ -1,4 +1,4 @@
-"""The upstream Sa2VA SFT loss as plain functions (reference/sa2va.md §7.1), plus two opt-in terms.
+"""The upstream Sa2VA SFT loss as plain functions (docs/sa2va_internals.md §7.1), plus two opt-in terms.
 
 ``total = llm_loss + loss_mask + loss_dice`` (+ ``loss_iou`` when asked):
 
@@ -189,7 +189,7 @@ def iou_head_loss(low_res_logits: torch.Tensor, iou_scores: torch.Tensor, gt_mas
 
 def _image_embeds(model, data: dict) -> list[torch.Tensor | None]:
     """Per-row ``<IMG_CONTEXT>`` fills: every tile's projected tokens, then the region tokens
-    (``prompt_masks``) of a sample whose ``vp_overall_mask`` marks one of its tiles (sa2va.md §4.2)."""
+    (``prompt_masks``) of a sample whose ``vp_overall_mask`` marks one of its tiles (docs/sa2va_internals.md §4.2)."""
     B = data["input_ids"].shape[0]
     pixel_values = data.get("pixel_values")
     if pixel_values is None:

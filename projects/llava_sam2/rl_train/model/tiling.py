@@ -1,6 +1,6 @@
 """Image preprocessing for Sa2VA: InternVL dynamic tiling (LLM path) and direct resize (SAM2 path).
 
-LLM path (reference/sa2va.md §2.1), for an RGB image of W×H pixels, tile size S:
+LLM path (docs/sa2va_internals.md §2.1), for an RGB image of W×H pixels, tile size S:
 
 1. Candidate grids (i columns, j rows) with min_num ≤ i·j ≤ max_num, ordered by i·j ascending.
 2. Walk them with r = W/H. A grid with strictly smaller |r − i/j| becomes the best; on an exact tie

@@ -1,4 +1,4 @@
-"""InternViT tile encoder, pixel shuffle and the ``mlp1`` projector (reference/sa2va.md §1.4-§1.5).
+"""InternViT tile encoder, pixel shuffle and the ``mlp1`` projector (docs/sa2va_internals.md §1.4-§1.5).
 
 Module names equal the HF checkpoint keys under ``vision_model.``: ``embeddings.{class_embedding,
 patch_embedding, position_embedding}`` and ``encoder.layers.{i}.{attn.qkv, attn.proj, attn.q_norm,

@@ -1,4 +1,4 @@
-# Sa2VA SFT settings in one place (reference/sa2va.md §6, upstream projects/llava_sam2/configs/sa2va_4b.py).
+# Sa2VA SFT settings in one place (docs/sa2va_internals.md §6, upstream projects/llava_sam2/configs/sa2va_4b.py).
 #
 # Inheritance: every config in configs/rl/ reads this file with MMEngine's read_base(), the form that works with
 # XTuner's lazy pure-Python configs (`from ... import Class`, `type=Class`); the old `_base_ = [...]` list is not

@@ -1,7 +1,7 @@
 """AtomicCheckpointHook: iteration checkpoints that a kill at any moment cannot corrupt or lose.
 
 MMEngine's ``CheckpointHook`` writes ``iter_<k>.pth`` in place, deletes the oldest kept checkpoint *before* writing
-the new one, and moves ``last_checkpoint`` before other hooks write their side files (environment.md facts 17, 24);
+the new one, and moves ``last_checkpoint`` before other hooks write their side files (docs/stack.md §5, §6);
 a ``kill -9`` in between leaves a truncated newest checkpoint, no older one (``max_keep_ckpts=1``), or a pointer to
 a checkpoint whose RNG side file does not exist. This hook saves in an order where every prefix is safe:
 

@@ -3,8 +3,8 @@
 The partner is the fp32 EMA shadow of the trainable tensors kept by ``grpo.weights.WeightSets``
 (partner <- lerp(partner, policy, 1 - ema_decay); ``ema_decay`` is ``GRPOConfig.ema_decay``, default 0.999). The
 hook owns only the timing and the checkpointing: unlike MMEngine's ``EMAHook`` it never deep-copies the model,
-never averages frozen tensors, and saves its state itself, also under FlexibleRunner / DeepSpeed (environment.md
-facts 20-26).
+never averages frozen tensors, and saves its state itself, also under FlexibleRunner / DeepSpeed (docs/stack.md
+§6, §7).
 
 The weight sets are the algorithm's (grpo/protocol.py): the hook reads ``runner.train_loop.algorithm`` (a
 ``GRPOLoop``'s) and calls ``algorithm.weights.update_partner(algorithm.model)``. Priority ``NORMAL``: the update

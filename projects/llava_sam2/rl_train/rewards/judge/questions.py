@@ -119,7 +119,7 @@ def save_qa(entries: dict[str, QAEntry], qa_path: str | Path, class_names_path: 
 
 
 def _check_generated_question(question: Question, where: str) -> None:
-    """The DLC-Bench choice-score patterns (``reference/datasets.md`` §3.2)."""
+    """The DLC-Bench choice-score patterns (docs/rewards.md, "Questions for training captions")."""
     scores = Counter(score for _, score in question.choices)
     if question.type == "positive":
         ok = len(question.choices) == 4 and scores[1.0] == 1 and scores[-1.0] == 1 and set(scores) <= {1.0, 0.5, 0.0, -1.0}
