@@ -1,4 +1,4 @@
-"""Samples the model cannot take are bad samples at load time (issue #29 items 3 and 10b).
+"""Samples the model cannot take are bad samples at load time.
 
 A region that hits no region-grid point under ``empty_region='raise'``, a 1x1 image and a caption with a lone
 surrogate load as images and masks, but used to fail later: inside a training step (``region_cells``,

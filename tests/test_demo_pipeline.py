@@ -1,5 +1,5 @@
 """The demo pipeline, shortened: GRPO from the committed pretrained tiny Sa2VA must raise the training reward by more
-than a noise margin measured at learning rate 0 (the learning regression test of issues #6, #12 and #23): on the
+than a noise margin measured at learning rate 0 (the demo's learning regression test): on the
 domain demo's unpaired target data (what `make demo` runs) loop 1's reward; on the same-domain paired data both
 loops' (their margins were measured there).
 
@@ -13,8 +13,8 @@ prompts, so a rising mean is learning, not easier batches), G = 4, captions of a
 than the demo's, no KL term (it would add the reference pass). The rise of a loop = mean training reward over the last WINDOW iterations − over the first WINDOW.
 
 The margins (MARGINS) come from six seeds of this very run (docs/demo.md, "The CI test";
-``python -m research.demo_test_margins --seeds 0 1 2 3 4 5``, run on the lent machine's CPU cores with
-research/plans/demo_round2.txt and demo_round3.txt): the same run at learning rate 0 measures the noise of
+``python -m research.demo_test_margins --seeds 0 1 2 3 4 5``, run with
+research/plans/demo_round2.txt and demo_round3.txt, one process per core): the same run at learning rate 0 measures the noise of
 the rise (sampling only: the policy and the EMA partner stay the pretrained model), and each margin is above the
 largest null rise of its loop (loop 1: +0.047 -> 0.05; loop 2: +0.035 -> 0.04). Learning rises over the six seeds:
 loop 1 +0.070 +0.088 +0.050 +0.065 +0.100 +0.112, loop 2 +0.075 +0.072 +0.107 +0.030 +0.089 +0.007, so learning

@@ -1,4 +1,4 @@
-"""Crash-safe checkpoints (issue #13 item 3), killed by a writer that dies half-way through a file: ``kill -9`` in
+"""Crash-safe checkpoints, killed by a writer that dies half-way through a file: ``kill -9`` in
 the middle of a save, in one process or in two gloo ranks, leaves a complete checkpoint to resume from, and the
 resumed run logs what the uninterrupted run logged. The kills here patch the writers every checkpoint goes
 through, so they hit MMEngine's CheckpointHook the same way (test_engine_fault_points.py kills between the phases

@@ -1,4 +1,4 @@
-"""Empty and short batches (issue #13 item 2, issue #29 item 4): with ``on_bad_sample='skip'`` a batch can lose every
+"""Empty and short batches: with ``on_bad_sample='skip'`` a batch can lose every
 sample; the loop replaces it by the next batch of the same rank while the other ranks keep theirs, counts it over
 ranks, never dies while some rank can still find a good sample, and a resume continues exactly. Toy algorithm
 (tests/engine_toy.py) whose ``encode`` rejects an empty batch as ``CycleGRPO.encode`` does.
@@ -63,7 +63,7 @@ def test_two_ranks_replace_empty_batches_each_and_resume_exactly(tmp_path):
 
 
 def test_two_ranks_with_most_samples_bad_train_on_the_good_ones_and_count_over_ranks(tmp_path):
-    """Issue #29 item 4: 2 ranks, batch 1, 6 of 8 samples bad. Replacing a batch on every rank whenever one rank's
+    """2 ranks, batch 1, 6 of 8 samples bad. Replacing a batch on every rank whenever one rank's
     was empty stopped this run ("every sample was skipped as bad") although one process trains on it; each rank now
     replaces its own. The replaced batches and the skipped samples are counted over both ranks."""
     options = {"train_cfg.max_iters": 4, "default_hooks.checkpoint.interval": 4,

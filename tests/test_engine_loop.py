@@ -1,6 +1,6 @@
 """GRPOLoop, EMAPartnerHook and TrainStateHook on the toy algorithm (tests/engine_toy.py), in-process, CPU.
 
-The exact-resume test is the acceptance check of issue #5: stop after iteration 3, resume, and iterations 4-6
+The exact-resume test is the acceptance check of exact resume: stop after iteration 3, resume, and iterations 4-6
 match an uninterrupted run bit for bit (logged values, trainable weights, EMA partner), under Runner (state in
 the checkpoint) and FlexibleRunner (state in side files, as under DeepSpeed).
 """

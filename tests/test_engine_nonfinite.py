@@ -1,4 +1,4 @@
-"""Step guard (issue #13 item 1, issue #29 item 1): a NaN loss / gradient skips the step without touching weights,
+"""Step guard: a NaN loss / gradient skips the step without touching weights,
 optimizer state or EMA partner, is counted and logged, and K such iterations in a row (or weights made non-finite by
 the step itself) stop the run with a clear error before a bad checkpoint exists. A step at a destructive learning
 rate (finite loss and gradients) is undone the same way, and the documented recovery (a lower lr on resume) works.
@@ -157,7 +157,7 @@ def max_abs(weights: dict[str, torch.Tensor]) -> float:
 
 
 def test_destructive_learning_rate_is_undone_before_it_reaches_weights_or_checkpoints(tmp_path):
-    """Issue #29 item 1: at lr 1e6 the step's loss and gradients are finite but it moves the weights ~1e5-fold. The
+    """At lr 1e6 the step's loss and gradients are finite but it moves the weights ~1e5-fold. The
     guard puts weights and optimizer state back (update ratio > max_update_ratio), and 3 such iterations in a row stop
     the run; the checkpoints it names hold the initial weights (the unguarded run checkpointed weights of ~1e5)."""
     with pytest.raises(FloatingPointError, match="update larger than max_update_ratio=1 x the weights' norm") as err:
@@ -211,7 +211,7 @@ def test_recovery_recipe_lower_lr_and_resume_auto_trains_on(tmp_path):
 
 
 def test_a_failure_cause_logged_once_is_zero_at_a_clean_iteration_after_it(tmp_path):
-    """Issue #29 item 5: the composer reports only the causes it saw, and MMEngine's message hub keeps a name's last
+    """The composer reports only the causes it saw, and MMEngine's message hub keeps a name's last
     value, so iteration 3 logged iteration 2's failure count again; also after a resume from iteration 2."""
     hooks = [dict(type="EMAPartnerHook"), dict(type="TrainStateHook"), dict(type="RewardFailureHook")]
     options = {"train_cfg.algorithm.flaky_reward_at": (2,), "train_cfg.max_iters": 3, "custom_hooks": hooks,

@@ -1,4 +1,4 @@
-"""What `--resume` finds and refuses (issue #29 item 8): in a copied work dir `--resume auto` takes the copy's own
+"""What `--resume` finds and refuses: in a copied work dir `--resume auto` takes the copy's own
 checkpoint, not the one the copied ``last_checkpoint`` names in the original directory; a checkpoint passed over for
 not reading back is named; a resume with another process count than the checkpoint's stops with a message naming
 both counts (it went on without the RNG states, 2 -> 1, or blamed a missing side file, 1 -> 2). Toy runs in

@@ -1,4 +1,4 @@
-"""Preemption (issue #29 item 2): SIGTERM / SIGUSR1 in the middle of an iteration make the run finish that
+"""Preemption: SIGTERM / SIGUSR1 in the middle of an iteration make the run finish that
 iteration, save a complete checkpoint through AtomicCheckpointHook's atomic path, log a line and exit with
 128 + the signal number; with two gloo ranks a signal that reaches one rank stops both after the same iteration.
 The resumed run logs what an uninterrupted run logs. Toy algorithm in forked children (tests/fault_tools.py); the

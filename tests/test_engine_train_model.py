@@ -123,7 +123,7 @@ def test_weights_storage_device_reaches_the_weight_sets(storage):
 
 
 def test_gpu_base_config_trains_fp32_master_weights_under_bf16_autocast(sft_batch, monkeypatch):
-    """Issue #24 item 1: with the GPU configs' choice (torch_dtype bf16, AmpOptimWrapper bf16) the trained tensors are
+    """With the GPU configs' choice (torch_dtype bf16, AmpOptimWrapper bf16) the trained tensors are
     fp32 masters: their gradients are fp32 (CUDA's AMP unscale has no bf16 kernel: the crash at the first optimizer
     step on one GPU and DDP), no loss scaling is applied, and an lr-1e-5 AdamW step moves every trained tensor (in bf16
     the step is below the weights' resolution and rounds away). The model's frozen weights stay bf16 and the forward

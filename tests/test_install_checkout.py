@@ -1,4 +1,4 @@
-"""Installing into a Sa2VA checkout (issue #16 item 4): every import of the package is a declared requirement, and
+"""Installing into a Sa2VA checkout: every import of the package is a declared requirement, and
 the plugin installs (wheel into a folder, and editable) beside upstream's ``projects/llava_sam2`` packages, both
 importable (PEP 420: no ``__init__.py`` in ``projects/`` or ``projects/llava_sam2/``). Offline: pip builds with
 ``--no-index --no-build-isolation --no-deps``."""

@@ -232,7 +232,7 @@ def test_eval_and_precompute_tools(qa_files, tmp_path, capsys):
 
 
 def test_credentials_in_the_base_url_never_reach_the_log(monkeypatch, caplog):
-    """Issue #29 item 8: a base URL with a user and password (from the config or $JUDGE_BASE_URL) was logged as is
+    """A base URL with a user and password (from the config or $JUDGE_BASE_URL) was logged as is
     by the reward's start-up line (the client's repr) and written by describe()."""
     url = f"https://judge-user:{SECRET}@judge.example.org:8443/v1"
     monkeypatch.setenv("JUDGE_BASE_URL", url)

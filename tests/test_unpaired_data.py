@@ -1,4 +1,4 @@
-"""Unpaired target-domain data (issue #23): the shapes world's target domain keeps scenes and texts and shifts only
+"""Unpaired target-domain data: the shapes world's target domain keeps scenes and texts and shifts only
 pixels; the COCO writer/loader carry region-only and text-only annotations; CycleGRPO gives each loop only the
 samples that carry what it needs."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Unit tests of the upstream (XTuner) key map, the DeepSpeed ZeRO reader and the load helpers (issue #16); no
+"""Unit tests of the upstream (XTuner) key map, the DeepSpeed ZeRO reader and the load helpers; no
 fixture run needed. Expected values are derived by hand in the comments."""
 from __future__ import annotations
 

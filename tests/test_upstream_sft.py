@@ -1,4 +1,4 @@
-"""From an upstream XTuner SFT run to RL and back (issue #16), on a tiny upstream-style run built by
+"""From an upstream XTuner SFT run to RL and back, on a tiny upstream-style run built by
 ``model.tiny_upstream_run`` (peft names, a real DeepSpeed ZeRO-2 directory written by DeepSpeed, 2 ranks).
 
 1. load: ``.pth`` and DeepSpeed dir, LoRA kept or merged, vocabulary resized, errors that name keys;

@@ -1,4 +1,4 @@
-# Reward-guided fine-tuning on CPU (issue #7, item 5): GRPO's caption -> mask loop alone, scored by the learned
+# Reward-guided fine-tuning on CPU (docs/prompt_rl.md): GRPO's caption -> mask loop alone, scored by the learned
 # GT-free reward `reward_net_dice` (prompt_rl/reward.py) instead of a caption cycle. Each step grounds B captions,
 # samples G stochastic masks per caption (Bernoulli mask policy), scores every mask with the reward network from
 # the image and the mask only, and takes the clipped GRPO step on the mask log-probabilities.

@@ -1,4 +1,4 @@
-"""Rollout decode throughput: HF generate vs the reference decoder vs the fast path (issue #8).
+"""Rollout decode throughput: HF generate vs the reference decoder vs the fast path (docs/speed.md).
 
     sa2va-rl bench decode --lm qwen2.5-3b --json decode.json --trace decode_trace   # one GPU
     sa2va-rl bench decode --lm 4b --json decode_4b.json                            # Sa2VA-4B's LM

@@ -1,5 +1,5 @@
 """Loop 1 vs loop 2 of one GRPO step: gradient scale on the shared trainables, the mask action's size and
-partner-visible share, and what one optimizer step does to the per-element and per-mask ratios (issue #12 item 2).
+partner-visible share, and what one optimizer step does to the per-element and per-mask ratios (docs/mask_action.md).
 
     python -m projects.llava_sam2.rl_train.benchmarks.mask_action --preset tiny                     # defaults
     python -m projects.llava_sam2.rl_train.benchmarks.mask_action --preset tiny --mask-policy bernoulli \

@@ -1,4 +1,4 @@
-"""The two baselines of ``sa2va-rl bench rl-step`` (rl_step.py; issue #8), HF ``generate()`` as a decoder and the
+"""The two baselines of ``sa2va-rl bench rl-step`` (rl_step.py), HF ``generate()`` as a decoder and the
 naive step, and the bench's random-weight stand-ins (a caption reward without network, captions folded into the tiny
 vocab).
 

@@ -12,7 +12,7 @@ loop 2, each with its reference and partner passes) → rewards → advantages �
 optimizer step → EMA partner update, on a shapes-world batch of ``--image-size`` images (896 px → 2×2 tiles +
 thumbnail = 1,280 image tokens per prompt on the real presets). As ``GRPOLoop`` under the GPU configs'
 ``AmpOptimWrapper(dtype='bfloat16')``, the rollout and the loss forward run under bf16 autocast with peft's fp32
-adapters computing in bf16 (``--amp-dtype``; ``none`` gives the fp32 adapter GEMMs of the figures before session 6).
+adapters computing in bf16 (``--amp-dtype``; ``none`` keeps peft's adapter GEMMs in fp32).
 
 Then, in the same process on the same batch (``--baselines``):
 

@@ -1,4 +1,4 @@
-"""The domain-adaptation table of issue #23 over seeds: every system against the starting model on the same
+"""The domain-adaptation table over seeds: every system against the starting model on the same
 held-out samples (paired 95 % bootstrap CIs), the share of the oracle's cycle-IoU gain that GRPO recovers, and the
 acceptance checks.
 

@@ -1,4 +1,4 @@
-"""Controls and the multi-seed study of the demo, so that a gain means something (issues #6 and #12).
+"""Controls and the multi-seed study of the demo, so that a gain means something.
 
     sa2va-rl demo-controls --work-dir work_dirs/demo_controls [--seeds 0 1 2] [--every-seed loop1_only] \\
         [--controls NAME ...] [demo settings ...]

@@ -1,6 +1,6 @@
 """The embedded demo: the pretrained tiny Sa2VA -> dual-loop GRPO -> held-out evaluation -> report, on a CPU.
 
-By default the demo is a domain adaptation (issue #23): the committed tiny Sa2VA was pretrained on the source shapes
+By default the demo is a domain adaptation: the committed tiny Sa2VA was pretrained on the source shapes
 world; GRPO adapts it to the target domain (``--target-shift``: the same scenes and vocabulary with shifted pixels,
 data/shapes.py ``DomainShift``) from unpaired target data only (loop 1: regions without text; loop 2: texts
 without masks, on other images), and every evaluation scores the target domain's held-out ``--eval-split``

@@ -1,4 +1,4 @@
-"""Pretrain the tiny Sa2VA on the shapes world so that it reads its text (issue #12, deliverable 1).
+"""Pretrain the tiny Sa2VA on the shapes world so that it reads its text.
 
     python -m projects.llava_sam2.rl_train.demo.pretrain_tiny --out DIR --seed 0 --device cuda [--help]
 

@@ -1,4 +1,4 @@
-"""Listener accuracy: do a system's captions pick out the right object for a frozen listener? (issue #23)
+"""Listener accuracy: do a system's captions pick out the right object for a frozen listener?
 
 METEOR against the ground truth flatters a caption that names the wrong object (most of its words are right), and
 the cycle IoU lets a system's own segmenter adapt to its captions. Listener accuracy asks a fixed reader instead:

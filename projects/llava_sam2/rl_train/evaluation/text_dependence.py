@@ -1,4 +1,4 @@
-"""Does the segmenter read its text? Own-object against other-text IoU on held-out multi-object scenes (issue #12).
+"""Does the segmenter read its text? Own-object against other-text IoU on held-out multi-object scenes.
 
 For a held-out scene s with objects k = 1..n_s (n_s ≥ 2), the model segments each object's text t_k with the RES
 prompt (greedy answer, first ``[SEG]`` mask, exactly as the ``res`` evaluation task does); m_k is that mask and g_k
@@ -13,7 +13,7 @@ Reported over S scenes (scene = resampling unit, percentile bootstrap, ``evaluat
 mean_s own_s, other-text IoU = mean_s other_s, gap = mean_s (own_s − other_s) (paired), identical pairs =
 Σ same_s / Σ pairs_s. A text-blind segmenter (the same mask whatever the text) has gap 0 and 100 % identical
 pairs; an oracle that returns each named object's GT has own 1, other 0 (the visible masks of a scene do not
-overlap). Issue #12's targets: gap ≥ 0.30 and < 20 % identical pairs. An answer without ``[SEG]`` gives an empty
+overlap). The pretrained tiny model's targets: gap ≥ 0.30 and < 20 % identical pairs. An answer without ``[SEG]`` gives an empty
 mask (IoU 0), as in the ``res`` task.
 
 Scenes: ``ShapesWorld(split, seed=seed, domain=domain, shift=shift)`` (``'val'`` for choosing settings, ``'test'``
@@ -85,7 +85,7 @@ class TextDependence:
 
     @property
     def meets_targets(self) -> bool:
-        """Issue #12's acceptance: gap ≥ 0.30 and identical pairs < 20 %."""
+        """The pretrained tiny model's acceptance: gap ≥ 0.30 and identical pairs < 20 %."""
         return self.gap.value >= GAP_TARGET and self.identical_share.value < IDENTICAL_TARGET
 
     def to_dict(self) -> dict:

@@ -4,7 +4,7 @@ Same contract as :func:`generation.sample_completions` (which stays the referenc
 ``num_generations`` (G): the input is B prompts and the output N = B·G completions, row ``b·G + g`` the
 g-th sample of prompt b (prompt-major, as :mod:`grpo.advantages` groups them).
 
-How one call runs (issue #8, "rollout and step speed on GPU"):
+How one call runs (docs/speed.md):
 
 1. **Prefill once per prompt.** The B prompts go through the decoder body with a ``DynamicCache``, exactly
    as the reference prefills; their keys/values are then copied G times into a transformers

@@ -1,4 +1,4 @@
-# Demo control, not a method (issue #12): loop 2 rewarded by the IoU of the sampled mask with the GROUND-TRUTH mask
+# Demo control, not a method: loop 2 rewarded by the IoU of the sampled mask with the GROUND-TRUTH mask
 # instead of METEOR of the partner's caption. No GT-free loop-2 reward can carry more information about the mask than
 # this one, so its held-out gain bounds what any loop-2 reward (METEOR, a judge, a reward network) can add at the
 # demo's budget (60 iterations x 4 prompts x G = 8, the same step size and KL). Everything else is grpo_shapes_cpu.py.

@@ -1,4 +1,4 @@
-# A probe of the demo (issue #12): loop 2's reward adds a GT-free mask-quality term, the reward network's predicted
+# A probe of the demo: loop 2's reward adds a GT-free mask-quality term, the reward network's predicted
 # Dice of each sampled mask (docs/prompt_rl.md, `sa2va-rl prompt-rl reward-net --mask-input binary` trained on the
 # same pretrained checkpoint), to METEOR of the partner's caption. METEOR does not change when a mask's boundary
 # moves a little; the reward network sees the mask itself. Everything else is the demo's grpo_shapes_cpu.py.

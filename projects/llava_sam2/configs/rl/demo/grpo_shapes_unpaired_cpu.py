@@ -1,4 +1,4 @@
-# The domain-adaptation demo's GRPO (issue #23): the committed tiny Sa2VA, pretrained on the source shapes world, is
+# The domain-adaptation demo's GRPO: the committed tiny Sa2VA, pretrained on the source shapes world, is
 # adapted to the target domain (same scenes and vocabulary, shifted pixels: data/shapes.py DomainShift) from UNPAIRED
 # target data only:
 #   * loop 1 (mask -> caption -> mask') reads target images with region masks and no text (`regions`);
