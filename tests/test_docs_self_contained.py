@@ -3,6 +3,7 @@ installed package neither contains nor imports the research area (docs/architect
 from __future__ import annotations
 
 import ast
+import os
 import re
 from pathlib import Path
 
@@ -28,16 +29,14 @@ LAB_PACKAGES = ("research", "tools.experiments")
 
 def _repository_text_files() -> list[Path]:
     files = []
-    for path in ROOT.rglob("*"):
-        parts = path.relative_to(ROOT).parts
-        if any(part in SKIPPED_DIRS or part.endswith(".egg-info") for part in parts[:-1]):
-            continue
-        if path.is_file() and path.suffix.lower() not in SKIPPED_SUFFIXES:
-            files.append(path)
+    for folder, dirs, names in os.walk(ROOT):  # pruned walk: never descends into .venv or run outputs
+        dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS and not d.endswith(".egg-info")
+                         and (d == ".ci" or not d.startswith(".")))  # .venv, .cache and other local state
+        files += [Path(folder, name) for name in sorted(names) if Path(name).suffix.lower() not in SKIPPED_SUFFIXES]
     return files
 
 
-def outside_cites(files: list[Path]) -> list[str]:
+def outside_cites(files: list[Path], root: Path = ROOT) -> list[str]:
     found = []
     for path in files:
         try:
@@ -47,7 +46,7 @@ def outside_cites(files: list[Path]) -> list[str]:
         for line_no, line in enumerate(text.splitlines(), 1):
             for what, pattern in OUTSIDE_CITES.items():
                 if pattern.search(line):
-                    found.append(f"{path.relative_to(ROOT)}:{line_no}: cites {what}: {line.strip()[:100]}")
+                    found.append(f"{path.relative_to(root)}:{line_no}: cites {what}: {line.strip()[:100]}")
     return found
 
 
@@ -80,7 +79,7 @@ def test_the_cite_check_catches_each_kind_of_outside_cite(tmp_path):
              "DESIGN" + " §3", "the map: DESIGN" + ".md", "STYLE" + ".md rules", "docs/sa2va_internals.md §4.3"]
     for index, line in enumerate(lines):
         (tmp_path / f"f{index}.py").write_text(line + "\n")
-    found = outside_cites(sorted(tmp_path.iterdir()))
+    found = outside_cites(sorted(tmp_path.iterdir()), root=tmp_path)
     assert len(found) == len(lines) - 1 and not any("f6.py" in hit for hit in found)
 
 
