@@ -106,3 +106,22 @@ def test_package_never_imports_the_research_area():
     assert not found, "the package must not depend on research/:\n" + "\n".join(found)
     assert lab_imports("from research import probe\nimport tools.experiments.x\nrun('research.sweep')\n") == [
         "line 1: research", "line 2: tools.experiments.x", "line 3: research.sweep"]
+
+
+# The lab's history (which issue, session or lent machine produced a figure) belongs in research/LOG.md.
+LAB_HISTORY = re.compile(r"(?<![\w/#])#\d+\b|\bissues? #?\d+|\bsessions? \d+\b|\blent (?:machine|GPU|H100|H200|host)\b"
+                         r"|\bthe lead\b", re.IGNORECASE)
+
+
+def lab_history(text: str) -> list[str]:
+    return [f"{line_no}: {line.strip()[:100]}" for line_no, line in enumerate(text.splitlines(), 1)
+            if LAB_HISTORY.search(line)]
+
+
+def test_user_docs_describe_the_product_not_the_lab_history():
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted(PACKAGE.glob("assets/*/BUILD.md"))]
+    found = [f"{path.relative_to(ROOT)}:{hit}" for path in docs for hit in lab_history(path.read_text())]
+    assert not found, "move the history to research/LOG.md:\n" + "\n".join(found)
+    assert lab_history("as issue #12 asked\nsession 5 measured\non the lent machine\n") == [
+        "1: as issue #12 asked", "2: session 5 measured", "3: on the lent machine"]
+    assert not lab_history("sample coco/12#7 and a ## heading, 6 sessions of work")
