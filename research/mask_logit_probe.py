@@ -1,4 +1,4 @@
-"""Experiment (docs/demo.md, "Session 7"): how did GRPO change the segmenter's masks, start vs RL checkpoint?
+"""Experiment (research/LOG.md, "Session 7"): how did GRPO change the segmenter's masks, start vs RL checkpoint?
 
 On held-out shapes scenes, each model answers the RES prompt of the sample's first referring expression (greedy, the
 evaluation's pipeline) and the SAM2 decoder's best low-res logits z ``[h, w]`` of the first ``[SEG]`` are kept.

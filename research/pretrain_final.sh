@@ -1,5 +1,5 @@
 #!/bin/bash
-# Second GPU run of demo/pretrain_tiny.py (issue #12; docs/benchmarks.md, "Pretraining the tiny Sa2VA"): the
+# Second GPU run of demo/pretrain_tiny.py (issue #12; research/LOG.md, "Pretraining the tiny Sa2VA on one H100"): the
 # recipe the sweep (pretrain_sweep.sh) pointed to, with two splits of the time budget between stages, side by side.
 # Usage, from a directory holding `projects/` and nltk_data/corpora/wordnet.zip:
 #   bash pretrain_final.sh TIME_LIMIT_S KILL_AFTER_S

@@ -1,4 +1,4 @@
-"""research/mask_logit_probe.py (docs/demo.md "Session 7"): a checkpoint against itself changes nothing."""
+"""research/mask_logit_probe.py (research/LOG.md "Session 7"): a checkpoint against itself changes nothing."""
 import json
 
 from research import mask_logit_probe

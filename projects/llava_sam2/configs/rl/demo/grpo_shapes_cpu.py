@@ -27,7 +27,7 @@ train_cfg.algorithm.config.update(  # noqa: F405
     max_completion_length=16,  # shapes captions are ~10 tokens
     temperature=1.0,
     # loss
-    # k3 KL to the starting model ("adapter off"). Measured on the demo (docs/demo.md, "Results"): without it the
+    # k3 KL to the starting model ("adapter off"). Measured on the same-domain demo (research/LOG.md): without it the
     # captions drift to what the partner segments anyway ("a big red circle" for every shape), beta 0.04 does not
     # stop that; beta 0.5 cuts the drift (caption METEOR -0.02 to -0.04 instead of -0.09 to -0.14) and raises the
     # cycle IoU beyond CI on 3 seeds, but the drift stays beyond CI on 2 of them
@@ -44,7 +44,7 @@ train_cfg.algorithm.config.update(  # noqa: F405
 )
 # ---- loop-1 reward: the cycle IoU plus a caption-fidelity term. With the cycle IoU alone the captions drift to what
 # the partner segments anyway (it picks objects by colour, so "a big <colour> circle" scores as well as a true
-# caption); METEOR against the ground-truth caption keeps the caption true (docs/demo.md, "Loop 1's reward": weight
+# caption); METEOR against the ground-truth caption keeps the caption true (research/LOG.md, same-domain demo: weight
 # 1.0 against 0.5 and against the cycle IoU alone, 3 seeds each).
 # grpo_shapes_cycle_only_cpu.py is the cycle-IoU-only control.
 train_cfg.algorithm.rewards.mask_to_caption = [  # noqa: F405

@@ -37,7 +37,7 @@ train_cfg.algorithm.rewards.mask_to_caption = [dict(type=IoUReward, weight=1.0)]
 # ---- loop 1's dense mask loss (grpo/dense.py): the policy segments each of its own sampled captions and a Dice + BCE
 # loss pulls that mask toward the input region, on the rollouts with positive advantage. The region is the data's and
 # the caption the policy's, so it needs no caption label: exactly what unpaired region data offers. Chosen on the
-# validation seeds 100 and 101 (val split; docs/demo.md "Domain-adaptation results"): Δ cycle IoU +0.097 / +0.113
+# validation seeds 100 and 101 (val split; docs/demo.md "Results"): Δ cycle IoU +0.097 / +0.113
 # against +0.019 without it (seed 100). Other GRPOConfig keys (e.g. mask_policy='deterministic' with
 # caption_to_mask_dense_weight) are set per run with `sa2va-rl demo --rl-options train_cfg.algorithm.config.<key>=<v>`.
 train_cfg.algorithm.config.update(  # noqa: F405
