@@ -1,4 +1,4 @@
-"""Experiment (research/LOG.md, "History: the demo from random init"): can text_hidden_fcs + the SAM2 mask decoder learn to pick the named
+"""Experiment (research/LOG.md, the demo from random init): can text_hidden_fcs + the SAM2 mask decoder learn to pick the named
 object from the [SEG] state of a *frozen, random* tiny LLM, and how does that compare with an oracle prompt (a
 learned embedding of the object's colour, shape and grid cell)?
 

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Third GPU run of demo/pretrain_tiny.py (issue #12; research/LOG.md, "Pretraining the tiny Sa2VA on one H100"): continue the
+# Third GPU run of demo/pretrain_tiny.py (issue #12; research/LOG.md, "Pretraining the tiny Sa2VA"): continue the
 # committed checkpoint (the second run's sam_heavy) with more sam/joint steps, beside a longer run from scratch.
 # Usage, from the repository root with nltk_data/corpora/wordnet.zip under $NLTK_ROOT:
 #   bash research/pretrain_continue.sh TIME_LIMIT_S KILL_AFTER_S NLTK_ROOT

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Recipe sweep of demo/pretrain_tiny.py on one GPU (issue #12; research/LOG.md, "Pretraining the tiny Sa2VA on one H100").
+# Recipe sweep of demo/pretrain_tiny.py on one GPU (issue #12; research/LOG.md, "Pretraining the tiny Sa2VA").
 # Runs the variants side by side (one process each, 2 batch-building workers each), then packs the logs and
 # every checkpoint into $OUT. Usage, from a directory holding `projects/` (and nltk_data/ for caption METEOR):
 #   bash pretrain_sweep.sh TIME_LIMIT_S KILL_AFTER_S

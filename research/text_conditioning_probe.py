@@ -1,4 +1,4 @@
-"""Experiment (research/LOG.md, "History: the demo from random init"): which tiny-SFT recipe makes the [SEG] mask depend on the text?
+"""Experiment (research/LOG.md, the demo from random init): which tiny-SFT recipe makes the [SEG] mask depend on the text?
 
 Trains the tiny Sa2VA preset from random init with the upstream SFT loss (``sft_loss``) on the shapes world and
 every EVERY steps prints, on 40 held-out scenes with 2+ objects where every object is named by its canonical caption:

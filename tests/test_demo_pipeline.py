@@ -14,7 +14,7 @@ than the demo's, no KL term (it would add the reference pass). The rise of a loo
 
 The margins (MARGINS) come from six seeds of this very run (docs/demo.md, "The CI test";
 ``python -m research.demo_test_margins --seeds 0 1 2 3 4 5``, run with
-research/plans/demo_round2.txt and demo_round3.txt, one process per core): the same run at learning rate 0 measures the noise of
+research/plans/demo_round2.txt and demo_round3.txt): the same run at learning rate 0 measures the noise of
 the rise (sampling only: the policy and the EMA partner stay the pretrained model), and each margin is above the
 largest null rise of its loop (loop 1: +0.047 -> 0.05; loop 2: +0.035 -> 0.04). Learning rises over the six seeds:
 loop 1 +0.070 +0.088 +0.050 +0.065 +0.100 +0.112, loop 2 +0.075 +0.072 +0.107 +0.030 +0.089 +0.007, so learning

@@ -51,7 +51,7 @@ def logged_scalars(work_dir: Path) -> dict[int, dict]:
 
 def test_train_py_propagates_training_failures(tmp_path):
     config = write_toy_config(tmp_path)
-    with pytest.raises(RuntimeError, match="failing on purpose"):  # `xtuner train` would exit 0 here (docs/stack.md §1)
+    with pytest.raises(RuntimeError, match="failing on purpose"):  # `xtuner train` exits 0 here (stack.md §1)
         train_main([config, "--work-dir", str(tmp_path / "fail"), "--cfg-options", "train_cfg.algorithm.fail_at_iter=1",
                     "train_cfg.max_iters=2"])
     assert train_main([config, "--work-dir", str(tmp_path / "ok"), "--cfg-options", "train_cfg.max_iters=2"]) == 0

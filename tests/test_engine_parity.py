@@ -1,4 +1,4 @@
-"""Cross-rank statistics (the CPU half of `sa2va-rl check gpu`'s parity check): the same global batch on 1 process and on
+"""Cross-rank statistics (the CPU half of `check gpu`'s parity): the same global batch on 1 process and on
 2 gloo processes gives the same loss and gradient norm at step 1, for every ``loss_type``.
 
 ``dapo`` divides by the active tokens of the *global* batch (TRL's ``num_items_in_batch / num_processes``); a

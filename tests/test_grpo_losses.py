@@ -321,7 +321,7 @@ def test_config_rejects_bad_values_naming_the_knob(kwargs, knob):
 
 
 def test_grpo_package_does_not_import_mmengine():
-    # docs/architecture.md "Layout": grpo/ is framework-free; checked in a fresh interpreter so other tests' imports do not mask it
+    # grpo/ is framework-free (docs/architecture.md); a fresh interpreter, so other tests' imports hide nothing
     code = "import sys, projects.llava_sam2.rl_train.grpo; print(any(m.startswith('mmengine') for m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"

@@ -6,7 +6,7 @@ Same arguments as ``xtuner train`` (``--work-dir``, ``--deepspeed``, ``--resume`
 * XTuner's ``tools/train.py`` ``main()`` runs in this process, so a failed run exits non-zero (the ``xtuner train``
   CLI runs it in a child process and ignores the child's exit code; docs/stack.md §1).
 * ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` is set unless already set: MMEngine and XTuner ``torch.load`` our own
-  checkpoints (optimizer state, RNG state, EMA partner), which torch >= 2.6 refuses in weights-only mode (docs/stack.md §2).
+  checkpoints (optimizer state, RNG state, EMA partner), which torch >= 2.6 refuses weights-only (docs/stack.md §2).
 * Without CUDA, the run happens inside ``engine/mmengine_seams.cpu_launch()`` (gloo DDP, DeepSpeed on CPU). Every
   run, CPU or GPU, uses one intra-op CPU thread per process unless ``OMP_NUM_THREADS`` is set, as torchrun's workers
   do (``engine/launch.py``).

@@ -2,7 +2,7 @@
 
     python -m projects.llava_sam2.rl_train.demo.pretrain_tiny --out DIR --seed 0 --device cuda [--help]
 
-The demo trains the ``tiny`` preset, and from random init it is text-blind (docs/demo.md, "The pretrained tiny model"). A
+The demo trains the ``tiny`` preset, and from random init it is text-blind (docs/demo.md). A
 released Sa2VA starts from a pretrained InternVL and SAM2; this tool gives the tiny one the same kind of start,
 on ``ShapesWorld('train')`` only (the ``'val'`` stream is the held-out split), in three stages
 (``demo/pretrain_stages.py``, each measured in docs/demo.md, "The pretrained tiny model"):

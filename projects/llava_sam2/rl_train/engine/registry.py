@@ -5,7 +5,7 @@ Our MMEngine classes register into MMEngine's root registries with a decorator i
 (``from ... import GRPOLoop`` + ``type=GRPOLoop``, as upstream Sa2VA's) need no registration at all; it serves
 string configs (``type='GRPOLoop'`` with ``custom_imports=dict(imports=['projects.llava_sam2.rl_train.engine'])``).
 
-``grpo/`` stays framework-free (docs/architecture.md, "Layout"), so its algorithm classes are registered here, in ``ALGORITHMS``
+``grpo/`` stays framework-free (docs/architecture.md), so its algorithm classes are registered here, in ``ALGORITHMS``
 (``CycleGRPO``); rewards keep their own name registry (``rewards.base.REWARDS``), which ``CycleGRPO`` builds
 from. Build with :func:`build_component`: ``ALGORITHMS`` has no parent in MMEngine's tree, and ``Registry.build``
 would look for the runner's default scope (``mmengine``) there and warn on every build.

@@ -13,7 +13,7 @@ Reported over S scenes (scene = resampling unit, percentile bootstrap, ``evaluat
 mean_s own_s, other-text IoU = mean_s other_s, gap = mean_s (own_s − other_s) (paired), identical pairs =
 Σ same_s / Σ pairs_s. A text-blind segmenter (the same mask whatever the text) has gap 0 and 100 % identical
 pairs; an oracle that returns each named object's GT has own 1, other 0 (the visible masks of a scene do not
-overlap). The pretrained tiny model's targets: gap ≥ 0.30 and < 20 % identical pairs. An answer without ``[SEG]`` gives an empty
+overlap). The tiny model's targets: gap ≥ 0.30 and < 20 % identical pairs. An answer without ``[SEG]`` gives an empty
 mask (IoU 0), as in the ``res`` task.
 
 Scenes: ``ShapesWorld(split, seed=seed, domain=domain, shift=shift)`` (``'val'`` for choosing settings, ``'test'``

@@ -1,4 +1,4 @@
-"""The two cycle loops (docs/architecture.md, "One training step"): each samples its action with the policy, scores it under the reference, lets
+"""The two cycle loops (docs/architecture.md): each draws an action with the policy, scores it under the reference, lets
 the EMA partner close the cycle, and hands back a ``Rollout`` plus the inputs of its rewards.
 
 * Loop 1, mask → caption → mask' (``MaskToCaptionLoop``, named ``mask_to_caption``): the policy captions the gt

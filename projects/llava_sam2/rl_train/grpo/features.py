@@ -1,4 +1,4 @@
-"""StepFeatures: what the frozen encoders produce for one GRPO step, computed once per image (docs/architecture.md, "One training step").
+"""StepFeatures: what the frozen encoders produce for one GRPO step, computed once per image (docs/architecture.md).
 
 ``encode_step`` runs InternViT (+ pixel shuffle) and the SAM2 image encoder exactly once per distinct image of
 the batch, without grad (``model.pipeline.encode_images``), and keeps the results for every pass of the step:

@@ -62,7 +62,7 @@ from .rollout import Rollout
 # Loop classes in step order; a loop runs when its config weight (``<name>_weight``) is > 0.
 CYCLE_LOOPS = (MaskToCaptionLoop, CaptionToMaskLoop)
 
-# Default rewards per loop (docs/architecture.md, "One training step"): IoU for loop 1; 0.25 METEOR + 0.75 judge for loop 2 (a judge without an
+# Default rewards per loop (docs/architecture.md): IoU, loop 1; 0.25 METEOR + 0.75 judge for loop 2 (a judge without an
 # endpoint returns None and the composer re-normalises onto METEOR).
 DEFAULT_REWARDS = {
     "mask_to_caption": [dict(type="iou", weight=1.0)],

@@ -16,7 +16,7 @@ backward through a graph recorded before the swap would raise.
 
 Storage (``storage_device``): by default each value lives beside its parameter (on the GPU). With
 ``storage_device='cpu'`` the fp32 partner shadow, a copy of it in each parameter's dtype, the reference snapshot
-and the swap backup live in pinned host memory, so partner + reference cost no accelerator memory (the goal is ≤ 5 % of the model: LoRA
+and the swap backup live in pinned host memory, so partner + reference cost no GPU memory (goal ≤ 5 % of the model; LoRA
 r=128 on a 3B LLM alone has ~240 M trainable values, whose fp32 shadow is already 12 % of the bf16 model). A swap
 is then two asynchronous same-dtype copies per direction (backup device→host, values host→device; stream-ordered,
 so the restore is bit-exact), and ``update_partner`` copies the policy to the host (reusing the backup buffer), waits

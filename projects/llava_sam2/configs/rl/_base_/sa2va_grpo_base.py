@@ -1,4 +1,4 @@
-# Dual-loop GRPO on top of the Sa2VA SFT settings (docs/architecture.md, "One training step"): same model, LoRA, optimizer and hooks as
+# Dual-loop GRPO on top of the Sa2VA SFT settings (docs/architecture.md): same model, LoRA, optimizer and hooks as
 # sa2va_sft_base.py, with the train loop swapped for GRPOLoop and the GRPO hooks added. Children set the model
 # (model.update(pretrained_path=...) or preset=...), the prompts (train_dataloader.update(dataset=...,
 # collate_fn=...)) and max_iters (train_cfg.update(max_iters=...) and param_scheduler). Every hook has a name in

@@ -2,7 +2,7 @@
 # Dice of each sampled mask (docs/prompt_rl.md, `sa2va-rl prompt-rl reward-net --mask-input binary` trained on the
 # same pretrained checkpoint), to METEOR of the partner's caption. METEOR does not change when a mask's boundary
 # moves a little; the reward network sees the mask itself. Everything else is the demo's grpo_shapes_cpu.py.
-# Measured (research/LOG.md, same-domain demo, 3 seeds): no better than the default (cycle IoU +0.011..+0.018 at weight 1,
+# Measured (research/LOG.md, 3 seeds): no better than the default (cycle IoU +0.011..+0.018 at weight 1,
 # -0.001..+0.022 at weight 3), loop 2's training reward does not rise, and the text gap shrinks beyond CI on 2-3 seeds.
 #
 #   sa2va-rl demo --rl-config projects/llava_sam2/configs/rl/demo/grpo_shapes_reward_net_cpu.py \

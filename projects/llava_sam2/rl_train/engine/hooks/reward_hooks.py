@@ -1,6 +1,6 @@
 """Reward accounting hooks (``after_reward``: the rollouts have been scored, advantages not yet computed).
 
-``RewardFailureHook`` makes every reward fallback visible (docs/rewards.md, "Composition and fallbacks"): a judge timeout, an HTTP error or an
+``RewardFailureHook`` makes every reward fallback visible (docs/rewards.md): a judge timeout, an HTTP error or an
 unparsable answer never stops training, but each iteration that had one logs a warning with the counts per loop,
 reward and cause, and the run totals are kept in the message hub (``reward_failures``), which checkpoints carry
 across a resume. The per-iteration counts are also in the logged metrics (``<loop>/<reward>/failures/<cause>``).
