@@ -125,3 +125,32 @@ def test_user_docs_describe_the_product_not_the_lab_history():
     assert lab_history("as issue #12 asked\nsession 5 measured\non the lent machine\n") == [
         "1: as issue #12 asked", "2: session 5 measured", "3: on the lent machine"]
     assert not lab_history("sample coco/12#7 and a ## heading, 6 sessions of work")
+
+
+def numbered_sections(markdown: str) -> set[str]:
+    """'1', '1.7', ... from `## 1. Title` / `### 1.7 Title` headings, plus 'N.k' for the k-th numbered item of `## N`."""
+    sections, current = set(), None
+    for line in markdown.splitlines():
+        heading = re.match(r"#{2,3} (\d+(?:\.\d+)?)\.? ", line)
+        if heading:
+            sections.add(heading.group(1))
+            current = heading.group(1) if "." not in heading.group(1) else None
+        elif current and (item := re.match(r"(\d+)\. ", line)):
+            sections.add(f"{current}.{item.group(1)}")
+    return sections
+
+
+def test_every_cited_section_of_the_internals_and_stack_pages_exists():
+    cite = re.compile(r"(sa2va_internals|stack)\.md((?:[ ,]*(?:and )?§\d+(?:\.\d+)?(?:-§\d+(?:\.\d+)?)?)+)")
+    pages = {name: numbered_sections((ROOT / "docs" / f"{name}.md").read_text()) for name in ("sa2va_internals", "stack")}
+    missing, count = [], 0
+    for path in _repository_text_files():
+        if path.suffix not in (".py", ".md", ".sh", ".txt") and path.name != "Makefile":
+            continue
+        for match in cite.finditer(path.read_text(encoding="utf-8", errors="replace")):
+            for number in re.findall(r"§(\d+(?:\.\d+)?)", match.group(2)):
+                count += 1
+                if number not in pages[match.group(1)]:
+                    missing.append(f"{path.relative_to(ROOT)}: {match.group(1)}.md §{number}")
+    assert count > 30 and not missing, missing
+    assert {"1.7", "8", "8.3", "7.3"} <= pages["sa2va_internals"] and "8.6" not in pages["sa2va_internals"]
