@@ -195,8 +195,7 @@ def parse_args(argv=None):
     parser.add_argument("--grad-ckpt", default=None, choices=["on", "off"], help="default: on for CUDA")
     parser.add_argument("--amp-dtype", default=None, choices=["bfloat16", "float16", "none"],
                         help="autocast of rollout and loss forward, as the configs' AmpOptimWrapper (engine/loop.py): "
-                             "default bfloat16 on CUDA, none on CPU; none = LoRA GEMMs in fp32 (figures before "
-                             "session 6)")
+                             "default bfloat16 on CUDA, none on CPU; none = LoRA GEMMs in fp32")
     parser.add_argument("--force-seg", action="store_true",
                         help="the partner's loop-1 answers are forced to 'Sure, [SEG].' + stop (the [SEG] path runs)")
     parser.add_argument("--caption-lengths", default=None, metavar="LO,HI",

@@ -110,7 +110,7 @@ def acceptance(per_seed: Mapping[int, object], controls: Mapping[int, Mapping[st
         verdict["mean_recovered"] = mean
         verdict["met"] = mean >= RECOVERY_GOAL and all(all(v for k, v in seed.items() if k != "recovered")
                                                        for seed in verdict["seeds"].values())
-        lines += ["### Acceptance (issue #23)", "", *check_lines, "",
+        lines += ["### Acceptance (domain adaptation)", "", *check_lines, "",
                   f"Mean share of the oracle's cycle-IoU gain recovered by GRPO: {mean:.0%} (goal ≥ "
                   f"{RECOVERY_GOAL:.0%}); every check on every seed and the mean: "
                   f"{'met ✅' if verdict['met'] else 'not met ❌'}.", ""]

@@ -241,7 +241,7 @@ def summary_markdown(rows: Sequence[Row], checks: Mapping[str, dict], trend: Map
              "|---|---|---|---|"]
     lines += [f"| {r.label} | {_fmt(r.base)} | {_fmt(r.rl)} | {_fmt(r.diff)} |" for r in rows]
     lines += list(text_lines)
-    lines += ["", "Goal of issues #6 / #12 (one seed here; the 3-seed study is in docs/demo.md):", ""]
+    lines += ["", "The demo's goals (one seed here; the multi-seed results are in docs/demo.md):", ""]
     lines += [f"* {'✅' if c['passed'] else '❌'} `{name}`: {c['detail']}" for name, c in checks.items()]
     lines += ["", "Held-out samples whose mask for the GT expression (`res`) and for the model's own caption "
                   "(`cycle_iou`) are pixel-identical — "
