@@ -10,11 +10,11 @@ from peft import LoraConfig, get_peft_model
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from projects.llava_sam2.rl_train.model.checkpoint import checkpoint_layout, checkpoint_state_dict, parse_size
-from projects.llava_sam2.rl_train.model.configuration import SUPPORTED_LLM_ARCHITECTURES, Sa2VAConfig
-from projects.llava_sam2.rl_train.model.language import LanguageKeyMap
-from projects.llava_sam2.rl_train.model.presets import build_preset
-from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
+from projects.llava_sam2.rl_train.model.checkpoints.hf_checkpoint import checkpoint_layout, checkpoint_state_dict, parse_size
+from projects.llava_sam2.rl_train.model.network.configuration import SUPPORTED_LLM_ARCHITECTURES, Sa2VAConfig
+from projects.llava_sam2.rl_train.model.network.language import LanguageKeyMap
+from projects.llava_sam2.rl_train.model.network.presets import build_preset
+from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
 
 VOCAB = 96
 G_WEIGHT = "grounding_encoder.sam2_model.memory_encoder.fuser.layers.0.g_weight"

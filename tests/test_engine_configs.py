@@ -17,7 +17,7 @@ from engine_toy import run_config
 from projects.llava_sam2.rl_train.cli.export import main as export_hf
 from projects.llava_sam2.rl_train.engine.checkpointing import unwrap_model
 from projects.llava_sam2.rl_train.engine.loop import GRPOLoop
-from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
+from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
 from projects.llava_sam2.rl_train.rewards import REWARDS, register_reward
 
 REPO = Path(__file__).resolve().parents[1]

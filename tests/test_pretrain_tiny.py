@@ -141,7 +141,7 @@ def test_time_budget_stops_a_stage_early():
 
 
 def test_pretrain_writes_a_checkpoint_that_loads(tmp_path):
-    from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
+    from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
 
     out = tmp_path / "ckpt"
     argv = ["--out", str(out), "--sam-steps", "2", "--lm-steps", "1", "--joint-steps", "2", "--scenes-per-batch", "1",

@@ -1,5 +1,5 @@
 """From an upstream XTuner SFT run to RL and back (issue #16), on a tiny upstream-style run built by
-``model.tiny_upstream_run`` (peft names, a real DeepSpeed ZeRO-2 directory written by DeepSpeed, 2 ranks).
+``model.checkpoints.tiny_upstream_run`` (peft names, a real DeepSpeed ZeRO-2 directory written by DeepSpeed, 2 ranks).
 
 1. load: ``.pth`` and DeepSpeed dir, LoRA kept or merged, vocabulary resized, errors that name keys;
 2. convert: ``to-hf`` equals upstream's rename rule applied to the emulated upstream model; ``to-xtuner`` back;
@@ -24,12 +24,12 @@ from engine_toy import run_config
 from projects.llava_sam2.rl_train.cli import convert
 from projects.llava_sam2.rl_train.engine.checkpointing import unwrap_model
 from projects.llava_sam2.rl_train.engine.upstream_sft import load_sft_config
-from projects.llava_sam2.rl_train.model.deepspeed_zero import read_zero_checkpoint
-from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
-from projects.llava_sam2.rl_train.model.tiny_upstream_run import (BASE_DIR, SAM2_PT, SFT_DS_DIR, SFT_PTH,
+from projects.llava_sam2.rl_train.model.checkpoints.deepspeed_zero import read_zero_checkpoint
+from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
+from projects.llava_sam2.rl_train.model.checkpoints.tiny_upstream_run import (BASE_DIR, SAM2_PT, SFT_DS_DIR, SFT_PTH,
                                                                    make_tiny_sft_run)
-from projects.llava_sam2.rl_train.model.upstream_base import read_xtuner_checkpoint
-from projects.llava_sam2.rl_train.model.xtuner_checkpoint import load_upstream_sft
+from projects.llava_sam2.rl_train.model.checkpoints.upstream_base import read_xtuner_checkpoint
+from projects.llava_sam2.rl_train.model.checkpoints.xtuner_checkpoint import load_upstream_sft
 
 REPO = Path(__file__).resolve().parents[1]
 SFT_CONFIG = REPO / "projects/llava_sam2/configs/rl/upstream_sft/sa2va_tiny_sft.py"

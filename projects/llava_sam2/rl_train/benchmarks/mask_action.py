@@ -44,13 +44,13 @@ import torch
 from ..data.shapes import ShapesWorld
 from ..grpo.trainer import CycleGRPO
 from ..grpo.weights import WeightSets
-from ..model.checkpoint import default_dtype
-from ..model.lora import apply_lora, configure_trainable
-from ..model.presets import build_preset
-from ..model.processor import Sa2VAProcessor
-from ..model.region_chain import MaskChain, chain_rows
-from ..model.sa2va import Sa2VAModel
-from ..model.tokenizer import load_tiny_tokenizer
+from ..model.checkpoints.hf_checkpoint import default_dtype
+from ..model.network.lora import apply_lora, configure_trainable
+from ..model.network.presets import build_preset
+from ..model.text.processor import Sa2VAProcessor
+from ..model.pipeline.region_chain import MaskChain, chain_rows
+from ..model.network.sa2va import Sa2VAModel
+from ..model.text.tokenizer import load_tiny_tokenizer
 
 # trainable group -> predicate on the parameter name
 GROUPS: dict[str, Callable[[str], bool]] = {

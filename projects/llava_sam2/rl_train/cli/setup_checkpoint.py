@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from projects.llava_sam2.rl_train.model.presets import build_preset
-from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
-from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer
+from projects.llava_sam2.rl_train.model.network.presets import build_preset
+from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
+from projects.llava_sam2.rl_train.model.text.tokenizer import load_tiny_tokenizer
 
 PROG = "sa2va-rl setup tiny-checkpoint"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}

@@ -2,8 +2,8 @@
 
 * Built from a released HF checkpoint (``pretrained_path``, e.g. ``./pretrained/Sa2VA-4B``) or a size preset plus
   a tokenizer (``preset='tiny'`` for tests and the demo). LoRA (r=128, alpha=256, dropout 0.05 by default) and the
-  upstream SFT trainable set come from ``model/lora.py``.
-* ``forward(data=..., mode='loss')`` is the upstream SFT loss (``model/sft_loss.py``) of one ``sft_collate`` batch,
+  upstream SFT trainable set come from ``model/network/lora.py``.
+* ``forward(data=..., mode='loss')`` is the upstream SFT loss (``model/sft/sft_loss.py``) of one ``sft_collate`` batch,
   so xtuner's ``TrainLoop`` can SFT-train it; ``forward(grpo_batch=mb, algorithm=algo)`` is
   ``algo.policy_loss(sa2va, mb)``, as ``GRPOLoop`` sends it; both together mix ``sft_loss_weight`` times the SFT loss
   into the GRPO step.
@@ -31,11 +31,11 @@ from peft import PeftModel
 from ..grpo.config import GRPOConfig
 from ..grpo.protocol import GRPOAlgorithm
 from ..grpo.weights import WeightSets
-from ..model.decoding import TextDecoding
-from ..model.lora import apply_lora, check_compute_dtype, configure_trainable, keep_trainable_in
-from ..model.processor import Sa2VAProcessor
-from ..model.sa2va import Sa2VAModel
-from ..model.sft_loss import sft_loss
+from ..model.decoding.text_decoding import TextDecoding
+from ..model.network.lora import apply_lora, check_compute_dtype, configure_trainable, keep_trainable_in
+from ..model.text.processor import Sa2VAProcessor
+from ..model.network.sa2va import Sa2VAModel
+from ..model.sft.sft_loss import sft_loss
 from .builders import build_tokenizer, check_model_source, model_config
 from .checkpointing import keep_trainable_state
 from .upstream_sft import build_upstream_sft_model
@@ -108,7 +108,7 @@ class Sa2VATrainModel(BaseModel):
             (``AmpOptimWrapper(dtype='bfloat16')``). Under DeepSpeed the engine casts the module to its bf16 and
             keeps the fp32 masters itself. None keeps them in ``torch_dtype``.
         processor_cfg: overrides of ``Sa2VAProcessor.from_config`` (e.g. ``empty_region='dilate_to_one_cell'``).
-        sft_loss_cfg: keyword arguments of ``model.sft_loss.sft_loss`` (e.g. ``num_points``).
+        sft_loss_cfg: keyword arguments of ``model.sft.sft_loss.sft_loss`` (e.g. ``num_points``).
         data_preprocessor: MMEngine data preprocessor config (default: move tensors to the model's device).
         weights_storage_device: where the EMA partner, reference snapshot and swap backup live; ``'cpu'`` keeps
             them in pinned host memory (no GPU memory, ~0.1 s per EMA update at 4B), None keeps them beside
@@ -174,7 +174,7 @@ class Sa2VATrainModel(BaseModel):
         if mode != "loss":
             raise NotImplementedError(f"Sa2VATrainModel.forward(mode={mode!r}): only training ('loss') is "
                                       "implemented; evaluate with `sa2va-rl evaluate` (evaluation/) or "
-                                      "model/inference.py `predict`.")
+                                      "model/pipeline/inference.py `predict`.")
         if data is None and grpo_batch is None:
             raise ValueError("Sa2VATrainModel.forward: got neither an SFT batch (data=...) nor grpo_batch=...; "
                              "check the dataloader's collate_fn (sft_collate for SFT).")

@@ -2,7 +2,7 @@
 
     sa2va-rl prompt-rl segmenter OUT_DIR [--steps 400] [--batch-size 8] [--lr 2e-3] [--seed 0]
 
-Trains with the upstream SFT loss (``model/sft_loss.sft_loss``: token CE + 2.0 BCE + 0.5 Dice on PointRend
+Trains with the upstream SFT loss (``model/sft/sft_loss.py`` ``sft_loss``: token CE + 2.0 BCE + 0.5 Dice on PointRend
 points) over ``RegionSFTDataset(ShapesWorld('train'), tasks=('segment',))`` with AdamW (linear warm-up, cosine
 decay). ``--init DIR`` starts from a checkpoint instead of random weights.
 
@@ -42,12 +42,12 @@ import torch
 from torch.utils.data import DataLoader
 
 from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
-from projects.llava_sam2.rl_train.model.presets import build_preset
-from projects.llava_sam2.rl_train.model.processor import Sa2VAProcessor, sft_collate
-from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
-from projects.llava_sam2.rl_train.model.sft_data import RegionSFTDataset
-from projects.llava_sam2.rl_train.model.sft_loss import sft_loss
-from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer
+from projects.llava_sam2.rl_train.model.network.presets import build_preset
+from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor, sft_collate
+from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
+from projects.llava_sam2.rl_train.model.sft.sft_data import RegionSFTDataset
+from projects.llava_sam2.rl_train.model.sft.sft_loss import sft_loss
+from projects.llava_sam2.rl_train.model.text.tokenizer import load_tiny_tokenizer
 from projects.llava_sam2.rl_train.prompt_rl.evaluate import evaluate_default_prompt, text_sensitivity
 
 PROG = "sa2va-rl prompt-rl segmenter"

@@ -24,7 +24,7 @@ from sam2.modeling.sam.transformer import RoPEAttention
 from torch import nn
 from transformers.modeling_utils import no_init_weights
 
-from .constants import IMAGENET_MEAN, IMAGENET_STD
+from ..text.constants import IMAGENET_MEAN, IMAGENET_STD
 
 
 

@@ -25,9 +25,9 @@ from safetensors.torch import save_file
 from torch import nn
 from transformers.modeling_utils import no_init_weights
 
-from .configuration import Sa2VAConfig
-from .language import LanguageKeyMap
-from .sa2va import Sa2VAModel
+from ..network.configuration import Sa2VAConfig
+from ..network.language import LanguageKeyMap
+from ..network.sa2va import Sa2VAModel
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from .configuration import Sa2VAConfig
-from .constants import IMG_CONTEXT_TOKEN, SEG_TOKEN
+from ..text.constants import IMG_CONTEXT_TOKEN, SEG_TOKEN
 from .grounding import GroundingEncoder, GroundingFeatures, MaskDecoderOutput, logits_to_masks
 from .language import build_language_model
 from .vision import InternVisionModel, build_mlp1, pixel_shuffle
@@ -161,11 +161,11 @@ class Sa2VAModel(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, torch_dtype: torch.dtype | None = None,
                         device: str | torch.device | None = None, attn_implementation: str = "sdpa") -> "Sa2VAModel":
-        from .checkpoint import load_pretrained
+        from ..checkpoints.hf_checkpoint import load_pretrained
 
         return load_pretrained(path, torch_dtype=torch_dtype, device=device, attn_implementation=attn_implementation)
 
     def save_pretrained(self, path: str | os.PathLike, max_shard_size: int | str = "5GB") -> None:
-        from .checkpoint import save_pretrained
+        from ..checkpoints.hf_checkpoint import save_pretrained
 
         save_pretrained(self, path, max_shard_size=max_shard_size)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from .sa2va import Sa2VAModel
+from ..network.sa2va import Sa2VAModel
 from .upstream_base import UpstreamSFTSource, read_base_config
 from .xtuner_checkpoint import load_upstream_sft
 

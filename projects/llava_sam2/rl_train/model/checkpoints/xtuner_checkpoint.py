@@ -29,10 +29,10 @@ from pathlib import Path
 import torch
 from transformers.modeling_utils import no_init_weights
 
-from .checkpoint import (default_dtype, _get_tensor, _open_safetensors, _weight_files, check_layout,
+from .hf_checkpoint import (default_dtype, _get_tensor, _open_safetensors, _weight_files, check_layout,
                          checkpoint_layout, checkpoint_state_dict, module_state_from_checkpoint, read_layout)
-from .language import LanguageKeyMap
-from .sa2va import Sa2VAModel
+from ..network.language import LanguageKeyMap
+from ..network.sa2va import Sa2VAModel
 from .upstream_base import (UpstreamSFTSource, load_sft_tokenizer, read_base_config, read_sam2_checkpoint,
                             read_xtuner_checkpoint, sa2va_config_from_base)
 from .xtuner_keys import (SAM, UpstreamState, default_lora_targets, is_upstream_checkpoint_key, lora_to_module,
@@ -115,7 +115,7 @@ def load_upstream_sft(source: UpstreamSFTSource, lora_mode: str = "keep", torch_
 
 
 def _sub(llm_config: dict):
-    from .configuration import SubConfig
+    from ..network.configuration import SubConfig
 
     return SubConfig(llm_config, {}, "llm_config")
 
@@ -223,7 +223,7 @@ def _merge_into(linear: torch.nn.Module, lora_a: torch.Tensor, lora_b: torch.Ten
 
 @torch.no_grad()
 def _keep_adapter(model: Sa2VAModel, layers: dict, source: UpstreamSFTSource) -> None:
-    from .lora import apply_lora
+    from ..network.lora import apply_lora
 
     arch = model.config.llm_architecture
     upstream_targets = source.lora.target_modules or default_lora_targets(arch)
