@@ -155,7 +155,7 @@ def make_tiny_sft_run(root: str | os.PathLike, seed: int = 0, deepspeed: bool = 
     if deepspeed:
         command = [sys.executable, "-m", _MODULE, "--root", str(root), "--seed", str(seed),
                    "--deepspeed-world-size", str(world_size), "--deepspeed-only"]
-        checkout = str(Path(__file__).resolve().parents[4])  # the folder holding projects/
+        checkout = str(Path(__file__).resolve().parents[5])  # the folder holding projects/
         env = dict(os.environ, OMP_NUM_THREADS="1",
                    PYTHONPATH=os.pathsep.join(filter(None, [checkout, os.environ.get("PYTHONPATH")])))
         result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
