@@ -316,6 +316,23 @@ def test_bad_inputs_are_rejected():
         fast_sample_completions(BodylessLM(), embeds, attention, **kw)
 
 
+@pytest.mark.parametrize("bad", [dict(num_generations=0), dict(num_generations=2.0), dict(max_new_tokens=0),
+                                 dict(temperature=0.0), dict(top_p=1.5), dict(stop_check_interval=0),
+                                 dict(stop_token_ids=[])])
+def test_every_decoder_rejects_bad_arguments_alike(bad):
+    """The decoders of DECODE_BACKENDS share one argument check: the same words for the same mistake."""
+    from projects.llava_sam2.rl_train.model.decoding.fast_generation import DECODE_BACKENDS
+
+    lm = tiny_lm()
+    embeds, attention = prompts(lm, [3, 6])
+    messages = {}
+    for name, decode in DECODE_BACKENDS.items():
+        with pytest.raises(ValueError) as error:
+            decode(lm, embeds, attention, **{**dict(max_new_tokens=2, stop_token_ids=[1]), **bad})
+        messages[name] = str(error.value).split(": ", 1)[1]  # the text after the reporting function's name
+    assert len(set(messages.values())) == 1, messages
+
+
 def test_bench_decode_tool_runs_on_cpu(tmp_path):
     import json
 

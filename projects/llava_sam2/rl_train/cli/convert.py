@@ -96,7 +96,7 @@ def _rl_model(config: str, checkpoint: str, cfg_options):
 
 def _to_xtuner(args) -> int:
     from ..engine.upstream_sft import load_sft_config, sft_source
-    from ..model.network.sa2va import Sa2VAModel
+    from ..model.checkpoints.hf_checkpoint import load_pretrained
     from ..model.checkpoints.xtuner_checkpoint import resolve_layout, save_xtuner_checkpoint, xtuner_state_dict
 
     if bool(args.hf) == bool(args.config or args.checkpoint) or (args.config is None) != (args.checkpoint is None):
@@ -105,7 +105,7 @@ def _to_xtuner(args) -> int:
     if args.sft_config:
         lora = load_sft_config(args.sft_config)[0].lora
     if args.hf:
-        model, layout, origin = Sa2VAModel.from_pretrained(args.hf), "full", args.hf
+        model, layout, origin = load_pretrained(args.hf), "full", args.hf
         if args.layout == "compact":
             raise SystemExit("convert to-xtuner: an HF directory holds merged weights; use --layout full or auto")
     else:

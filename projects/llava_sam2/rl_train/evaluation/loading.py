@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..model.checkpoints.hf_checkpoint import checkpoint_state_dict, module_state_from_checkpoint
+from ..model.checkpoints.hf_checkpoint import checkpoint_state_dict, load_pretrained, module_state_from_checkpoint
 from ..model.network.presets import build_preset
 from ..model.text.processor import Sa2VAProcessor
 from ..model.network.sa2va import Sa2VAModel
@@ -90,7 +90,7 @@ def load_system(*, checkpoint: str | None = None, preset: str | None = None, wei
                          f"checkpoint={checkpoint!r}, preset={preset!r}")
     tok = load_tokenizer(checkpoint, preset, tokenizer)
     if checkpoint is not None:
-        model = Sa2VAModel.from_pretrained(checkpoint, torch_dtype=torch_dtype, device=device)
+        model = load_pretrained(checkpoint, torch_dtype=torch_dtype, device=device)
         source = f"checkpoint {checkpoint}"
     else:
         torch.manual_seed(init_seed)
