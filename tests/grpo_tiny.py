@@ -10,8 +10,8 @@ from projects.llava_sam2.rl_train.grpo.trainer import CycleGRPO
 from projects.llava_sam2.rl_train.grpo.weights import WeightSets
 from projects.llava_sam2.rl_train.model.network.lora import apply_lora, configure_trainable
 from projects.llava_sam2.rl_train.model.network.presets import build_preset
-from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor
 from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
+from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor
 from projects.llava_sam2.rl_train.model.text.tokenizer import load_tiny_tokenizer
 
 # Fast settings: G = 4, captions of at most 6 tokens, partner RES answers of at most 4 tokens.

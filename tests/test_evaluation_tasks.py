@@ -17,8 +17,8 @@ CONFIG = dict(batch_size=3, max_new_tokens=4, n_resamples=100, show_progress=Fal
 
 def _tiny(seed=0):
     from projects.llava_sam2.rl_train.model.network.presets import build_preset
-    from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor
     from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
+    from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor
     from projects.llava_sam2.rl_train.model.text.tokenizer import load_tiny_tokenizer
 
     tok = load_tiny_tokenizer()

@@ -13,8 +13,8 @@ from projects.llava_sam2.rl_train.grpo.cycle import seg_mask_head
 from projects.llava_sam2.rl_train.grpo.mask_policy import MaskHead
 from projects.llava_sam2.rl_train.grpo.passes import partner_describe, partner_segment
 from projects.llava_sam2.rl_train.model.decoding import fast_generation
-from projects.llava_sam2.rl_train.model.decoding.text_decoding import TextDecoding
 from projects.llava_sam2.rl_train.model.decoding.generation import Completions
+from projects.llava_sam2.rl_train.model.decoding.text_decoding import TextDecoding
 
 _one_thread = pytest.fixture(autouse=True)(one_thread)
 

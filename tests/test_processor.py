@@ -6,8 +6,8 @@ import pytest
 import torch
 from PIL import Image
 
-from projects.llava_sam2.rl_train.model.text.constants import IMG_CONTEXT_TOKEN
 from projects.llava_sam2.rl_train.model.network.presets import build_preset
+from projects.llava_sam2.rl_train.model.text.constants import IMG_CONTEXT_TOKEN
 from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor
 from projects.llava_sam2.rl_train.model.text.prompts import (
     ANSWER_LIST,

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from projects.llava_sam2.rl_train.model.network.presets import build_preset
-from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor
 from projects.llava_sam2.rl_train.model.pipeline.region_chain import (
     MaskChain, cells_to_masks, region_logits, region_sample_points)
+from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor
 from projects.llava_sam2.rl_train.model.text.tokenizer import load_tiny_tokenizer
 
 # (H, W): square, non-square, sides that g = 8 does not divide, H = g exactly

@@ -6,11 +6,11 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from projects.llava_sam2.rl_train.data.types import RegionSample
-from projects.llava_sam2.rl_train.model.text.constants import IGNORE_INDEX, IMG_CONTEXT_TOKEN
 from projects.llava_sam2.rl_train.model.network.presets import build_preset
+from projects.llava_sam2.rl_train.model.sft.sft_data import DEFAULT_CAPTION_QUESTIONS, RegionSFTDataset
+from projects.llava_sam2.rl_train.model.text.constants import IGNORE_INDEX, IMG_CONTEXT_TOKEN
 from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor
 from projects.llava_sam2.rl_train.model.text.prompts import ANSWER_LIST
-from projects.llava_sam2.rl_train.model.sft.sft_data import DEFAULT_CAPTION_QUESTIONS, RegionSFTDataset
 from projects.llava_sam2.rl_train.model.text.tokenizer import load_tiny_tokenizer
 
 

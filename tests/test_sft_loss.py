@@ -96,8 +96,8 @@ def test_llm_loss_equals_shifted_cross_entropy_with_ignore_index():
 def tiny():
     from projects.llava_sam2.rl_train.model.network.lora import apply_lora, configure_trainable
     from projects.llava_sam2.rl_train.model.network.presets import build_preset
-    from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor
     from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
+    from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor
     from projects.llava_sam2.rl_train.model.text.tokenizer import load_tiny_tokenizer
 
     tok = load_tiny_tokenizer()
@@ -195,8 +195,8 @@ def test_sft_loss_gradients_reach_every_trainable_group(tiny):
 
 
 def test_sft_loss_without_masks_zeroes_mask_losses_but_keeps_grads(tiny):
-    from projects.llava_sam2.rl_train.model.text.processor import sft_collate
     from projects.llava_sam2.rl_train.model.sft.sft_loss import sft_loss
+    from projects.llava_sam2.rl_train.model.text.processor import sft_collate
 
     model, proc = tiny
     model.zero_grad(set_to_none=True)
@@ -210,8 +210,8 @@ def test_sft_loss_without_masks_zeroes_mask_losses_but_keeps_grads(tiny):
 
 
 def test_sft_loss_rejects_seg_mask_count_mismatch(tiny):
-    from projects.llava_sam2.rl_train.model.text.processor import sft_collate
     from projects.llava_sam2.rl_train.model.sft.sft_loss import sft_loss
+    from projects.llava_sam2.rl_train.model.text.processor import sft_collate
 
     model, proc = tiny
     item = _seg_item(proc, 5, ["the cat", "the dog"], [(0, 20, 0, 28), (20, 40, 28, 56)])

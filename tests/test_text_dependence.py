@@ -111,8 +111,8 @@ def test_model_segmenter_runs_the_res_path_on_a_tiny_model(scenes):
     import torch
 
     from projects.llava_sam2.rl_train.model.network.presets import build_preset
-    from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor
     from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
+    from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor
     from projects.llava_sam2.rl_train.model.text.tokenizer import load_tiny_tokenizer
 
     tok = load_tiny_tokenizer()

@@ -9,15 +9,15 @@ import types
 import pytest
 import torch
 
-from projects.llava_sam2.rl_train.model.network.configuration import SubConfig
 from projects.llava_sam2.rl_train.model.checkpoints.deepspeed_zero import _load, _merge_zero2, _merge_zero3, read_zero_checkpoint
-from projects.llava_sam2.rl_train.model.network.language import LanguageKeyMap
-from projects.llava_sam2.rl_train.model.network.presets import build_preset
-from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
 from projects.llava_sam2.rl_train.model.checkpoints.upstream_convert import apply_hf_dtype
 from projects.llava_sam2.rl_train.model.checkpoints.xtuner_checkpoint import LoadReport, _fit_rows, resolve_layout, xtuner_state_dict
 from projects.llava_sam2.rl_train.model.checkpoints.xtuner_keys import (is_upstream_checkpoint_key, lora_to_module,
                                                             module_lora_targets, parse_upstream_state, upstream_key)
+from projects.llava_sam2.rl_train.model.network.configuration import SubConfig
+from projects.llava_sam2.rl_train.model.network.language import LanguageKeyMap
+from projects.llava_sam2.rl_train.model.network.presets import build_preset
+from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
 
 LLM = "mllm.model.language_model.base_model.model."
 

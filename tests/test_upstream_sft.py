@@ -26,11 +26,11 @@ from projects.llava_sam2.rl_train.engine.checkpointing import unwrap_model
 from projects.llava_sam2.rl_train.engine.upstream_sft import load_sft_config
 from projects.llava_sam2.rl_train.model.checkpoints.deepspeed_zero import read_zero_checkpoint
 from projects.llava_sam2.rl_train.model.checkpoints.hf_checkpoint import load_pretrained
-from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
 from projects.llava_sam2.rl_train.model.checkpoints.tiny_upstream_run import (BASE_DIR, SAM2_PT, SFT_DS_DIR, SFT_PTH,
                                                                    make_tiny_sft_run)
 from projects.llava_sam2.rl_train.model.checkpoints.upstream_base import read_xtuner_checkpoint
 from projects.llava_sam2.rl_train.model.checkpoints.xtuner_checkpoint import load_upstream_sft
+from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
 
 REPO = Path(__file__).resolve().parents[1]
 SFT_CONFIG = REPO / "projects/llava_sam2/configs/rl/upstream_sft/sa2va_tiny_sft.py"

@@ -15,13 +15,13 @@ import numpy as np, torch, torch.nn.functional as F; torch.set_num_threads(1)
 import PIL.Image
 from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
 from projects.llava_sam2.rl_train.data.shapes_scene import canonical_caption, COLOURS, SHAPES, CELL_PHRASES
-from projects.llava_sam2.rl_train.model.network.presets import build_preset
-from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor
-from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
-from projects.llava_sam2.rl_train.model.text.tokenizer import load_tiny_tokenizer
 from projects.llava_sam2.rl_train.model.decoding.generation import completion_logprobs
+from projects.llava_sam2.rl_train.model.network.presets import build_preset
+from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
 from projects.llava_sam2.rl_train.model.sft.sft_loss import resize_gt_masks
 from projects.llava_sam2.rl_train.model.sft.sft_loss import iou_head_loss
+from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor
+from projects.llava_sam2.rl_train.model.text.tokenizer import load_tiny_tokenizer
 MODE = os.environ.get('MODE', 'seg'); N = int(os.environ.get('N', 600)); STEPS = int(os.environ.get('STEPS', 800))
 torch.manual_seed(0)
 tok = load_tiny_tokenizer(); model = Sa2VAModel(build_preset('tiny', vocab_size=len(tok))); model.bind_tokenizer(tok); model.eval()

@@ -48,9 +48,9 @@ from ..model.checkpoints.dtypes import as_torch_dtype, default_dtype
 from ..model.checkpoints.hf_checkpoint import load_pretrained
 from ..model.network.lora import apply_lora, configure_trainable
 from ..model.network.presets import build_preset
-from ..model.text.processor import Sa2VAProcessor
-from ..model.pipeline.region_chain import MaskChain, chain_rows
 from ..model.network.sa2va import Sa2VAModel
+from ..model.pipeline.region_chain import MaskChain, chain_rows
+from ..model.text.processor import Sa2VAProcessor
 from ..model.text.tokenizer import load_tiny_tokenizer
 
 # trainable group -> predicate on the parameter name

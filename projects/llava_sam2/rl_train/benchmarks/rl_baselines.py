@@ -24,8 +24,8 @@ from projects.llava_sam2.rl_train.grpo.features import encode_step
 from projects.llava_sam2.rl_train.grpo.passes import partner_describe, partner_segment
 from projects.llava_sam2.rl_train.grpo.rollout import MaskReplay
 from projects.llava_sam2.rl_train.grpo.weights import mmengine_momentum
-from projects.llava_sam2.rl_train.model.decoding.text_decoding import eval_mode, sample_text
 from projects.llava_sam2.rl_train.model.decoding.generation import Completions, completion_logprobs
+from projects.llava_sam2.rl_train.model.decoding.text_decoding import eval_mode, sample_text
 from projects.llava_sam2.rl_train.model.pipeline.shared import prompt_embeds
 from projects.llava_sam2.rl_train.rewards.base import RewardInputs
 

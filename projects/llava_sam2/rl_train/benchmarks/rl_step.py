@@ -70,8 +70,8 @@ from projects.llava_sam2.rl_train.grpo.weights import WeightSets
 from projects.llava_sam2.rl_train.model.decoding.fast_generation import DECODE_BACKENDS
 from projects.llava_sam2.rl_train.model.network.lora import adapter_compute_dtype, apply_lora, configure_trainable
 from projects.llava_sam2.rl_train.model.network.presets import build_preset
-from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor
 from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
+from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor
 from projects.llava_sam2.rl_train.model.text.tokenizer import load_tiny_tokenizer
 
 from projects.llava_sam2.rl_train.model.decoding.text_decoding import TextDecoding

@@ -34,8 +34,8 @@ import torch
 from ..cli.settings import add_settings_arguments, settings_from_args
 from ..model.checkpoints.hf_checkpoint import load_pretrained, save_pretrained
 from ..model.network.presets import build_preset
-from ..model.text.processor import Sa2VAProcessor
 from ..model.network.sa2va import Sa2VAModel
+from ..model.text.processor import Sa2VAProcessor
 from ..model.text.tokenizer import load_tiny_tokenizer
 from .pretrain_data import StageBatches, loader
 from .pretrain_stages import (AttributePrompt, JointWeights, joint_step, lm_step, run_stage, sam_step,

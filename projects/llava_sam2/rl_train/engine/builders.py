@@ -16,10 +16,10 @@ from mmengine.registry import DATASETS
 
 from ..data.unpaired import UnpairedRegionDataset
 from ..model.network.configuration import Sa2VAConfig
-from ..model.text.input_check import InputCheck, region_grid_size
 from ..model.network.presets import build_preset
-from ..model.text.processor import Sa2VAProcessor
 from ..model.sft.sft_data import RegionSFTDataset
+from ..model.text.input_check import InputCheck, region_grid_size
+from ..model.text.processor import Sa2VAProcessor
 from .registry import build_component
 
 

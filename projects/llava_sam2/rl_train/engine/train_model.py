@@ -35,14 +35,14 @@ from ..model.checkpoints.dtypes import as_torch_dtype
 from ..model.checkpoints.hf_checkpoint import load_pretrained, save_pretrained
 from ..model.decoding.text_decoding import TextDecoding
 from ..model.network.lora import apply_lora, check_compute_dtype, configure_trainable, keep_trainable_in
-from ..model.text.processor import Sa2VAProcessor
 from ..model.network.sa2va import Sa2VAModel
 from ..model.sft.sft_loss import sft_loss
+from ..model.text.processor import Sa2VAProcessor
 from .builders import build_tokenizer, check_model_source, model_config
 from .checkpointing import keep_trainable_state
-from .upstream_sft import build_upstream_sft_model
 from .registry import ALGORITHMS, build_component
 from .stats import sum_across_ranks
+from .upstream_sft import build_upstream_sft_model
 
 # Upstream Sa2VA SFT LoRA (reference/sa2va.md §6).
 DEFAULT_LORA = dict(r=128, lora_alpha=256, lora_dropout=0.05)

@@ -17,8 +17,8 @@ import torch
 
 from ..model.checkpoints.hf_checkpoint import checkpoint_state_dict, load_pretrained, module_state_from_checkpoint
 from ..model.network.presets import build_preset
-from ..model.text.processor import Sa2VAProcessor
 from ..model.network.sa2va import Sa2VAModel
+from ..model.text.processor import Sa2VAProcessor
 
 _PREFIXES = ("sa2va.", "module.")
 

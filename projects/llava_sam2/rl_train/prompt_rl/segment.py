@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..model.text.constants import SEG_TOKEN
 from ..model.decoding.text_decoding import eval_mode
 from ..model.pipeline.shared import SEG_ANSWER, encode_images, forced_seg_prompts, prompt_embeds, seg_answer_ids
+from ..model.text.constants import SEG_TOKEN
 
 
 @dataclass

@@ -34,12 +34,12 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from .hf_checkpoint import checkpoint_state_dict
-from ..text.constants import SA2VA_SPECIAL_TOKENS
-from .deepspeed_zero import without_shm_comm_op
 from ..network.presets import build_preset
 from ..network.sa2va import Sa2VAModel
+from ..text.constants import SA2VA_SPECIAL_TOKENS
 from ..text.tokenizer import TINY_TOKENIZER_DIR, load_tiny_tokenizer
+from .deepspeed_zero import without_shm_comm_op
+from .hf_checkpoint import checkpoint_state_dict
 from .xtuner_keys import is_upstream_checkpoint_key
 
 BASE_DIR = "pretrained/InternVL2_5-tiny"

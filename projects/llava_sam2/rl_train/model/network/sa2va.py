@@ -14,8 +14,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .configuration import Sa2VAConfig
 from ..text.constants import IMG_CONTEXT_TOKEN, SEG_TOKEN
+from .configuration import Sa2VAConfig
 from .grounding import GroundingEncoder, GroundingFeatures, MaskDecoderOutput, logits_to_masks
 from .language import build_language_model
 from .vision import InternVisionModel, build_mlp1, pixel_shuffle

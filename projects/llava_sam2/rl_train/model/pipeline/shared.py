@@ -33,9 +33,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..decoding.generation import Completions, SharedPrefix, completion_hidden
 from ..decoding.text_decoding import (
     TextDecoding, answer_texts, completion_texts, eval_mode, fed_back_seg_positions, sample_text)
-from ..decoding.generation import Completions, SharedPrefix, completion_hidden
 from ..network.grounding import GroundingFeatures
 
 SEG_ANSWER = "Sure, [SEG]."  # one of Sa2VA's five RES answers: the default teacher-forced answer

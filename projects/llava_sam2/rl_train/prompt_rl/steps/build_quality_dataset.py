@@ -31,8 +31,8 @@ def load_checkpoint(path: str):
     """(model, processor) of a checkpoint dir holding the weights and the tokenizer."""
     from transformers import AutoTokenizer
 
-    from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor
     from projects.llava_sam2.rl_train.model.checkpoints.hf_checkpoint import load_pretrained
+    from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor
 
     if not Path(path, "config.json").is_file():
         raise ValueError(f"checkpoint {path}: no config.json; pass a save_pretrained directory")

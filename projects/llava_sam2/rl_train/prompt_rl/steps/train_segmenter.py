@@ -44,10 +44,10 @@ from torch.utils.data import DataLoader
 from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
 from projects.llava_sam2.rl_train.model.checkpoints.hf_checkpoint import load_pretrained, save_pretrained
 from projects.llava_sam2.rl_train.model.network.presets import build_preset
-from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor, sft_collate
 from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
 from projects.llava_sam2.rl_train.model.sft.sft_data import RegionSFTDataset
 from projects.llava_sam2.rl_train.model.sft.sft_loss import sft_loss
+from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor, sft_collate
 from projects.llava_sam2.rl_train.model.text.tokenizer import load_tiny_tokenizer
 from projects.llava_sam2.rl_train.prompt_rl.evaluate import evaluate_default_prompt, text_sensitivity
 
