@@ -155,3 +155,20 @@ def test_subpackage_inits_are_light():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_public_names_point_at_their_modules():
+    """model/__init__.py's lazy table: each name is defined at the top of the module it names (read, not imported)."""
+    table = ast.literal_eval(next(node.value for node in ast.parse((MODEL_DIR / "__init__.py").read_text()).body
+                                  if isinstance(node, ast.Assign) and node.targets[0].id == "_EXPORTS"))
+    for name, module in table.items():
+        path = MODEL_DIR.joinpath(*module.lstrip(".").split(".")).with_suffix(".py")
+        assert path.is_file(), f"{name}: {module} is not a module of model/"
+        defined = set()
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                defined.update(t.id for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                               if isinstance(t, ast.Name))
+        assert name in defined, f"{name} is not defined in model/{path.relative_to(MODEL_DIR)}"
