@@ -14,7 +14,7 @@ from mmengine.dataset import DefaultSampler
 from xtuner.engine.runner import TrainLoop
 
 from projects.llava_sam2.rl_train.engine.builders import region_sft_dataset
-from projects.llava_sam2.rl_train.model.processor import sft_collate
+from projects.llava_sam2.rl_train.model.text.processor import sft_collate
 
 model.update(  # noqa: F405
     pretrained_path=None, preset="tiny", torch_dtype=None, gradient_checkpointing=False,

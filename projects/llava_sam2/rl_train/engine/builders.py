@@ -15,11 +15,11 @@ from typing import Any
 from mmengine.registry import DATASETS
 
 from ..data.unpaired import UnpairedRegionDataset
-from ..model.configuration import Sa2VAConfig
-from ..model.input_check import InputCheck, region_grid_size
-from ..model.presets import build_preset
-from ..model.processor import Sa2VAProcessor
-from ..model.sft_data import RegionSFTDataset
+from ..model.network.configuration import Sa2VAConfig
+from ..model.network.presets import build_preset
+from ..model.sft.sft_data import RegionSFTDataset
+from ..model.text.input_check import InputCheck, region_grid_size
+from ..model.text.processor import Sa2VAProcessor
 from .registry import build_component
 
 
@@ -42,7 +42,7 @@ def build_tokenizer(tokenizer: Any = None, pretrained_path: str | os.PathLike | 
     if pretrained_path is not None:
         return build_tokenizer(pretrained_path)
     if preset == "tiny":
-        from ..model.tokenizer import load_tiny_tokenizer
+        from ..model.text.tokenizer import load_tiny_tokenizer
 
         return load_tiny_tokenizer()
     raise ValueError(f"preset={preset!r} needs a tokenizer (a path, a config dict or an object) whose special "

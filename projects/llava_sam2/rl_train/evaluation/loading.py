@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
-from ..model.checkpoint import checkpoint_state_dict, module_state_from_checkpoint
-from ..model.presets import build_preset
-from ..model.processor import Sa2VAProcessor
-from ..model.sa2va import Sa2VAModel
+from ..model.checkpoints.hf_checkpoint import checkpoint_state_dict, load_pretrained, module_state_from_checkpoint
+from ..model.network.presets import build_preset
+from ..model.network.sa2va import Sa2VAModel
+from ..model.text.processor import Sa2VAProcessor
 
 _PREFIXES = ("sa2va.", "module.")
 
@@ -74,7 +74,7 @@ def load_tokenizer(checkpoint: str | None, preset: str | None, tokenizer: str | 
 
         return AutoTokenizer.from_pretrained(path, trust_remote_code=True)
     if preset == "tiny":
-        from ..model.tokenizer import load_tiny_tokenizer
+        from ..model.text.tokenizer import load_tiny_tokenizer
 
         return load_tiny_tokenizer()
     raise ValueError(f"preset={preset!r} needs a tokenizer: pass --tokenizer <dir of the matching tokenizer>")
@@ -90,7 +90,7 @@ def load_system(*, checkpoint: str | None = None, preset: str | None = None, wei
                          f"checkpoint={checkpoint!r}, preset={preset!r}")
     tok = load_tokenizer(checkpoint, preset, tokenizer)
     if checkpoint is not None:
-        model = Sa2VAModel.from_pretrained(checkpoint, torch_dtype=torch_dtype, device=device)
+        model = load_pretrained(checkpoint, torch_dtype=torch_dtype, device=device)
         source = f"checkpoint {checkpoint}"
     else:
         torch.manual_seed(init_seed)
