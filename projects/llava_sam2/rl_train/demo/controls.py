@@ -73,10 +73,14 @@ def algorithm_config(s: DemoSettings) -> dict:
 
 
 def _parse_options(options: list[str]) -> dict:
-    """``key=value`` --cfg-options as MMEngine reads them (values through DictAction's parser)."""
+    """``key=value`` --cfg-options as ``sa2va-rl train`` reads them (MMEngine's DictAction on an argparse option)."""
+    import argparse
+
     from mmengine.config import DictAction
 
-    return {key: DictAction._parse_iterable(value) for key, value in (o.split("=", 1) for o in options)}
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--cfg-options", nargs="+", action=DictAction, default={})
+    return parser.parse_args(["--cfg-options", *options]).cfg_options if options else {}
 
 
 def mask_variant_name(config: dict) -> str | None:
