@@ -35,7 +35,7 @@ from ..cli.settings import add_settings_arguments, settings_from_args
 from ..model.presets import build_preset
 from ..model.processor import Sa2VAProcessor
 from ..model.sa2va import Sa2VAModel
-from ..model.tokenizer import load_tiny_tokenizer
+from ..model.tokenizer import load_tiny_tokenizer, load_tokenizer
 from .pretrain_data import StageBatches, loader
 from .pretrain_stages import (AttributePrompt, JointWeights, joint_step, lm_step, run_stage, sam_step,
                               trainable_encoders)
@@ -155,9 +155,7 @@ def build_tiny(seed: int, device: str, init: str = ""):
     the loops use."""
     torch.manual_seed(seed)
     if init:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(init)
+        tokenizer = load_tokenizer(init)
         model = Sa2VAModel.from_pretrained(init, torch_dtype=torch.float32).to(device)
     else:
         tokenizer = load_tiny_tokenizer()

@@ -47,7 +47,7 @@ from projects.llava_sam2.rl_train.model.processor import Sa2VAProcessor, sft_col
 from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
 from projects.llava_sam2.rl_train.model.sft_data import RegionSFTDataset
 from projects.llava_sam2.rl_train.model.sft_loss import sft_loss
-from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer
+from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer, load_tokenizer
 from projects.llava_sam2.rl_train.prompt_rl.evaluate import evaluate_default_prompt, text_sensitivity
 
 PROG = "sa2va-rl prompt-rl segmenter"
@@ -55,10 +55,8 @@ PROG = "sa2va-rl prompt-rl segmenter"
 
 def build_model(init: str | None, seed: int) -> tuple[Sa2VAModel, object]:
     """The tiny preset at random init (seeded), or a checkpoint; returns (model, tokenizer)."""
-    from transformers import AutoTokenizer
-
     if init:
-        tokenizer = AutoTokenizer.from_pretrained(init)
+        tokenizer = load_tokenizer(init)
         model = Sa2VAModel.from_pretrained(init, torch_dtype=torch.float32)
     else:
         tokenizer = load_tiny_tokenizer()
