@@ -139,8 +139,9 @@ def _imported_names(tree: ast.AST) -> dict[str, str]:
     names = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            for alias in node.names:
-                names[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
+            for alias in node.names:  # `import a.b` binds a; `import a.b as c` binds c to a.b
+                top = alias.name.split(".")[0]
+                names[alias.asname or top] = alias.name if alias.asname else top
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             for alias in node.names:
                 names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
@@ -258,7 +259,8 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str]:
 
 @pytest.mark.parametrize("module, source, expected", [
     (f"{PACKAGE}.grpo.trainer", "from ..model.sa2va import Sa2VAModel\nfrom ..rewards import IoUReward\n", []),
-    (f"{PACKAGE}.grpo.trainer", "from ..engine.loop import GRPOLoop\n", ["grpo.trainer imports " + PACKAGE + ".engine"]),
+    (f"{PACKAGE}.grpo.trainer", "from ..engine.loop import GRPOLoop\n",
+     ["grpo.trainer imports " + PACKAGE + ".engine"]),
     (f"{PACKAGE}.grpo.trainer", "def f():\n    from ..engine import loop\n",  # a lazy import counts
      ["grpo.trainer imports " + PACKAGE + ".engine.loop"]),
     (f"{PACKAGE}.grpo.trainer", "from mmengine.registry import MODELS\n", ["grpo/ does not depend on MMEngine"]),

@@ -8,8 +8,8 @@ checkpoint cannot recover.
 The guard wraps the ``step`` of the torch optimizer the runner's optim wrapper drives (for DeepSpeed, the inner
 optimizer ZeRO calls on its fp32 partition), so it works the same under ``OptimWrapper``, ``AmpOptimWrapper`` and
 DeepSpeed, after DDP has averaged the gradients and after gradient clipping. The wrapper is in place while the train
-loop runs (``StepGuard.installed``); afterwards each optimizer's ``step`` is again what it was. Every decision is taken from values
-reduced over the ranks, so all ranks skip or apply the same steps:
+loop runs (``StepGuard.installed``); afterwards each optimizer's ``step`` is again what it was. Every decision is
+taken from values reduced over the ranks, so all ranks skip or apply the same steps:
 
 * a NaN / inf gradient on any rank -> the step is skipped (``nonfinite_gradient``); weights and optimizer state
   (Adam moments, step count) stay as they were, the wrapper's ``zero_grad`` then drops the bad gradients. A
