@@ -8,11 +8,11 @@ import torch
 from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
 from projects.llava_sam2.rl_train.grpo.trainer import CycleGRPO
 from projects.llava_sam2.rl_train.grpo.weights import WeightSets
-from projects.llava_sam2.rl_train.model.lora import apply_lora, configure_trainable
-from projects.llava_sam2.rl_train.model.presets import build_preset
-from projects.llava_sam2.rl_train.model.processor import Sa2VAProcessor
-from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
-from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer
+from projects.llava_sam2.rl_train.model.network.lora import apply_lora, configure_trainable
+from projects.llava_sam2.rl_train.model.network.presets import build_preset
+from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
+from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor
+from projects.llava_sam2.rl_train.model.text.tokenizer import load_tiny_tokenizer
 
 # Fast settings: G = 4, captions of at most 6 tokens, partner RES answers of at most 4 tokens.
 TINY_CONFIG = dict(num_generations=4, max_completion_length=6, beta=0.0, mask_pool=4)

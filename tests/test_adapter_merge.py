@@ -1,4 +1,4 @@
-"""model/adapter_merge.py: decoding from merged scratch copies of the LoRA-adapted weights gives the adapter path's
+"""model/decoding/adapter_merge.py: decoding from merged scratch copies of the LoRA-adapted weights gives the adapter path's
 completions (fp32: same tokens, log-probs within 1e-5), runs no adapter kernel, and leaves every live tensor
 bit-identical; layers whose forward a merge would change (adapter disabled, dropout active) keep their own."""
 from __future__ import annotations
@@ -8,11 +8,11 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from grpo_tiny import one_thread
-from projects.llava_sam2.rl_train.model import fast_decode_step
-from projects.llava_sam2.rl_train.model.adapter_merge import MERGED_WEIGHT, merged_adapters
-from projects.llava_sam2.rl_train.model.fast_generation import (DECODE_BACKENDS, fast_merged_completions,
+from projects.llava_sam2.rl_train.model.decoding import fast_decode_step
+from projects.llava_sam2.rl_train.model.decoding.adapter_merge import MERGED_WEIGHT, merged_adapters
+from projects.llava_sam2.rl_train.model.decoding.fast_generation import (DECODE_BACKENDS, fast_merged_completions,
                                                                 fast_sample_completions)
-from projects.llava_sam2.rl_train.model.lora import apply_lora
+from projects.llava_sam2.rl_train.model.network.lora import apply_lora
 
 _one_thread = pytest.fixture(autouse=True)(one_thread)
 

@@ -8,8 +8,8 @@ import pytest
 from grpo_tiny import one_thread
 from projects.llava_sam2.rl_train.benchmarks import rl_step as bench
 from projects.llava_sam2.rl_train.grpo import cycle
-from projects.llava_sam2.rl_train.model.fast_decode_step import TokenChooser
-from projects.llava_sam2.rl_train.model.fast_generation import DECODE_BACKENDS
+from projects.llava_sam2.rl_train.model.decoding.fast_decode_step import TokenChooser
+from projects.llava_sam2.rl_train.model.decoding.fast_generation import DECODE_BACKENDS
 
 _one_thread = pytest.fixture(autouse=True)(one_thread)
 

@@ -10,11 +10,13 @@ from peft import LoraConfig, get_peft_model
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from projects.llava_sam2.rl_train.model.checkpoint import checkpoint_layout, checkpoint_state_dict, parse_size
-from projects.llava_sam2.rl_train.model.configuration import SUPPORTED_LLM_ARCHITECTURES, Sa2VAConfig
-from projects.llava_sam2.rl_train.model.language import LanguageKeyMap
-from projects.llava_sam2.rl_train.model.presets import build_preset
-from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
+from projects.llava_sam2.rl_train.model.checkpoints.dtypes import DTYPES, as_torch_dtype
+from projects.llava_sam2.rl_train.model.checkpoints.hf_checkpoint import (checkpoint_layout, checkpoint_state_dict,
+                                                                        load_pretrained, parse_size, save_pretrained)
+from projects.llava_sam2.rl_train.model.network.configuration import SUPPORTED_LLM_ARCHITECTURES, Sa2VAConfig
+from projects.llava_sam2.rl_train.model.network.language import LanguageKeyMap
+from projects.llava_sam2.rl_train.model.network.presets import build_preset
+from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
 
 VOCAB = 96
 G_WEIGHT = "grounding_encoder.sam2_model.memory_encoder.fuser.layers.0.g_weight"
@@ -57,7 +59,7 @@ def file_layout(path) -> dict[str, tuple[int, ...]]:
 def saved_tiny(tmp_path_factory):
     model = tiny_model()
     path = tmp_path_factory.mktemp("tiny")
-    model.save_pretrained(path)
+    save_pretrained(model, path)
     return model, path
 
 
@@ -65,7 +67,7 @@ def saved_tiny(tmp_path_factory):
 def test_round_trip_is_bit_exact(saved_tiny):
     model, path = saved_tiny
     assert sorted(p.name for p in path.iterdir()) == ["config.json", "model.safetensors"]
-    loaded = Sa2VAModel.from_pretrained(path)
+    loaded = load_pretrained(path)
     assert_same_tensors(model, loaded)
     assert loaded.config == model.config and loaded.config.to_dict() == model.config.to_dict()
     assert file_layout(path) == checkpoint_layout(model)  # what we write is what the layout says
@@ -81,25 +83,41 @@ def test_sam2_gamma_is_saved_as_g_weight(saved_tiny):
 
 def test_sharded_round_trip(tmp_path):
     model = tiny_model()
-    model.save_pretrained(tmp_path, max_shard_size="300KB")
+    save_pretrained(model, tmp_path, max_shard_size="300KB")
     index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
     shards = sorted(p.name for p in tmp_path.glob("model-*.safetensors"))
     assert len(shards) > 1 and set(index["weight_map"].values()) == set(shards)
     assert not (tmp_path / "model.safetensors").exists()
     assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in model.state_dict().values()
                                                   if t.is_floating_point())
-    assert_same_tensors(model, Sa2VAModel.from_pretrained(tmp_path))
+    assert_same_tensors(model, load_pretrained(tmp_path))
 
 
 def test_bf16_checkpoint_loads_in_bf16_by_default(tmp_path):
     model = tiny_model().to(torch.bfloat16)
-    model.save_pretrained(tmp_path)
-    loaded = Sa2VAModel.from_pretrained(tmp_path)
+    save_pretrained(model, tmp_path)
+    loaded = load_pretrained(tmp_path)
     assert loaded.dtype == torch.bfloat16
     assert all(p.dtype == torch.bfloat16 for p in loaded.parameters())
     assert loaded.language_model.model.rotary_emb.inv_freq.dtype == torch.float32  # RoPE table stays fp32
     assert_same_tensors(model, loaded)
-    assert Sa2VAModel.from_pretrained(tmp_path, torch_dtype=torch.float32).dtype == torch.float32
+    assert load_pretrained(tmp_path, torch_dtype=torch.float32).dtype == torch.float32
+
+
+def test_loaders_take_a_dtype_by_name_from_the_one_table(tmp_path):
+    """Configs and command lines name dtypes as text: the loaders read those names from one table (dtypes.DTYPES),
+    the same one the CLI offers as choices."""
+    from projects.llava_sam2.rl_train.cli import evaluate, setup_checkpoint
+
+    save_pretrained(tiny_model(), tmp_path / "fp32")
+    assert load_pretrained(tmp_path / "fp32", torch_dtype="bfloat16").dtype == torch.bfloat16
+    setup_checkpoint.make_tiny_checkpoint(tmp_path / "bf16", dtype="bfloat16")
+    assert load_pretrained(tmp_path / "bf16").dtype == torch.bfloat16
+    assert as_torch_dtype("float16") is torch.float16 and as_torch_dtype(torch.float32) is torch.float32
+    assert as_torch_dtype(None) is None
+    with pytest.raises(ValueError, match=r"torch_dtype='bf16' is not a dtype name; use one of \['bfloat16'"):
+        load_pretrained(tmp_path / "fp32", torch_dtype="bf16")
+    assert setup_checkpoint.DTYPES is DTYPES and evaluate.DTYPES is DTYPES  # their --dtype choices
 
 
 def test_unknown_config_keys_survive(tmp_path):
@@ -117,7 +135,7 @@ def test_unknown_config_keys_survive(tmp_path):
 
 def test_internlm2_names_and_wqkv_split_per_kv_group(tmp_path):
     model = tiny_model(internlm2_config())
-    model.save_pretrained(tmp_path)
+    save_pretrained(model, tmp_path)
     stored = load_file(str(tmp_path / "model.safetensors"))
     lm = {k[len("language_model."):]: v for k, v in stored.items() if k.startswith("language_model.")}
     assert {"model.tok_embeddings.weight", "output.weight", "model.layers.0.attention.wqkv.weight",
@@ -132,7 +150,7 @@ def test_internlm2_names_and_wqkv_split_per_kv_group(tmp_path):
     assert torch.allclose(attn.q_proj(x).view(5, n_kv * g, hd), fused[:, :, :g].reshape(5, n_kv * g, hd))
     assert torch.allclose(attn.k_proj(x).view(5, n_kv, hd), fused[:, :, g])
     assert torch.allclose(attn.v_proj(x).view(5, n_kv, hd), fused[:, :, g + 1])
-    loaded = Sa2VAModel.from_pretrained(tmp_path)
+    loaded = load_pretrained(tmp_path)
     assert_same_tensors(model, loaded)
     assert loaded.config.llm_config.auto_map == {"AutoConfig": "x.y"}
 
@@ -158,14 +176,14 @@ def test_peft_model_is_saved_merged_without_touching_it(tmp_path):
         q_proj.lora_B["default"].weight.normal_()
         base.lm_head.modules_to_save["default"].weight.add_(1.0)
     w_before = q_proj.base_layer.weight.detach().clone()
-    model.save_pretrained(tmp_path)
+    save_pretrained(model, tmp_path)
     assert torch.equal(q_proj.base_layer.weight, w_before) and not q_proj.merged  # live model untouched
     stored = load_file(str(tmp_path / "model.safetensors"))
     expected = w_before + 2.0 * q_proj.lora_B["default"].weight @ q_proj.lora_A["default"].weight  # α/r = 2
     assert torch.equal(stored["language_model.model.layers.0.self_attn.q_proj.weight"], expected)
     assert torch.equal(stored["language_model.lm_head.weight"], base.lm_head.modules_to_save["default"].weight)
     assert set(stored) == set(checkpoint_layout(tiny_model()))  # plain upstream names only
-    loaded = Sa2VAModel.from_pretrained(tmp_path)
+    loaded = load_pretrained(tmp_path)
     ids = torch.tensor([[1, 5, 9, 3]])
     with torch.no_grad():
         assert torch.allclose(loaded.language_model(ids).logits, model.language_model(ids).logits, atol=1e-5)
@@ -173,15 +191,15 @@ def test_peft_model_is_saved_merged_without_touching_it(tmp_path):
 
 def test_checkpoint_without_lm_head_ties_it(tmp_path):
     model = tiny_model()
-    model.save_pretrained(tmp_path)
+    save_pretrained(model, tmp_path)
     state = load_file(str(tmp_path / "model.safetensors"))
     del state["language_model.lm_head.weight"]
     save_file(state, str(tmp_path / "model.safetensors"))
-    loaded = Sa2VAModel.from_pretrained(tmp_path)
+    loaded = load_pretrained(tmp_path)
     assert loaded.lm_head_tied
     assert loaded.get_output_embeddings().weight is loaded.get_input_embeddings().weight
     assert "language_model.lm_head.weight" not in checkpoint_state_dict(loaded)
-    loaded.save_pretrained(tmp_path / "again")
+    save_pretrained(loaded, tmp_path / "again")
     assert load_file(str(tmp_path / "again" / "model.safetensors")).keys() == state.keys()
 
 
@@ -191,7 +209,7 @@ def test_unknown_llm_architecture_lists_supported(tmp_path):
     data["llm_config"]["architectures"] = ["MambaForCausalLM"]
     (tmp_path / "config.json").write_text(json.dumps(data))
     with pytest.raises(ValueError, match="MambaForCausalLM") as err:
-        Sa2VAModel.from_pretrained(tmp_path)
+        load_pretrained(tmp_path)
     assert all(arch in str(err.value) for arch in SUPPORTED_LLM_ARCHITECTURES)
     assert str(tmp_path / "config.json") in str(err.value)
 
@@ -205,7 +223,7 @@ def test_wrong_key_layout_lists_missing_unexpected_and_shapes(saved_tiny, tmp_pa
     save_file(state, str(tmp_path / "model.safetensors"))
     (tmp_path / "config.json").write_text((path / "config.json").read_text())
     with pytest.raises(ValueError) as err:
-        Sa2VAModel.from_pretrained(tmp_path)
+        load_pretrained(tmp_path)
     message = str(err.value)
     assert "missing (1)" in message and "mlp1.1.weight\n" in message + "\n"
     assert "unexpected (2)" in message and "mlp1.1.weightt" in message and "text_hidden_fcs.9.bias" in message
@@ -218,17 +236,17 @@ def test_truncated_safetensors_names_the_file(saved_tiny, tmp_path):
     (tmp_path / "model.safetensors").write_bytes(data[: len(data) // 2])
     (tmp_path / "config.json").write_text((path / "config.json").read_text())
     with pytest.raises(ValueError, match="model.safetensors.*corrupt or truncated"):
-        Sa2VAModel.from_pretrained(tmp_path)
+        load_pretrained(tmp_path)
 
 
 def test_missing_files_are_named(saved_tiny, tmp_path):
     _, path = saved_tiny
     with pytest.raises(FileNotFoundError, match="config.json"):
-        Sa2VAModel.from_pretrained(tmp_path)
+        load_pretrained(tmp_path)
     (tmp_path / "config.json").write_text((path / "config.json").read_text())
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "model-1.safetensors"}}))
     with pytest.raises(FileNotFoundError, match="model-1.safetensors"):
-        Sa2VAModel.from_pretrained(tmp_path)
+        load_pretrained(tmp_path)
 
 
 def test_parse_size():
@@ -245,7 +263,7 @@ def test_make_tiny_checkpoint_tool_is_seeded_and_loadable(tmp_path):
     tool.main([str(tmp_path / "a"), "--seed", "1"])
     tool.make_tiny_checkpoint(tmp_path / "b", seed=1)
     assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
-    model = Sa2VAModel.from_pretrained(tmp_path / "a")
+    model = load_pretrained(tmp_path / "a")
     tokenizer = AutoTokenizer.from_pretrained(str(tmp_path / "a"))
     model.bind_tokenizer(tokenizer)
     assert model.config.vocab_size == len(tokenizer) and model.config.template == "qwen_chat"

@@ -22,7 +22,7 @@ from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
 from projects.llava_sam2.rl_train.engine.checkpointing import unwrap_model
 from projects.llava_sam2.rl_train.engine.loop import GRPOLoop
 from projects.llava_sam2.rl_train.engine.prompt_filter import FORMAT as PREFILTER_FORMAT
-from projects.llava_sam2.rl_train.model.tokenizer import TINY_TOKENIZER_DIR
+from projects.llava_sam2.rl_train.model.text.tokenizer import TINY_TOKENIZER_DIR
 from projects.llava_sam2.rl_train.prompt_rl.reward_net import RewardNet, RewardNetConfig, save_reward_net
 
 CONFIG_ROOT = Path(__file__).resolve().parents[1] / "projects/llava_sam2/configs"
@@ -108,7 +108,7 @@ def test_config_loads(path):
 def test_cpu_config_builds_like_the_trainer(path, local_files, tmp_path, monkeypatch):
     if rel(path) == "rl/tiny_grpo_from_upstream_sft_cpu.py":
         # its paths are those of an upstream checkout after the SFT run (./pretrained/..., ./work_dirs/...)
-        from projects.llava_sam2.rl_train.model.tiny_upstream_run import make_tiny_sft_run
+        from projects.llava_sam2.rl_train.model.checkpoints.tiny_upstream_run import make_tiny_sft_run
         make_tiny_sft_run(tmp_path / "checkout", seed=0)
         monkeypatch.chdir(tmp_path / "checkout")
     cfg = Config.fromfile(str(path))

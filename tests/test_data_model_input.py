@@ -18,10 +18,10 @@ from grpo_tiny import one_thread
 from projects.llava_sam2.rl_train.cli.inspect_dataset import main as inspect_main
 from projects.llava_sam2.rl_train.data import BadSampleError, CocoRegionDataset, SkippedSample
 from projects.llava_sam2.rl_train.data.types import RegionSample
-from projects.llava_sam2.rl_train.model.input_check import InputCheck
-from projects.llava_sam2.rl_train.model.processor import Sa2VAProcessor
-from projects.llava_sam2.rl_train.model.tiling import check_rgb_image
-from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer
+from projects.llava_sam2.rl_train.model.text.input_check import InputCheck
+from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor
+from projects.llava_sam2.rl_train.model.text.tiling import check_rgb_image
+from projects.llava_sam2.rl_train.model.text.tokenizer import load_tiny_tokenizer
 
 _one_thread = pytest.fixture(autouse=True)(one_thread)
 CONFIGS = Path(__file__).resolve().parents[1] / "projects/llava_sam2/configs/rl"

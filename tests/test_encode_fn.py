@@ -2,9 +2,9 @@
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from projects.llava_sam2.rl_train.model.constants import IGNORE_INDEX, IMG_CONTEXT_TOKEN
-from projects.llava_sam2.rl_train.model.processor import Sa2VAProcessor
-from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer
+from projects.llava_sam2.rl_train.model.text.constants import IGNORE_INDEX, IMG_CONTEXT_TOKEN
+from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor
+from projects.llava_sam2.rl_train.model.text.tokenizer import load_tiny_tokenizer
 
 CTX = IMG_CONTEXT_TOKEN
 X = IGNORE_INDEX

@@ -17,7 +17,7 @@ from engine_toy import run_config
 from projects.llava_sam2.rl_train.cli.export import main as export_hf
 from projects.llava_sam2.rl_train.engine.checkpointing import unwrap_model
 from projects.llava_sam2.rl_train.engine.loop import GRPOLoop
-from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
+from projects.llava_sam2.rl_train.model.checkpoints.hf_checkpoint import load_pretrained
 from projects.llava_sam2.rl_train.rewards import REWARDS, register_reward
 
 REPO = Path(__file__).resolve().parents[1]
@@ -95,7 +95,7 @@ def test_tiny_sft_config_trains_with_xtuner_trainloop_and_exports(tmp_path):
 
     # the export (frozen weights rebuilt from the config's seed, LoRA merged) behaves as the trained model
     trained = unwrap_model(runner.model).sa2va.eval()
-    exported = Sa2VAModel.from_pretrained(tmp_path / "hf")
+    exported = load_pretrained(tmp_path / "hf")
     ids = torch.randint(0, 100, (1, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         expected = trained.language_model(input_ids=ids).logits

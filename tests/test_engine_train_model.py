@@ -9,7 +9,7 @@ import torch
 from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
 from projects.llava_sam2.rl_train.engine.builders import region_sft_dataset
 from projects.llava_sam2.rl_train.engine.train_model import Sa2VATrainModel
-from projects.llava_sam2.rl_train.model.processor import sft_collate
+from projects.llava_sam2.rl_train.model.text.processor import sft_collate
 
 TINY = dict(preset="tiny", lora=dict(r=4, lora_alpha=8, lora_dropout=0.0),
             processor_cfg=dict(empty_region="dilate_to_one_cell"), sft_loss_cfg=dict(num_points=64))

@@ -1,5 +1,5 @@
 """evaluation/tasks.py, loading.py and cli/evaluate.py on the tiny random Sa2VA and shapes samples (the greedy
-answers they run, model/pipeline.py, are tested in test_model_pipeline.py)."""
+answers they run, model/pipeline/shared.py, are tested in test_model_pipeline.py)."""
 import json
 import os
 
@@ -10,16 +10,16 @@ import torch
 from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
 from projects.llava_sam2.rl_train.evaluation import captions, tasks
 from projects.llava_sam2.rl_train.evaluation.tasks import EvalConfig, answer_mask, evaluate
-from projects.llava_sam2.rl_train.model.pipeline import Answer
+from projects.llava_sam2.rl_train.model.pipeline.shared import Answer
 
 CONFIG = dict(batch_size=3, max_new_tokens=4, n_resamples=100, show_progress=False)
 
 
 def _tiny(seed=0):
-    from projects.llava_sam2.rl_train.model.presets import build_preset
-    from projects.llava_sam2.rl_train.model.processor import Sa2VAProcessor
-    from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
-    from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer
+    from projects.llava_sam2.rl_train.model.network.presets import build_preset
+    from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
+    from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor
+    from projects.llava_sam2.rl_train.model.text.tokenizer import load_tiny_tokenizer
 
     tok = load_tiny_tokenizer()
     torch.manual_seed(seed)
@@ -139,7 +139,7 @@ def test_load_weights_layouts_and_errors(tiny, tmp_path):
     from safetensors.torch import save_file
 
     from projects.llava_sam2.rl_train.evaluation.loading import load_weights
-    from projects.llava_sam2.rl_train.model.checkpoint import checkpoint_state_dict
+    from projects.llava_sam2.rl_train.model.checkpoints.hf_checkpoint import checkpoint_state_dict
 
     source, _ = tiny
     target, _ = _tiny(1)

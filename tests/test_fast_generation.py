@@ -1,4 +1,4 @@
-"""model/fast_generation.py against the reference decoder (model/generation.py) on tiny random LMs (CPU).
+"""model/decoding/fast_generation.py against the reference decoder (model/decoding/generation.py) on tiny random LMs (CPU).
 
 The fast path prefills B prompts once and decodes N = B·G rows with a static cache and a fixed-shape
 step; on CPU that step runs eagerly, so these tests check the math the CUDA graph replays.
@@ -9,9 +9,9 @@ from transformers import (LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCaus
                           Qwen2ForCausalLM, TopPLogitsWarper)
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from projects.llava_sam2.rl_train.model.fast_decode_step import gqa_decode_attention
-from projects.llava_sam2.rl_train.model.fast_generation import fast_sample_completions
-from projects.llava_sam2.rl_train.model.generation import (completion_logprobs, position_ids_from_attention,
+from projects.llava_sam2.rl_train.model.decoding.fast_decode_step import gqa_decode_attention
+from projects.llava_sam2.rl_train.model.decoding.fast_generation import fast_sample_completions
+from projects.llava_sam2.rl_train.model.decoding.generation import (completion_logprobs, position_ids_from_attention,
                                                            sample_completions)
 
 VOCAB, D = 96, 32
@@ -95,8 +95,8 @@ def test_greedy_equals_reference_for_other_architectures(arch, overrides):
 
 
 def test_sa2va_tiny_language_model_greedy_equals_reference():
-    from projects.llava_sam2.rl_train.model.language import build_language_model
-    from projects.llava_sam2.rl_train.model.presets import build_preset
+    from projects.llava_sam2.rl_train.model.network.language import build_language_model
+    from projects.llava_sam2.rl_train.model.network.presets import build_preset
 
     torch.manual_seed(0)
     lm = build_language_model(build_preset("tiny", vocab_size=VOCAB).llm_config).eval()
@@ -194,7 +194,7 @@ def test_seeded_sampling_repeats_and_shared_prefix_equals_per_row_prefill():
 
 
 def test_peft_lora_and_disabled_adapter_match_the_reference():
-    from projects.llava_sam2.rl_train.model.lora import apply_lora
+    from projects.llava_sam2.rl_train.model.network.lora import apply_lora
 
     peft_lm = apply_lora(tiny_lm(), r=4, lora_alpha=8, lora_dropout=0.0).eval()
     with torch.no_grad():  # non-zero B, so the adapter changes the policy
@@ -228,7 +228,7 @@ def test_in_place_weight_change_between_calls_is_seen():
 def test_both_decoders_return_the_fed_back_states_of_teacher_forcing():
     """return_hidden: hidden[:, t] is the final-norm state of input ids[:, t] as the decode computed it, equal to
     completion_hidden's teacher-forced states wherever the token was fed back; the last column is 0."""
-    from projects.llava_sam2.rl_train.model.generation import completion_hidden
+    from projects.llava_sam2.rl_train.model.decoding.generation import completion_hidden
 
     lm = tiny_lm()
     embeds, attention = prompts(lm, [5, 9, 7])
@@ -252,7 +252,7 @@ def test_both_decoders_return_the_fed_back_states_of_teacher_forcing():
 def test_compiled_step_equals_the_reference(monkeypatch):
     """compile_step=True traces the step with torch.compile (the state/cache updates are in-place on its inputs).
     Checked with the aot_eager backend (no code generation, fast); Inductor itself is for the GPU benchmark."""
-    from projects.llava_sam2.rl_train.model import fast_decode_step
+    from projects.llava_sam2.rl_train.model.decoding import fast_decode_step
 
     monkeypatch.setattr(fast_decode_step, "COMPILE_BACKEND", "aot_eager")
     lm = tiny_lm()
@@ -316,6 +316,23 @@ def test_bad_inputs_are_rejected():
         fast_sample_completions(BodylessLM(), embeds, attention, **kw)
 
 
+@pytest.mark.parametrize("bad", [dict(num_generations=0), dict(num_generations=2.0), dict(max_new_tokens=0),
+                                 dict(temperature=0.0), dict(top_p=1.5), dict(stop_check_interval=0),
+                                 dict(stop_token_ids=[])])
+def test_every_decoder_rejects_bad_arguments_alike(bad):
+    """The decoders of DECODE_BACKENDS share one argument check: the same words for the same mistake."""
+    from projects.llava_sam2.rl_train.model.decoding.fast_generation import DECODE_BACKENDS
+
+    lm = tiny_lm()
+    embeds, attention = prompts(lm, [3, 6])
+    messages = {}
+    for name, decode in DECODE_BACKENDS.items():
+        with pytest.raises(ValueError) as error:
+            decode(lm, embeds, attention, **{**dict(max_new_tokens=2, stop_token_ids=[1]), **bad})
+        messages[name] = str(error.value).split(": ", 1)[1]  # the text after the reporting function's name
+    assert len(set(messages.values())) == 1, messages
+
+
 def test_bench_decode_tool_runs_on_cpu(tmp_path):
     import json
 
@@ -337,7 +354,7 @@ def test_bench_decode_tool_runs_on_cpu(tmp_path):
 def test_shared_prefix_prefill_equals_the_joined_prompts(do_sample):
     """prefix=SharedPrefix: the U distinct prefixes are prefilled once, the rows' own tokens continue from them; the
     completions equal the reference decoding each row's plain left-padded prompt [prefix | own tokens]."""
-    from projects.llava_sam2.rl_train.model.generation import SharedPrefix
+    from projects.llava_sam2.rl_train.model.decoding.generation import SharedPrefix
 
     lm = tiny_lm()
     g = torch.Generator().manual_seed(3)

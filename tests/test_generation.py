@@ -1,9 +1,9 @@
-"""model/generation.py on a tiny random Qwen2ForCausalLM (no Sa2VA parts needed)."""
+"""model/decoding/generation.py on a tiny random Qwen2ForCausalLM (no Sa2VA parts needed)."""
 import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from projects.llava_sam2.rl_train.model.generation import (
+from projects.llava_sam2.rl_train.model.decoding.generation import (
     Completions, completion_hidden, completion_logprobs, position_ids_from_attention, sample_completions)
 
 VOCAB, D = 96, 32

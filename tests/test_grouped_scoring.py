@@ -1,4 +1,4 @@
-"""model/grouped_scoring.py: the loss pass with each prompt run once for its G completions equals the one-pass
+"""model/decoding/grouped_scoring.py: the loss pass with each prompt run once for its G completions equals the one-pass
 scoring of N repeated rows (fp32, log-probs and the gradient of every trainable tensor), with and without activation
 checkpointing; the no-grad rollout scoring is bit-identical to the checkpointed loss pass (first ratio exactly 1)."""
 from __future__ import annotations
@@ -9,10 +9,10 @@ from transformers import LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausa
 
 from grpo_tiny import build_tiny, make_algo, one_thread, run_rollout, shapes_batch
 from projects.llava_sam2.rl_train.grpo.cycle import caption_logp
-from projects.llava_sam2.rl_train.model.generation import completion_logprobs
-from projects.llava_sam2.rl_train.model.grouped_scoring import grouped_completion_logprobs, supports_grouping
-from projects.llava_sam2.rl_train.model.lora import apply_lora
-from projects.llava_sam2.rl_train.model.pipeline import prompt_embeds
+from projects.llava_sam2.rl_train.model.decoding.generation import completion_logprobs
+from projects.llava_sam2.rl_train.model.decoding.grouped_scoring import grouped_completion_logprobs, supports_grouping
+from projects.llava_sam2.rl_train.model.network.lora import apply_lora
+from projects.llava_sam2.rl_train.model.pipeline.shared import prompt_embeds
 
 _one_thread = pytest.fixture(autouse=True)(one_thread)
 

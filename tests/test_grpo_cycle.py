@@ -1,6 +1,6 @@
 """grpo/cycle.py + passes.py on the tiny Sa2VA: each loop's gradient reach (per mask policy, as the policy docstrings
 claim), GRPO steps that raise a deterministic reward of each loop, the partner's conventions and statistics, and the
-grouped mask head. (The pipeline they run, model/pipeline.py, is tested in test_model_pipeline.py.)"""
+grouped mask head. (The pipeline they run, model/pipeline/shared.py, is tested in test_model_pipeline.py.)"""
 from __future__ import annotations
 
 import pytest
@@ -12,9 +12,9 @@ from projects.llava_sam2.rl_train.grpo import cycle
 from projects.llava_sam2.rl_train.grpo.cycle import seg_mask_head
 from projects.llava_sam2.rl_train.grpo.mask_policy import MaskHead
 from projects.llava_sam2.rl_train.grpo.passes import partner_describe, partner_segment
-from projects.llava_sam2.rl_train.model import fast_generation
-from projects.llava_sam2.rl_train.model.decoding import TextDecoding
-from projects.llava_sam2.rl_train.model.generation import Completions
+from projects.llava_sam2.rl_train.model.decoding import fast_generation
+from projects.llava_sam2.rl_train.model.decoding.generation import Completions
+from projects.llava_sam2.rl_train.model.decoding.text_decoding import TextDecoding
 
 _one_thread = pytest.fixture(autouse=True)(one_thread)
 

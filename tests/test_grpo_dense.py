@@ -12,7 +12,7 @@ from grpo_tiny import CaptionParityReward, build_tiny, make_algo, one_thread, ru
 from projects.llava_sam2.rl_train.grpo import GRPOConfig, cycle, mask_policy
 from projects.llava_sam2.rl_train.grpo.dense import best_in_group, dense_rollout_weights
 from projects.llava_sam2.rl_train.grpo.rollout import AnswerReplay
-from projects.llava_sam2.rl_train.model.sft_loss import mask_loss_per_mask, mask_losses
+from projects.llava_sam2.rl_train.model.sft.sft_loss import mask_loss_per_mask, mask_losses
 
 _one_thread = pytest.fixture(autouse=True)(one_thread)
 

@@ -1,21 +1,21 @@
-"""model/inference.py (predict / predict_batch) and the decoding helpers of model/decoding.py on the tiny Sa2VA."""
+"""model/pipeline/inference.py (predict / predict_batch) and the decoding helpers of model/decoding/text_decoding.py on the tiny Sa2VA."""
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-from projects.llava_sam2.rl_train.model import fast_generation
-from projects.llava_sam2.rl_train.model.decoding import eval_mode, stop_criteria, textual_stop_length
-from projects.llava_sam2.rl_train.model.generation import Completions, position_ids_from_attention
-from projects.llava_sam2.rl_train.model.inference import predict, predict_batch
+from projects.llava_sam2.rl_train.model.decoding import fast_generation
+from projects.llava_sam2.rl_train.model.decoding.generation import Completions, position_ids_from_attention
+from projects.llava_sam2.rl_train.model.decoding.text_decoding import eval_mode, stop_criteria, textual_stop_length
+from projects.llava_sam2.rl_train.model.pipeline.inference import predict, predict_batch
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    from projects.llava_sam2.rl_train.model.presets import build_preset
-    from projects.llava_sam2.rl_train.model.processor import Sa2VAProcessor
-    from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
-    from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer
+    from projects.llava_sam2.rl_train.model.network.presets import build_preset
+    from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
+    from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor
+    from projects.llava_sam2.rl_train.model.text.tokenizer import load_tiny_tokenizer
 
     tok = load_tiny_tokenizer()
     torch.manual_seed(0)

@@ -123,6 +123,10 @@ def test_installs_beside_upstream_packages(tmp_path, mode):
     plugin_root = site_dir if mode == "wheel" else source
     assert Path(plugin).is_relative_to(plugin_root) and Path(cli).is_relative_to(plugin_root)
     assert importlib.metadata.distribution("sa2va-rl").version == "0.1.0", "the test uninstalled our own install"
+    if mode == "wheel":  # every module ships, those of nested sub-packages (model/network/, ...) included
+        installed = site_dir / "projects/llava_sam2/rl_train"
+        assert {p.relative_to(installed) for p in installed.rglob("*.py")} == \
+            {p.relative_to(PACKAGE) for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts}
     assert not (site_dir / "projects/__init__.py").exists()
     assert not (site_dir / "projects/llava_sam2/__init__.py").exists()
     if mode == "wheel":

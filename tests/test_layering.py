@@ -9,7 +9,7 @@ The layer map is the one of docs/architecture.md::
     model/, rewards/                -> data/
 
 grpo/, model/, rewards/ and data/ never import MMEngine. Outside the files named ``*_seams.py``
-(engine/mmengine_seams.py, model/transformers_seams.py, model/torch_seams.py), no module imports or reads a private
+(engine/mmengine_seams.py, model/network/transformers_seams.py, model/network/torch_seams.py), no module imports or reads a private
 name (one leading underscore) of MMEngine, torch, DeepSpeed, transformers, peft or XTuner: neither ``from torch.x
 import _y`` nor ``torch._y`` / ``nn.modules._Y`` on a name imported from them, nor a private attribute (or a
 ``getattr`` of one) on any other object when the package itself defines no attribute of that name

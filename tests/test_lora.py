@@ -1,11 +1,11 @@
-"""model/lora.py: LoRA wrap, adapter-disabled reference log-probs, the trainable set."""
+"""model/network/lora.py: LoRA wrap, adapter-disabled reference log-probs, the trainable set."""
 import pytest
 import torch
 from peft.helpers import disable_input_dtype_casting
 from transformers import Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from projects.llava_sam2.rl_train.model.generation import completion_logprobs
-from projects.llava_sam2.rl_train.model.lora import (
+from projects.llava_sam2.rl_train.model.decoding.generation import completion_logprobs
+from projects.llava_sam2.rl_train.model.network.lora import (
     LORA_TARGET_MODULES, adapter_compute_dtype, apply_lora, configure_trainable, default_target_modules,
     trainable_parameters)
 
@@ -98,9 +98,9 @@ def test_lora_tensors_get_nonzero_grads_from_completion_logprobs():
 
 
 def tiny_sa2va():
-    from projects.llava_sam2.rl_train.model.presets import build_preset
-    from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
-    from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer
+    from projects.llava_sam2.rl_train.model.network.presets import build_preset
+    from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
+    from projects.llava_sam2.rl_train.model.text.tokenizer import load_tiny_tokenizer
 
     torch.manual_seed(0)
     return Sa2VAModel(build_preset("tiny", vocab_size=len(load_tiny_tokenizer())))
@@ -143,7 +143,7 @@ def test_train_embeddings_and_checkpointing_input_grads():
 
 
 def test_greedy_sampling_through_peft_follows_the_adapter_switch():
-    from projects.llava_sam2.rl_train.model.generation import sample_completions
+    from projects.llava_sam2.rl_train.model.decoding.generation import sample_completions
 
     lm = tiny_qwen2()
     embeds = lm.get_input_embeddings()(torch.randint(1, 64, (3, 5), generator=torch.Generator().manual_seed(2)))

@@ -12,7 +12,7 @@ from grpo_tiny import build_tiny, make_algo, one_thread, run_rollout, shapes_bat
 from projects.llava_sam2.rl_train.benchmarks import mask_action
 from projects.llava_sam2.rl_train.grpo.cycle import seg_mask_head
 from projects.llava_sam2.rl_train.grpo.mask_policy import MASK_POLICIES
-from projects.llava_sam2.rl_train.model.region_chain import region_sample_points
+from projects.llava_sam2.rl_train.model.pipeline.region_chain import region_sample_points
 
 _one_thread = pytest.fixture(autouse=True)(one_thread)
 

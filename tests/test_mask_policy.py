@@ -14,7 +14,7 @@ from projects.llava_sam2.rl_train.grpo.mask_policy import (
     MASK_POLICIES, BernoulliMaskPolicy, GaussianSegPolicy, MaskHead, MultimaskPolicy, RegionMaskPolicy,
     build_mask_policy)
 from projects.llava_sam2.rl_train.grpo.rollout import MaskReplay, Rollout
-from projects.llava_sam2.rl_train.model.region_chain import MaskChain, region_sample_points
+from projects.llava_sam2.rl_train.model.pipeline.region_chain import MaskChain, region_sample_points
 
 N, E, H = 4, 256, 8  # rollouts, prompt width, low-res mask side
 

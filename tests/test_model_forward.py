@@ -6,13 +6,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from projects.llava_sam2.rl_train.model.configuration import Sa2VAConfig
-from projects.llava_sam2.rl_train.model.constants import IMG_CONTEXT_TOKEN, SEG_TOKEN
-from projects.llava_sam2.rl_train.model.grounding import no_prompt_embeddings
-from projects.llava_sam2.rl_train.model.presets import build_preset
-from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
-from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer
-from projects.llava_sam2.rl_train.model.vision import VisionAttention, pixel_shuffle
+from projects.llava_sam2.rl_train.model.network.configuration import Sa2VAConfig
+from projects.llava_sam2.rl_train.model.network.grounding import no_prompt_embeddings
+from projects.llava_sam2.rl_train.model.network.presets import build_preset
+from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
+from projects.llava_sam2.rl_train.model.network.vision import VisionAttention, pixel_shuffle
+from projects.llava_sam2.rl_train.model.text.constants import IMG_CONTEXT_TOKEN, SEG_TOKEN
+from projects.llava_sam2.rl_train.model.text.tokenizer import load_tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

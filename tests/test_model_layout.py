@@ -6,10 +6,10 @@ from collections import Counter
 import pytest
 import torch
 
-from projects.llava_sam2.rl_train.model.checkpoint import checkpoint_layout
-from projects.llava_sam2.rl_train.model.configuration import Sa2VAConfig
-from projects.llava_sam2.rl_train.model.presets import build_preset
-from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
+from projects.llava_sam2.rl_train.model.checkpoints.hf_checkpoint import checkpoint_layout
+from projects.llava_sam2.rl_train.model.network.configuration import Sa2VAConfig
+from projects.llava_sam2.rl_train.model.network.presets import build_preset
+from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
 import expected_layouts as E
 
 
@@ -85,7 +85,7 @@ def test_phi3_and_llama_build_with_their_own_key_names():
 
 
 def test_lora_wrapped_meta_model_keeps_the_upstream_layout():
-    from projects.llava_sam2.rl_train.model.lora import apply_lora
+    from projects.llava_sam2.rl_train.model.network.lora import apply_lora
 
     with torch.device("meta"):
         model = Sa2VAModel(build_preset("8b"))

@@ -1,4 +1,4 @@
-"""model/pipeline.py + model/decoding.py on the tiny random Sa2VA: images encoded once, image and region tokens in
+"""model/pipeline/shared.py + model/decoding/text_decoding.py on the tiny random Sa2VA: images encoded once, image and region tokens in
 the prompt, greedy answers and their [SEG] masks (rules, decoder states vs the teacher-forced recompute, chunking,
 fast == reference), teacher-forced [SEG] prompts, and the text helpers (stop words, prompt-ready text)."""
 from __future__ import annotations
@@ -10,11 +10,12 @@ import torch
 
 from grpo_tiny import build_tiny, one_thread
 from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
-from projects.llava_sam2.rl_train.model import fast_generation, pipeline
-from projects.llava_sam2.rl_train.model.decoding import (
+from projects.llava_sam2.rl_train.model.decoding import fast_generation
+from projects.llava_sam2.rl_train.model.decoding.generation import Completions, position_ids_from_attention
+from projects.llava_sam2.rl_train.model.decoding.text_decoding import (
     TextDecoding, answer_texts, clean_text, completion_texts, cut_at_stop_words, fed_back_seg_positions)
-from projects.llava_sam2.rl_train.model.generation import Completions, position_ids_from_attention
-from projects.llava_sam2.rl_train.model.pipeline import (
+from projects.llava_sam2.rl_train.model.pipeline import shared
+from projects.llava_sam2.rl_train.model.pipeline.shared import (
     PromptRow, encode_images, forced_seg_prompts, greedy_answers, prompt_embeds, seg_answer_ids)
 
 _one_thread = pytest.fixture(autouse=True)(one_thread)
@@ -153,7 +154,7 @@ def test_seg_states_come_from_the_decode_and_equal_the_teacher_forced_ones(tiny,
             return greedy_answers(model, proc, encoded, rows, max_new_tokens=3, seg_masks="first", **kwargs)
 
         with monkeypatch.context() as patch:
-            patch.setattr(pipeline, "completion_hidden", lambda *a, **k: (_ for _ in ()).throw(AssertionError("re-ran")))
+            patch.setattr(shared, "completion_hidden", lambda *a, **k: (_ for _ in ()).throw(AssertionError("re-ran")))
             from_decode = answer()
         recomputed = answer(use_decoder_states=False)
     finally:

@@ -1,5 +1,5 @@
-"""Canaries for the transformers and torch internals that layers below engine/ rely on (model/transformers_seams.py,
-model/torch_seams.py), and for the public replacement of torch's private dropout base class (grpo/trainer.py).
+"""Canaries for the transformers and torch internals that layers below engine/ rely on (model/network/transformers_seams.py,
+model/network/torch_seams.py), and for the public replacement of torch's private dropout base class (grpo/trainer.py).
 
 Each test names the installed version and what changed when an upgrade breaks an assumption.
 """
@@ -11,8 +11,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausa
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from projects.llava_sam2.rl_train.grpo.trainer import DROPOUT_TYPES, zero_dropout
-from projects.llava_sam2.rl_train.model.torch_seams import foreach_copy_, foreach_lerp_
-from projects.llava_sam2.rl_train.model.transformers_seams import (attention_implementation,
+from projects.llava_sam2.rl_train.model.network.torch_seams import foreach_copy_, foreach_lerp_
+from projects.llava_sam2.rl_train.model.network.transformers_seams import (attention_implementation,
                                                                    has_input_require_grads_hook,
                                                                    set_attention_implementation, using_attention)
 

@@ -141,7 +141,7 @@ def test_time_budget_stops_a_stage_early():
 
 
 def test_pretrain_writes_a_checkpoint_that_loads(tmp_path):
-    from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
+    from projects.llava_sam2.rl_train.model.checkpoints.hf_checkpoint import load_pretrained
 
     out = tmp_path / "ckpt"
     argv = ["--out", str(out), "--sam-steps", "2", "--lm-steps", "1", "--joint-steps", "2", "--scenes-per-batch", "1",
@@ -151,7 +151,7 @@ def test_pretrain_writes_a_checkpoint_that_loads(tmp_path):
     assert [s["steps_done"] for s in log["stages"]] == [2, 1, 2] and log["command"].endswith(" ".join(argv))
     import hashlib
     assert log["sha256"]["model.safetensors"] == hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()
-    loaded = Sa2VAModel.from_pretrained(out)
+    loaded = load_pretrained(out)
     fresh, tokenizer, _ = tool.build_tiny(0, "cpu")
     loaded.bind_tokenizer(tokenizer)
     changed = [n for n, p in loaded.state_dict().items() if not torch.equal(p, fresh.state_dict()[n])]

@@ -6,17 +6,17 @@ import pytest
 import torch
 from PIL import Image
 
-from projects.llava_sam2.rl_train.model.constants import IMG_CONTEXT_TOKEN
-from projects.llava_sam2.rl_train.model.presets import build_preset
-from projects.llava_sam2.rl_train.model.processor import Sa2VAProcessor
-from projects.llava_sam2.rl_train.model.prompts import (
+from projects.llava_sam2.rl_train.model.network.presets import build_preset
+from projects.llava_sam2.rl_train.model.text.constants import IMG_CONTEXT_TOKEN
+from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor
+from projects.llava_sam2.rl_train.model.text.prompts import (
     ANSWER_LIST,
     DETAILED_QUESTIONS,
     SEG_QUESTIONS,
     detailed_question,
     region_string,
 )
-from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer
+from projects.llava_sam2.rl_train.model.text.tokenizer import load_tiny_tokenizer
 
 CTX = IMG_CONTEXT_TOKEN
 

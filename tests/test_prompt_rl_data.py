@@ -62,10 +62,10 @@ def test_expression_slots_clip_to_the_last_paraphrase_and_normalise():
 
 @pytest.fixture(scope="module")
 def tiny():
-    from projects.llava_sam2.rl_train.model.presets import build_preset
-    from projects.llava_sam2.rl_train.model.processor import Sa2VAProcessor
-    from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
-    from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer
+    from projects.llava_sam2.rl_train.model.network.presets import build_preset
+    from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
+    from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor
+    from projects.llava_sam2.rl_train.model.text.tokenizer import load_tiny_tokenizer
 
     tok = load_tiny_tokenizer()
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""model/region_chain.py: the released mask chain at the partner's region sample points (the ``region`` mask action),
+"""model/pipeline/region_chain.py: the released mask chain at the partner's region sample points (the ``region`` mask action),
 checked against the processor's own ``region_cells`` and an fp64 evaluation of the chain."""
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from projects.llava_sam2.rl_train.model.presets import build_preset
-from projects.llava_sam2.rl_train.model.processor import Sa2VAProcessor
-from projects.llava_sam2.rl_train.model.region_chain import (
+from projects.llava_sam2.rl_train.model.network.presets import build_preset
+from projects.llava_sam2.rl_train.model.pipeline.region_chain import (
     MaskChain, cells_to_masks, region_logits, region_sample_points)
-from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer
+from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor
+from projects.llava_sam2.rl_train.model.text.tokenizer import load_tiny_tokenizer
 
 # (H, W): square, non-square, sides that g = 8 does not divide, H = g exactly
 SIZES = [(64, 64), (20, 28), (37, 61), (8, 13), (100, 9)]

@@ -6,12 +6,12 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from projects.llava_sam2.rl_train.data.types import RegionSample
-from projects.llava_sam2.rl_train.model.constants import IGNORE_INDEX, IMG_CONTEXT_TOKEN
-from projects.llava_sam2.rl_train.model.presets import build_preset
-from projects.llava_sam2.rl_train.model.processor import Sa2VAProcessor
-from projects.llava_sam2.rl_train.model.prompts import ANSWER_LIST
-from projects.llava_sam2.rl_train.model.sft_data import DEFAULT_CAPTION_QUESTIONS, RegionSFTDataset
-from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer
+from projects.llava_sam2.rl_train.model.network.presets import build_preset
+from projects.llava_sam2.rl_train.model.sft.sft_data import DEFAULT_CAPTION_QUESTIONS, RegionSFTDataset
+from projects.llava_sam2.rl_train.model.text.constants import IGNORE_INDEX, IMG_CONTEXT_TOKEN
+from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor
+from projects.llava_sam2.rl_train.model.text.prompts import ANSWER_LIST
+from projects.llava_sam2.rl_train.model.text.tokenizer import load_tiny_tokenizer
 
 
 def _sample(index, *, captions=("a small <red> square.",), expressions=("The Red Square.",),

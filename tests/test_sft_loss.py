@@ -1,4 +1,4 @@
-"""model/sft_loss.py: point sampling and loss formulas on tensors, then the full loss on the tiny model."""
+"""model/sft/sft_loss.py: point sampling and loss formulas on tensors, then the full loss on the tiny model."""
 import math
 
 import numpy as np
@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from projects.llava_sam2.rl_train.model.sft_loss import (
+from projects.llava_sam2.rl_train.model.sft.sft_loss import (
     llm_loss, mask_bce_loss, mask_dice_loss, mask_losses, point_sample, resize_gt_masks,
     sample_uncertain_points)
 
@@ -94,11 +94,11 @@ def test_llm_loss_equals_shifted_cross_entropy_with_ignore_index():
 
 @pytest.fixture(scope="module")
 def tiny():
-    from projects.llava_sam2.rl_train.model.lora import apply_lora, configure_trainable
-    from projects.llava_sam2.rl_train.model.presets import build_preset
-    from projects.llava_sam2.rl_train.model.processor import Sa2VAProcessor
-    from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
-    from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer
+    from projects.llava_sam2.rl_train.model.network.lora import apply_lora, configure_trainable
+    from projects.llava_sam2.rl_train.model.network.presets import build_preset
+    from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
+    from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor
+    from projects.llava_sam2.rl_train.model.text.tokenizer import load_tiny_tokenizer
 
     tok = load_tiny_tokenizer()
     torch.manual_seed(0)
@@ -146,7 +146,7 @@ def _caption_item(proc, seed):
 
 
 def _batch(proc, with_caption=True):
-    from projects.llava_sam2.rl_train.model.processor import sft_collate
+    from projects.llava_sam2.rl_train.model.text.processor import sft_collate
 
     items = [_seg_item(proc, 1, ["the cat", "the dog"], [(0, 20, 0, 28), (20, 40, 28, 56)])]
     if with_caption:
@@ -156,7 +156,7 @@ def _batch(proc, with_caption=True):
 
 
 def test_sft_loss_matches_hf_lm_loss_and_is_deterministic(tiny):
-    from projects.llava_sam2.rl_train.model.sft_loss import _image_embeds, sft_loss
+    from projects.llava_sam2.rl_train.model.sft.sft_loss import _image_embeds, sft_loss
 
     model, proc = tiny
     batch = _batch(proc)
@@ -175,8 +175,8 @@ def test_sft_loss_matches_hf_lm_loss_and_is_deterministic(tiny):
 
 
 def test_sft_loss_gradients_reach_every_trainable_group(tiny):
-    from projects.llava_sam2.rl_train.model.lora import trainable_parameters
-    from projects.llava_sam2.rl_train.model.sft_loss import sft_loss
+    from projects.llava_sam2.rl_train.model.network.lora import trainable_parameters
+    from projects.llava_sam2.rl_train.model.sft.sft_loss import sft_loss
 
     model, proc = tiny
     model.zero_grad(set_to_none=True)
@@ -195,8 +195,8 @@ def test_sft_loss_gradients_reach_every_trainable_group(tiny):
 
 
 def test_sft_loss_without_masks_zeroes_mask_losses_but_keeps_grads(tiny):
-    from projects.llava_sam2.rl_train.model.processor import sft_collate
-    from projects.llava_sam2.rl_train.model.sft_loss import sft_loss
+    from projects.llava_sam2.rl_train.model.sft.sft_loss import sft_loss
+    from projects.llava_sam2.rl_train.model.text.processor import sft_collate
 
     model, proc = tiny
     model.zero_grad(set_to_none=True)
@@ -210,8 +210,8 @@ def test_sft_loss_without_masks_zeroes_mask_losses_but_keeps_grads(tiny):
 
 
 def test_sft_loss_rejects_seg_mask_count_mismatch(tiny):
-    from projects.llava_sam2.rl_train.model.processor import sft_collate
-    from projects.llava_sam2.rl_train.model.sft_loss import sft_loss
+    from projects.llava_sam2.rl_train.model.sft.sft_loss import sft_loss
+    from projects.llava_sam2.rl_train.model.text.processor import sft_collate
 
     model, proc = tiny
     item = _seg_item(proc, 5, ["the cat", "the dog"], [(0, 20, 0, 28), (20, 40, 28, 56)])
@@ -221,7 +221,7 @@ def test_sft_loss_rejects_seg_mask_count_mismatch(tiny):
 
 
 def test_iou_head_loss_targets_each_output():
-    from projects.llava_sam2.rl_train.model.sft_loss import iou_head_loss
+    from projects.llava_sam2.rl_train.model.sft.sft_loss import iou_head_loss
 
     gt = torch.zeros(1, 4, 4)
     gt[0, :2, :2] = 1  # 4 GT pixels
@@ -252,7 +252,7 @@ def test_llm_loss_token_weights_are_a_weighted_mean():
 
 
 def test_seg_lm_weight_drops_the_token_after_seg_and_iou_weight_adds_a_trained_head(tiny):
-    from projects.llava_sam2.rl_train.model.sft_loss import sft_forward, sft_loss
+    from projects.llava_sam2.rl_train.model.sft.sft_loss import sft_forward, sft_loss
 
     model, proc = tiny
     batch = _batch(proc)

@@ -110,10 +110,10 @@ def test_compare_pairs_scenes_and_rejects_different_ones():
 def test_model_segmenter_runs_the_res_path_on_a_tiny_model(scenes):
     import torch
 
-    from projects.llava_sam2.rl_train.model.presets import build_preset
-    from projects.llava_sam2.rl_train.model.processor import Sa2VAProcessor
-    from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
-    from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer
+    from projects.llava_sam2.rl_train.model.network.presets import build_preset
+    from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
+    from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor
+    from projects.llava_sam2.rl_train.model.text.tokenizer import load_tiny_tokenizer
 
     tok = load_tiny_tokenizer()
     torch.manual_seed(0)

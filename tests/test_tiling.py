@@ -4,8 +4,8 @@ import pytest
 import torch
 from PIL import Image
 
-from projects.llava_sam2.rl_train.model.constants import IMAGENET_MEAN, IMAGENET_STD
-from projects.llava_sam2.rl_train.model.tiling import (
+from projects.llava_sam2.rl_train.model.text.constants import IMAGENET_MEAN, IMAGENET_STD
+from projects.llava_sam2.rl_train.model.text.tiling import (
     MIN_IMAGE_SIDE,
     TilingSettings,
     candidate_grids,

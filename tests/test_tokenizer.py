@@ -6,12 +6,12 @@ from tokenizers import Tokenizer, models
 from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2TokenizerFast
 from xtuner.dataset.utils import get_bos_eos_token_ids
 
-from projects.llava_sam2.rl_train.model.constants import (
+from projects.llava_sam2.rl_train.model.text.constants import (
     INTERNVL_SPECIAL_TOKENS,
     QWEN_CHAT_SPECIAL_TOKENS,
     SA2VA_SPECIAL_TOKENS,
 )
-from projects.llava_sam2.rl_train.model.tokenizer import (
+from projects.llava_sam2.rl_train.model.text.tokenizer import (
     TINY_TOKENIZER_DIR,
     check_sa2va_tokenizer,
     load_tiny_tokenizer,
@@ -118,7 +118,7 @@ def test_a_hub_id_is_refused_by_name_without_a_download(load, hub_calls):
 
 
 def test_a_local_directory_and_the_tiny_preset_load(tmp_path):
-    from projects.llava_sam2.rl_train.model.tokenizer import load_tokenizer, sa2va_tokenizer
+    from projects.llava_sam2.rl_train.model.text.tokenizer import load_tokenizer, sa2va_tokenizer
 
     load_tiny_tokenizer().save_pretrained(str(tmp_path))
     assert load_tokenizer(tmp_path).get_vocab() == load_tiny_tokenizer().get_vocab()

@@ -9,15 +9,15 @@ import types
 import pytest
 import torch
 
-from projects.llava_sam2.rl_train.model.configuration import SubConfig
-from projects.llava_sam2.rl_train.model.deepspeed_zero import _load, _merge_zero2, _merge_zero3, read_zero_checkpoint
-from projects.llava_sam2.rl_train.model.language import LanguageKeyMap
-from projects.llava_sam2.rl_train.model.presets import build_preset
-from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
-from projects.llava_sam2.rl_train.model.upstream_convert import apply_hf_dtype
-from projects.llava_sam2.rl_train.model.xtuner_checkpoint import LoadReport, _fit_rows, resolve_layout, xtuner_state_dict
-from projects.llava_sam2.rl_train.model.xtuner_keys import (is_upstream_checkpoint_key, lora_to_module,
+from projects.llava_sam2.rl_train.model.checkpoints.deepspeed_zero import _load, _merge_zero2, _merge_zero3, read_zero_checkpoint
+from projects.llava_sam2.rl_train.model.checkpoints.upstream_convert import apply_hf_dtype
+from projects.llava_sam2.rl_train.model.checkpoints.xtuner_checkpoint import LoadReport, _fit_rows, resolve_layout, xtuner_state_dict
+from projects.llava_sam2.rl_train.model.checkpoints.xtuner_keys import (is_upstream_checkpoint_key, lora_to_module,
                                                             module_lora_targets, parse_upstream_state, upstream_key)
+from projects.llava_sam2.rl_train.model.network.configuration import SubConfig
+from projects.llava_sam2.rl_train.model.network.language import LanguageKeyMap
+from projects.llava_sam2.rl_train.model.network.presets import build_preset
+from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
 
 LLM = "mllm.model.language_model.base_model.model."
 
@@ -180,7 +180,7 @@ def test_auto_layout_falls_back_to_full_for_internlm2_with_the_adapter_kept():
     (Sa2VA-8B) the full layout, where it used to pick compact, which raises."""
     from test_checkpoint import internlm2_config
 
-    from projects.llava_sam2.rl_train.model.lora import apply_lora
+    from projects.llava_sam2.rl_train.model.network.lora import apply_lora
 
     torch.manual_seed(0)
     qwen2 = Sa2VAModel(build_preset("tiny", vocab_size=96))
@@ -201,7 +201,7 @@ def test_auto_layout_falls_back_to_full_for_internlm2_with_the_adapter_kept():
 
 def test_frozen_sam2_decoder_is_honoured_and_sources_are_exclusive():
     from projects.llava_sam2.rl_train.engine.builders import check_model_source
-    from projects.llava_sam2.rl_train.model.lora import apply_lora, configure_trainable
+    from projects.llava_sam2.rl_train.model.network.lora import apply_lora, configure_trainable
 
     torch.manual_seed(0)
     model = Sa2VAModel(build_preset("tiny", vocab_size=96))

@@ -1,5 +1,5 @@
 """From an upstream XTuner SFT run to RL and back (issue #16), on a tiny upstream-style run built by
-``model.tiny_upstream_run`` (peft names, a real DeepSpeed ZeRO-2 directory written by DeepSpeed, 2 ranks).
+``model.checkpoints.tiny_upstream_run`` (peft names, a real DeepSpeed ZeRO-2 directory written by DeepSpeed, 2 ranks).
 
 1. load: ``.pth`` and DeepSpeed dir, LoRA kept or merged, vocabulary resized, errors that name keys;
 2. convert: ``to-hf`` equals upstream's rename rule applied to the emulated upstream model; ``to-xtuner`` back;
@@ -24,12 +24,13 @@ from engine_toy import run_config
 from projects.llava_sam2.rl_train.cli import convert
 from projects.llava_sam2.rl_train.engine.checkpointing import unwrap_model
 from projects.llava_sam2.rl_train.engine.upstream_sft import load_sft_config
-from projects.llava_sam2.rl_train.model.deepspeed_zero import read_zero_checkpoint
-from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
-from projects.llava_sam2.rl_train.model.tiny_upstream_run import (BASE_DIR, SAM2_PT, SFT_DS_DIR, SFT_PTH,
+from projects.llava_sam2.rl_train.model.checkpoints.deepspeed_zero import read_zero_checkpoint
+from projects.llava_sam2.rl_train.model.checkpoints.hf_checkpoint import load_pretrained
+from projects.llava_sam2.rl_train.model.checkpoints.tiny_upstream_run import (BASE_DIR, SAM2_PT, SFT_DS_DIR, SFT_PTH,
                                                                    make_tiny_sft_run)
-from projects.llava_sam2.rl_train.model.upstream_base import read_xtuner_checkpoint
-from projects.llava_sam2.rl_train.model.xtuner_checkpoint import load_upstream_sft
+from projects.llava_sam2.rl_train.model.checkpoints.upstream_base import read_xtuner_checkpoint
+from projects.llava_sam2.rl_train.model.checkpoints.xtuner_checkpoint import load_upstream_sft
+from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
 
 REPO = Path(__file__).resolve().parents[1]
 SFT_CONFIG = REPO / "projects/llava_sam2/configs/rl/upstream_sft/sa2va_tiny_sft.py"
@@ -171,7 +172,7 @@ def test_to_hf_writes_what_upstream_convert_to_hf_writes(run, source, tmp_path):
     assert {k: v for k, v in config["llm_config"].items() if k != "vocab_size"} == \
         {k: v for k, v in base["llm_config"].items() if k != "vocab_size"}
     assert (out / "modeling_sa2va_chat.py").is_file()
-    hf = Sa2VAModel.from_pretrained(out)
+    hf = load_pretrained(out)
     assert_outputs_close(hf, run.model, atol=2e-6)
 
 
@@ -211,7 +212,7 @@ def test_rl_from_upstream_sft_then_export_both_ways(run, source, lora_mode, tmp_
         assert moved, "no LoRA tensor changed in 2 RL steps"
     rl = trained.sa2va
     trained.export_pretrained(tmp_path / "hf")
-    assert_outputs_close(Sa2VAModel.from_pretrained(tmp_path / "hf"), rl, atol=2e-6)
+    assert_outputs_close(load_pretrained(tmp_path / "hf"), rl, atol=2e-6)
     pth = tmp_path / "xtuner" / "iter_2.pth"
     args = ["to-xtuner", "--config", str(RL_CONFIG), "--checkpoint", str(tmp_path / "rl" / "iter_2.pth"),
             "--save-path", str(pth), "--cfg-options", f"model.upstream_sft.lora_mode={lora_mode}"]

@@ -15,13 +15,13 @@ import numpy as np, torch, torch.nn.functional as F; torch.set_num_threads(1)
 import PIL.Image
 from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
 from projects.llava_sam2.rl_train.data.shapes_scene import canonical_caption, COLOURS, SHAPES, CELL_PHRASES
-from projects.llava_sam2.rl_train.model.presets import build_preset
-from projects.llava_sam2.rl_train.model.processor import Sa2VAProcessor
-from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
-from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer
-from projects.llava_sam2.rl_train.model.generation import completion_logprobs
-from projects.llava_sam2.rl_train.model.sft_loss import resize_gt_masks
-from projects.llava_sam2.rl_train.model.sft_loss import iou_head_loss
+from projects.llava_sam2.rl_train.model.decoding.generation import completion_logprobs
+from projects.llava_sam2.rl_train.model.network.presets import build_preset
+from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
+from projects.llava_sam2.rl_train.model.sft.sft_loss import resize_gt_masks
+from projects.llava_sam2.rl_train.model.sft.sft_loss import iou_head_loss
+from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor
+from projects.llava_sam2.rl_train.model.text.tokenizer import load_tiny_tokenizer
 MODE = os.environ.get('MODE', 'seg'); N = int(os.environ.get('N', 600)); STEPS = int(os.environ.get('STEPS', 800))
 torch.manual_seed(0)
 tok = load_tiny_tokenizer(); model = Sa2VAModel(build_preset('tiny', vocab_size=len(tok))); model.bind_tokenizer(tok); model.eval()
@@ -67,7 +67,7 @@ else:
 head.requires_grad_(True)
 opt = torch.optim.AdamW(list(dec.parameters()) + list(head.parameters()), lr=float(os.environ.get('LR', 1e-3)), weight_decay=0)
 def sel(fe, idx): 
-    from projects.llava_sam2.rl_train.model.grounding import GroundingFeatures
+    from projects.llava_sam2.rl_train.model.network.grounding import GroundingFeatures
     return GroundingFeatures(image_embed=fe.image_embed[idx], high_res_feats=[h[idx] for h in fe.high_res_feats])
 rng = np.random.default_rng(0)
 M = tr[0].shape[0]
@@ -78,7 +78,7 @@ for step in range(1, STEPS + 1):
     lo = out.best_logits; gt = resize_gt_masks([tr[2][int(k)] for k in j], tuple(lo.shape[-2:]))
     pr = lo.sigmoid()
     if os.environ.get('PR'):
-        from projects.llava_sam2.rl_train.model.sft_loss import mask_losses
+        from projects.llava_sam2.rl_train.model.sft.sft_loss import mask_losses
         a_, b_ = mask_losses(lo, gt, num_points=int(os.environ.get('NP', 784)), oversample_ratio=3.0, importance_sample_ratio=float(os.environ['PR']))
         loss = a_ + b_
     else:

@@ -21,7 +21,7 @@ from torch.distributions import Bernoulli
 
 from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
 from projects.llava_sam2.rl_train.evaluation.loading import load_system
-from projects.llava_sam2.rl_train.model.pipeline import PromptRow, encode_images, greedy_answers
+from projects.llava_sam2.rl_train.model.pipeline.shared import PromptRow, encode_images, greedy_answers
 from projects.llava_sam2.rl_train.rewards.mask_metrics import mask_metrics
 
 

@@ -25,15 +25,15 @@ import PIL.Image
 from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
 from projects.llava_sam2.rl_train.data.shapes_scene import canonical_caption, referring_expressions
 from projects.llava_sam2.rl_train.data.types import RegionSample
-from projects.llava_sam2.rl_train.model.presets import build_preset
-from projects.llava_sam2.rl_train.model.processor import Sa2VAProcessor, sft_collate
-from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
-from projects.llava_sam2.rl_train.model.sft_data import RegionSFTDataset
-from projects.llava_sam2.rl_train.model.sft_loss import resize_gt_masks, sft_loss
-from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer
-from projects.llava_sam2.rl_train.model.lora import apply_lora, configure_trainable
-from projects.llava_sam2.rl_train.model.generation import completion_logprobs
-from projects.llava_sam2.rl_train.model.sft_loss import iou_head_loss
+from projects.llava_sam2.rl_train.model.decoding.generation import completion_logprobs
+from projects.llava_sam2.rl_train.model.network.lora import apply_lora, configure_trainable
+from projects.llava_sam2.rl_train.model.network.presets import build_preset
+from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
+from projects.llava_sam2.rl_train.model.sft.sft_data import RegionSFTDataset
+from projects.llava_sam2.rl_train.model.sft.sft_loss import resize_gt_masks, sft_loss
+from projects.llava_sam2.rl_train.model.sft.sft_loss import iou_head_loss
+from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor, sft_collate
+from projects.llava_sam2.rl_train.model.text.tokenizer import load_tiny_tokenizer
 
 E = os.environ
 def env(k, d, t=str): return t(E.get(k, d))

@@ -17,7 +17,7 @@ with read_base():
     from ._base_.datasets.shapes_regions import region_collate_fn, shapes_region_dataset
     from ._base_.sa2va_grpo_base import *  # noqa: F401,F403
 
-from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer  # noqa: E402
+from projects.llava_sam2.rl_train.model.text.tokenizer import load_tiny_tokenizer  # noqa: E402
 
 model.update(  # noqa: F405
     pretrained_path=None, preset="1b", tokenizer=dict(type=load_tiny_tokenizer),

@@ -5,7 +5,7 @@
 # from (an XTuner iter_*.pth or a DeepSpeed checkpoint directory). Only the loop, hooks and RL settings are ours
 # (_base_/sa2va_grpo_base.py). Paths are relative to the working directory, as upstream's ./pretrained:
 #
-#   python -m projects.llava_sam2.rl_train.model.tiny_upstream_run --root .   # the tiny "SFT run"
+#   python -m projects.llava_sam2.rl_train.model.checkpoints.tiny_upstream_run --root .   # the tiny "SFT run"
 #   python tools/train.py projects/llava_sam2/configs/rl/tiny_grpo_from_upstream_sft_cpu.py --work-dir work_dirs/rl
 from mmengine.config import read_base
 

@@ -15,7 +15,7 @@ from mmengine.dataset import DefaultSampler
 from xtuner.engine.runner import TrainLoop
 
 from projects.llava_sam2.rl_train.engine.builders import region_sft_dataset
-from projects.llava_sam2.rl_train.model.processor import sft_collate
+from projects.llava_sam2.rl_train.model.text.processor import sft_collate
 
 model.update(sft_loss_cfg=dict(num_points=256))  # noqa: F405  mask-loss points per mask (upstream 12544 for 256x256)
 

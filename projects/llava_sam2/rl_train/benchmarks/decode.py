@@ -39,11 +39,11 @@ from collections import defaultdict
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-from projects.llava_sam2.rl_train.model.fast_generation import fast_sample_completions
-from projects.llava_sam2.rl_train.model.generation import completion_logprobs, sample_completions
-from projects.llava_sam2.rl_train.model.language import hf_llm_config
-from projects.llava_sam2.rl_train.model.presets import build_preset
-from projects.llava_sam2.rl_train.model.transformers_seams import set_attention_implementation
+from projects.llava_sam2.rl_train.model.decoding.fast_generation import fast_sample_completions
+from projects.llava_sam2.rl_train.model.decoding.generation import completion_logprobs, sample_completions
+from projects.llava_sam2.rl_train.model.network.language import hf_llm_config
+from projects.llava_sam2.rl_train.model.network.presets import build_preset
+from projects.llava_sam2.rl_train.model.network.transformers_seams import set_attention_implementation
 
 PROG = "sa2va-rl bench decode"
 
@@ -64,7 +64,7 @@ def build_lm(name: str, device: torch.device, dtype: torch.dtype, lora_r: int = 
     with device:
         lm = AutoModelForCausalLM.from_config(cfg, torch_dtype=dtype)
     if lora_r > 0:
-        from projects.llava_sam2.rl_train.model.lora import apply_lora
+        from projects.llava_sam2.rl_train.model.network.lora import apply_lora
 
         lm = apply_lora(lm, r=lora_r, lora_alpha=2 * lora_r, lora_dropout=0.0)
         with torch.no_grad():

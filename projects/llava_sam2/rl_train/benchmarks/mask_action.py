@@ -44,13 +44,14 @@ import torch
 from ..data.shapes import ShapesWorld
 from ..grpo.trainer import CycleGRPO
 from ..grpo.weights import WeightSets
-from ..model.checkpoint import default_dtype
-from ..model.lora import apply_lora, configure_trainable
-from ..model.presets import build_preset
-from ..model.processor import Sa2VAProcessor
-from ..model.region_chain import MaskChain, chain_rows
-from ..model.sa2va import Sa2VAModel
-from ..model.tokenizer import load_tiny_tokenizer
+from ..model.checkpoints.dtypes import as_torch_dtype, default_dtype
+from ..model.checkpoints.hf_checkpoint import load_pretrained
+from ..model.network.lora import apply_lora, configure_trainable
+from ..model.network.presets import build_preset
+from ..model.network.sa2va import Sa2VAModel
+from ..model.pipeline.region_chain import MaskChain, chain_rows
+from ..model.text.processor import Sa2VAProcessor
+from ..model.text.tokenizer import load_tiny_tokenizer
 
 # trainable group -> predicate on the parameter name
 GROUPS: dict[str, Callable[[str], bool]] = {
@@ -66,10 +67,10 @@ def build(args) -> tuple[Sa2VAModel, Sa2VAProcessor]:
     """The preset with random weights (built directly in ``--dtype``) or ``--checkpoint``, LoRA r / alpha 2r with
     lora_B ~ N(0, 0.02) (at B = 0 lora_A gets no gradient) and the SFT trainable set."""
     tokenizer = load_tiny_tokenizer()
-    dtype = getattr(torch, args.dtype)
+    dtype = as_torch_dtype(args.dtype, "--dtype")
     torch.manual_seed(args.seed)
     if args.checkpoint:
-        model = Sa2VAModel.from_pretrained(args.checkpoint, torch_dtype=dtype, device=args.device)
+        model = load_pretrained(args.checkpoint, torch_dtype=dtype, device=args.device)
     else:
         with default_dtype(dtype), torch.device(args.device):
             model = Sa2VAModel(build_preset(args.preset, vocab_size=len(tokenizer)))

@@ -22,14 +22,14 @@ import time
 import torch
 
 from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
-from projects.llava_sam2.rl_train.model.inference import predict
-from projects.llava_sam2.rl_train.model.lora import apply_lora, configure_trainable
-from projects.llava_sam2.rl_train.model.presets import build_preset
-from projects.llava_sam2.rl_train.model.processor import Sa2VAProcessor
-from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
-from projects.llava_sam2.rl_train.model.sft_data import RegionSFTDataset
-from projects.llava_sam2.rl_train.model.sft_loss import sft_loss
-from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer
+from projects.llava_sam2.rl_train.model.network.lora import apply_lora, configure_trainable
+from projects.llava_sam2.rl_train.model.network.presets import build_preset
+from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
+from projects.llava_sam2.rl_train.model.pipeline.inference import predict
+from projects.llava_sam2.rl_train.model.sft.sft_data import RegionSFTDataset
+from projects.llava_sam2.rl_train.model.sft.sft_loss import sft_loss
+from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor
+from projects.llava_sam2.rl_train.model.text.tokenizer import load_tiny_tokenizer
 
 PROG = "sa2va-rl bench model"
 

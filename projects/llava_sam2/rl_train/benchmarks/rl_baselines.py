@@ -24,9 +24,9 @@ from projects.llava_sam2.rl_train.grpo.features import encode_step
 from projects.llava_sam2.rl_train.grpo.passes import partner_describe, partner_segment
 from projects.llava_sam2.rl_train.grpo.rollout import MaskReplay
 from projects.llava_sam2.rl_train.grpo.weights import mmengine_momentum
-from projects.llava_sam2.rl_train.model.decoding import eval_mode, sample_text
-from projects.llava_sam2.rl_train.model.generation import Completions, completion_logprobs
-from projects.llava_sam2.rl_train.model.pipeline import prompt_embeds
+from projects.llava_sam2.rl_train.model.decoding.generation import Completions, completion_logprobs
+from projects.llava_sam2.rl_train.model.decoding.text_decoding import eval_mode, sample_text
+from projects.llava_sam2.rl_train.model.pipeline.shared import prompt_embeds
 from projects.llava_sam2.rl_train.rewards.base import RewardInputs
 
 
@@ -91,8 +91,8 @@ def hf_generate_completions(lm, inputs_embeds: Tensor, attention_mask: Tensor, *
 
 def shared_configs(model) -> dict:
     """A ``copy.deepcopy`` memo that shares the model's config objects (read-only) instead of copying them:
-    ``model.configuration.SubConfig.__getattr__`` recurses when ``deepcopy`` probes a half-built copy."""
-    from projects.llava_sam2.rl_train.model.configuration import Sa2VAConfig, SubConfig
+    ``model.network.configuration.SubConfig.__getattr__`` recurses when ``deepcopy`` probes a half-built copy."""
+    from projects.llava_sam2.rl_train.model.network.configuration import Sa2VAConfig, SubConfig
 
     configs = [v for m in model.modules() for v in vars(m).values() if isinstance(v, (Sa2VAConfig, SubConfig))]
     configs += [v for c in list(configs) for v in vars(c).values() if isinstance(v, (Sa2VAConfig, SubConfig))]

@@ -67,15 +67,15 @@ from projects.llava_sam2.rl_train.grpo import cycle
 from projects.llava_sam2.rl_train.grpo.mask_policy import MASK_POLICIES
 from projects.llava_sam2.rl_train.grpo.trainer import CycleGRPO
 from projects.llava_sam2.rl_train.grpo.weights import WeightSets
-from projects.llava_sam2.rl_train.model.fast_generation import DECODE_BACKENDS
-from projects.llava_sam2.rl_train.model.lora import adapter_compute_dtype, apply_lora, configure_trainable
-from projects.llava_sam2.rl_train.model.presets import build_preset
-from projects.llava_sam2.rl_train.model.processor import Sa2VAProcessor
-from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
-from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer
+from projects.llava_sam2.rl_train.model.decoding.fast_generation import DECODE_BACKENDS
+from projects.llava_sam2.rl_train.model.network.lora import adapter_compute_dtype, apply_lora, configure_trainable
+from projects.llava_sam2.rl_train.model.network.presets import build_preset
+from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
+from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor
+from projects.llava_sam2.rl_train.model.text.tokenizer import load_tiny_tokenizer
 
-from projects.llava_sam2.rl_train.model.decoding import TextDecoding
-from projects.llava_sam2.rl_train.model.pipeline import SEG_ANSWER, seg_answer_ids
+from projects.llava_sam2.rl_train.model.decoding.text_decoding import TextDecoding
+from projects.llava_sam2.rl_train.model.pipeline.shared import SEG_ANSWER, seg_answer_ids
 
 from projects.llava_sam2.rl_train.benchmarks.rl_baselines import (
     HF_GENERATE, HF_GENERATE_SCORES, NaiveStep, StubCaptionReward, folded_texts, hf_generate_completions,

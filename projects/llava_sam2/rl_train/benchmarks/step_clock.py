@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from projects.llava_sam2.rl_train.model import fast_decode_step
+from projects.llava_sam2.rl_train.model.decoding import fast_decode_step
 
 # phase name fragment -> the pass decoding inside it (ForcedAnswers' modes)
 FORCED_PASSES = {"policy_sampling": "caption", "partner_describe": "caption", "partner_segment": "seg_answer"}

@@ -57,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _to_hf(args) -> int:
     from ..engine.upstream_sft import load_sft_config
-    from ..model.upstream_convert import sft_to_hf
+    from ..model.checkpoints.upstream_convert import sft_to_hf
 
     source, _ = load_sft_config(args.config, args.cfg_options)
     source = type(source)(**{**source.__dict__, "pretrained_pth": args.pth_model})
@@ -80,7 +80,7 @@ def _rl_model(config: str, checkpoint: str, cfg_options):
     from mmengine.runner import set_random_seed
 
     from ..engine.registry import build_component
-    from ..model.upstream_base import read_xtuner_checkpoint
+    from ..model.checkpoints.upstream_base import read_xtuner_checkpoint
 
     cfg = Config.fromfile(config)
     if cfg_options:
@@ -96,8 +96,8 @@ def _rl_model(config: str, checkpoint: str, cfg_options):
 
 def _to_xtuner(args) -> int:
     from ..engine.upstream_sft import load_sft_config, sft_source
-    from ..model.sa2va import Sa2VAModel
-    from ..model.xtuner_checkpoint import resolve_layout, save_xtuner_checkpoint, xtuner_state_dict
+    from ..model.checkpoints.hf_checkpoint import load_pretrained
+    from ..model.checkpoints.xtuner_checkpoint import resolve_layout, save_xtuner_checkpoint, xtuner_state_dict
 
     if bool(args.hf) == bool(args.config or args.checkpoint) or (args.config is None) != (args.checkpoint is None):
         raise SystemExit("convert to-xtuner: give either --hf DIR, or --config RL_CONFIG with --checkpoint CKPT")
@@ -105,7 +105,7 @@ def _to_xtuner(args) -> int:
     if args.sft_config:
         lora = load_sft_config(args.sft_config)[0].lora
     if args.hf:
-        model, layout, origin = Sa2VAModel.from_pretrained(args.hf), "full", args.hf
+        model, layout, origin = load_pretrained(args.hf), "full", args.hf
         if args.layout == "compact":
             raise SystemExit("convert to-xtuner: an HF directory holds merged weights; use --layout full or auto")
     else:
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         return _to_hf(args)
     if args.command == "to-xtuner":
         return _to_xtuner(args)
-    from ..model.tiny_upstream_run import main as tiny_main
+    from ..model.checkpoints.tiny_upstream_run import main as tiny_main
 
     return tiny_main(["--root", args.root, "--seed", str(args.seed),
                       "--deepspeed-world-size", str(args.deepspeed_world_size)])

@@ -26,10 +26,9 @@ from projects.llava_sam2.rl_train.evaluation.loading import load_system, read_st
 from projects.llava_sam2.rl_train.evaluation.metrics import TASKS
 from projects.llava_sam2.rl_train.evaluation.results import build_dataset, save_run
 from projects.llava_sam2.rl_train.evaluation.tasks import EvalConfig, config_dict, evaluate
+from projects.llava_sam2.rl_train.model.checkpoints.dtypes import DTYPES, as_torch_dtype
 
 PROG = "sa2va-rl evaluate"
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -110,7 +109,7 @@ def load_from_config(config: str, weights: str | None, device: str):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    dtype = DTYPES.get(args.dtype)
+    dtype = as_torch_dtype(args.dtype, "--dtype")
     overrides = {"empty_region": args.empty_region}
     if args.config:
         model, processor, meta = load_from_config(args.config, args.weights, args.device)

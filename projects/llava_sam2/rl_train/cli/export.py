@@ -1,4 +1,4 @@
-"""Export a trained checkpoint to the upstream HF Sa2VA layout (LoRA merged), ready for ``Sa2VAModel.from_pretrained``
+"""Export a trained checkpoint to the upstream HF Sa2VA layout (LoRA merged), ready for ``load_pretrained``
 and upstream Sa2VA inference code:
 
     sa2va-rl export CONFIG CKPT --save-path DIR [--max-shard-size 5GB] [--cfg-options k=v ...]

@@ -25,7 +25,7 @@ import numpy as np
 
 from projects.llava_sam2.rl_train.data.bad_samples import SkippedSample
 from projects.llava_sam2.rl_train.engine.builders import input_check_from_config
-from projects.llava_sam2.rl_train.model.input_check import UPSTREAM_REGION_GRID_SIZE, InputCheck
+from projects.llava_sam2.rl_train.model.text.input_check import UPSTREAM_REGION_GRID_SIZE, InputCheck
 
 PROG = "sa2va-rl inspect"
 

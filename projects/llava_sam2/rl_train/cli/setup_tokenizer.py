@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from projects.llava_sam2.rl_train.model.tokenizer import TINY_TOKENIZER_DIR, save_tiny_tokenizer
+from projects.llava_sam2.rl_train.model.text.tokenizer import TINY_TOKENIZER_DIR, save_tiny_tokenizer
 
 PROG = "sa2va-rl setup tiny-tokenizer"
 

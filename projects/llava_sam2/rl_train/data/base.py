@@ -34,7 +34,7 @@ class RegionDataset(Dataset):
         self.input_check = None
 
     def set_input_check(self, check) -> None:
-        """Apply ``check`` (``model.input_check.InputCheck`` or any object with its ``problem(image, gt_mask)``)
+        """Apply ``check`` (``model.text.input_check.InputCheck`` or any object with its ``problem(image, gt_mask)``)
         to every sample loaded from now on."""
         self.input_check = check
 

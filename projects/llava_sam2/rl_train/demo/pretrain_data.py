@@ -32,10 +32,10 @@ from torch.utils.data import Dataset
 from ..data.shapes import ShapesWorld
 from ..data.shapes_scene import (CELL_PHRASES, COLOURS, SHAPES, SIZES, canonical_caption, parse_phrase,
                                  referring_expressions, sample_scene)
-from ..model.processor import Sa2VAProcessor, sft_collate
-from ..model.prompts import ANSWER_LIST, RES_EVAL_PROMPT, SEG_QUESTIONS, normalize_expression
-from ..model.sft_data import DEFAULT_CAPTION_QUESTIONS
-from ..model.sft_loss import resize_gt_masks
+from ..model.sft.sft_data import DEFAULT_CAPTION_QUESTIONS
+from ..model.sft.sft_loss import resize_gt_masks
+from ..model.text.processor import Sa2VAProcessor, sft_collate
+from ..model.text.prompts import ANSWER_LIST, RES_EVAL_PROMPT, SEG_QUESTIONS, normalize_expression
 
 ATTRIBUTES = {"colour": tuple(COLOURS), "shape": tuple(SHAPES), "size": tuple(SIZES),
               "cell": tuple(name for name, _ in CELL_PHRASES.values())}

@@ -7,7 +7,7 @@
   attribute prompts: ``AttributePrompt`` (a learned sum of colour/shape/size/cell embeddings) sits in the ``[SEG]``
   slot of ``GroundingEncoder.decode``, so the decoder learns to pick an object by what a text states.
 * ``lm`` — next-token language pretraining of the tiny LLM on shapes-world phrases.
-* ``joint`` — Sa2VA SFT of every weight (``model.sft_loss.sft_forward``: token CE + mask BCE + Dice, SAM's
+* ``joint`` — Sa2VA SFT of every weight (``model.sft.sft_loss.sft_forward``: token CE + mask BCE + Dice, SAM's
   IoU-head loss, ``seg_lm_weight``) with the encoders trained too, plus an optional *teacher* term: the ``[SEG]``
   prompt is pulled towards the frozen ``AttributePrompt`` of the row's text, ``w_t · MSE(prompt, A(text))`` with
   ``w_t`` decaying linearly to 0 over the stage, so the LLM first learns to say in the ``[SEG]`` state what the
@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..model.generation import decoder_and_head
-from ..model.sft_loss import iou_head_loss, llm_loss, sft_forward
+from ..model.decoding.generation import decoder_and_head
+from ..model.sft.sft_loss import iou_head_loss, llm_loss, sft_forward
 from .pretrain_data import ATTRIBUTES, JointBatch, PromptBatch, TextBatch
 
 

@@ -14,7 +14,7 @@ on ``ShapesWorld('train')`` only (the ``'val'`` stream is the held-out split), i
    with its own text) and region captioning, with SAM's IoU-head loss and, optionally, the attribute teacher.
 
 DIR gets the checkpoint in the HF layout (``save_pretrained`` + the tokenizer; loads with
-``Sa2VAModel.from_pretrained``), ``pretrain_log.json`` (settings, command, per-stage losses, held-out curves, final
+``load_pretrained``), ``pretrain_log.json`` (settings, command, per-stage losses, held-out curves, final
 held-out text dependence / RES / captioning, the weights' sha256) and nothing else.
 """
 from __future__ import annotations
@@ -32,10 +32,11 @@ from pathlib import Path
 import torch
 
 from ..cli.settings import add_settings_arguments, settings_from_args
-from ..model.presets import build_preset
-from ..model.processor import Sa2VAProcessor
-from ..model.sa2va import Sa2VAModel
-from ..model.tokenizer import load_tiny_tokenizer, load_tokenizer
+from ..model.checkpoints.hf_checkpoint import load_pretrained, save_pretrained
+from ..model.network.presets import build_preset
+from ..model.network.sa2va import Sa2VAModel
+from ..model.text.processor import Sa2VAProcessor
+from ..model.text.tokenizer import load_tiny_tokenizer, load_tokenizer
 from .pretrain_data import StageBatches, loader
 from .pretrain_stages import (AttributePrompt, JointWeights, joint_step, lm_step, run_stage, sam_step,
                               trainable_encoders)
@@ -156,7 +157,7 @@ def build_tiny(seed: int, device: str, init: str = ""):
     torch.manual_seed(seed)
     if init:
         tokenizer = load_tokenizer(init)
-        model = Sa2VAModel.from_pretrained(init, torch_dtype=torch.float32).to(device)
+        model = load_pretrained(init, torch_dtype=torch.float32).to(device)
     else:
         tokenizer = load_tiny_tokenizer()
         model = Sa2VAModel(build_preset("tiny", vocab_size=len(tokenizer))).to(device)
@@ -223,7 +224,7 @@ def train(model, processor, s: PretrainSettings) -> list[dict]:
 def save(model, tokenizer, out: Path) -> dict[str, str]:
     """``save_pretrained`` (CPU, float32) + the tokenizer; returns the sha256 of each weights file."""
     device = model.device
-    model.to("cpu").save_pretrained(out)
+    save_pretrained(model.to("cpu"), out)
     tokenizer.save_pretrained(str(out))
     model.to(device)
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.glob("*.safetensors"))}

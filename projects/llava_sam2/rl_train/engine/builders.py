@@ -15,12 +15,12 @@ from typing import Any
 from mmengine.registry import DATASETS
 
 from ..data.unpaired import UnpairedRegionDataset
-from ..model.configuration import Sa2VAConfig
-from ..model.input_check import InputCheck, region_grid_size
-from ..model.presets import build_preset
-from ..model.processor import Sa2VAProcessor
-from ..model.sft_data import RegionSFTDataset
-from ..model.tokenizer import sa2va_tokenizer
+from ..model.network.configuration import Sa2VAConfig
+from ..model.network.presets import build_preset
+from ..model.sft.sft_data import RegionSFTDataset
+from ..model.text.input_check import InputCheck, region_grid_size
+from ..model.text.processor import Sa2VAProcessor
+from ..model.text.tokenizer import sa2va_tokenizer
 from .registry import build_component
 
 

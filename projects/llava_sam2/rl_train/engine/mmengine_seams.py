@@ -16,7 +16,7 @@ upgrade breaks the assumption. docs/architecture.md ("MMEngine seams") has the t
     and DDP rejects ``device_ids`` for CPU modules.
   - DeepSpeed's shared-memory all-reduce op (``deepspeed_shm_comm``, a ~40-75 s JIT compile with ninja the first
     time a CPU process group starts) is marked unavailable, so collectives go through gloo
-    (``model/deepspeed_zero.py without_shm_comm_op``, which the tiny ZeRO-2 fixture writer uses too).
+    (``model/checkpoints/deepspeed_zero.py without_shm_comm_op``, which the tiny ZeRO-2 fixture writer uses too).
 
 * ``resume_request(runner)``: the ``resume`` / ``load_from`` a runner was built with (``Runner`` and
   ``FlexibleRunner`` keep them as ``_resume`` / ``_load_from`` and offer no accessor).
@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from ..model.deepspeed_zero import without_shm_comm_op
+from ..model.checkpoints.deepspeed_zero import without_shm_comm_op
 
 LOOP_RESUME_ATTRIBUTES = ("_iter", "_epoch")  # set on train_loop by Runner.resume / FlexibleRunner.resume
 RUNNER_RESUME_ATTRIBUTES = ("_resume", "_load_from")  # Runner / FlexibleRunner.__init__ arguments, kept as is

@@ -95,7 +95,7 @@ def build_model(preset: str, device: torch.device, dtype: torch.dtype | None):
 
 
 def _tiny_tokenizer_dir():
-    from ..model.tokenizer import TINY_TOKENIZER_DIR
+    from ..model.text.tokenizer import TINY_TOKENIZER_DIR
 
     return TINY_TOKENIZER_DIR
 

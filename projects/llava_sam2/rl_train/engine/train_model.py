@@ -2,8 +2,8 @@
 
 * Built from a released HF checkpoint (``pretrained_path``, e.g. ``./pretrained/Sa2VA-4B``) or a size preset plus
   a tokenizer (``preset='tiny'`` for tests and the demo). LoRA (r=128, alpha=256, dropout 0.05 by default) and the
-  upstream SFT trainable set come from ``model/lora.py``.
-* ``forward(data=..., mode='loss')`` is the upstream SFT loss (``model/sft_loss.py``) of one ``sft_collate`` batch,
+  upstream SFT trainable set come from ``model/network/lora.py``.
+* ``forward(data=..., mode='loss')`` is the upstream SFT loss (``model/sft/sft_loss.py``) of one ``sft_collate`` batch,
   so xtuner's ``TrainLoop`` can SFT-train it; ``forward(grpo_batch=mb, algorithm=algo)`` is
   ``algo.policy_loss(sa2va, mb)``, as ``GRPOLoop`` sends it; both together mix ``sft_loss_weight`` times the SFT loss
   into the GRPO step.
@@ -31,16 +31,18 @@ from peft import PeftModel
 from ..grpo.config import GRPOConfig
 from ..grpo.protocol import GRPOAlgorithm
 from ..grpo.weights import WeightSets
-from ..model.decoding import TextDecoding
-from ..model.lora import apply_lora, check_compute_dtype, configure_trainable, keep_trainable_in
-from ..model.processor import Sa2VAProcessor
-from ..model.sa2va import Sa2VAModel
-from ..model.sft_loss import sft_loss
+from ..model.checkpoints.dtypes import as_torch_dtype
+from ..model.checkpoints.hf_checkpoint import load_pretrained, save_pretrained
+from ..model.decoding.text_decoding import TextDecoding
+from ..model.network.lora import apply_lora, check_compute_dtype, configure_trainable, keep_trainable_in
+from ..model.network.sa2va import Sa2VAModel
+from ..model.sft.sft_loss import sft_loss
+from ..model.text.processor import Sa2VAProcessor
 from .builders import build_tokenizer, check_model_source, model_config
 from .checkpointing import keep_trainable_state
-from .upstream_sft import build_upstream_sft_model
 from .registry import ALGORITHMS, build_component
 from .stats import sum_across_ranks
+from .upstream_sft import build_upstream_sft_model
 
 # Upstream Sa2VA SFT LoRA (reference/sa2va.md §6).
 DEFAULT_LORA = dict(r=128, lora_alpha=256, lora_dropout=0.05)
@@ -66,7 +68,7 @@ def _build_sa2va(pretrained_path, preset, upstream_sft, tokenizer, dtype):
         return sa2va, tokenizer, flags.train_mask_decoder
     tokenizer = build_tokenizer(tokenizer, pretrained_path, preset)
     if pretrained_path is not None:
-        return Sa2VAModel.from_pretrained(pretrained_path, torch_dtype=dtype).train(), tokenizer, True
+        return load_pretrained(pretrained_path, torch_dtype=dtype).train(), tokenizer, True
     # random weights are drawn where the model will run: a 4B model initialised on the CPU costs minutes and 16 GB
     # of host memory per process (MMEngine has set this process's GPU before it builds the model)
     init_device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
@@ -77,21 +79,12 @@ def _build_sa2va(pretrained_path, preset, upstream_sft, tokenizer, dtype):
     return sa2va, tokenizer, True
 
 
-def _dtype(value: str | torch.dtype | None) -> torch.dtype | None:
-    if value is None or isinstance(value, torch.dtype):
-        return value
-    if not hasattr(torch, str(value)) or not isinstance(getattr(torch, str(value)), torch.dtype):
-        raise ValueError(f"Sa2VATrainModel: torch_dtype={value!r} is not a torch dtype name; use 'bfloat16', "
-                         "'float16', 'float32' or None (the checkpoint's).")
-    return getattr(torch, str(value))
-
-
 @MODELS.register_module()
 class Sa2VATrainModel(BaseModel):
     """Sa2VA for MMEngine training: SFT forward, GRPO forward, trainable-only checkpoints.
 
     Args:
-        pretrained_path: HF Sa2VA checkpoint directory (``Sa2VAModel.from_pretrained``); or None with ``preset``.
+        pretrained_path: HF Sa2VA checkpoint directory (``load_pretrained``); or None with ``preset``.
         preset: size preset name (``tiny`` / ``1b`` / ``4b`` / ``8b``) for a randomly initialised model.
         upstream_sft: start from an upstream XTuner SFT run: ``dict(sft_model=<the SFT config's model dict>,
             template=<its template>, pretrained_pth=<its iter_*.pth file or DeepSpeed dir>, lora_mode='keep' |
@@ -108,7 +101,7 @@ class Sa2VATrainModel(BaseModel):
             (``AmpOptimWrapper(dtype='bfloat16')``). Under DeepSpeed the engine casts the module to its bf16 and
             keeps the fp32 masters itself. None keeps them in ``torch_dtype``.
         processor_cfg: overrides of ``Sa2VAProcessor.from_config`` (e.g. ``empty_region='dilate_to_one_cell'``).
-        sft_loss_cfg: keyword arguments of ``model.sft_loss.sft_loss`` (e.g. ``num_points``).
+        sft_loss_cfg: keyword arguments of ``model.sft.sft_loss.sft_loss`` (e.g. ``num_points``).
         data_preprocessor: MMEngine data preprocessor config (default: move tensors to the model's device).
         weights_storage_device: where the EMA partner, reference snapshot and swap backup live; ``'cpu'`` keeps
             them in pinned host memory (no GPU memory, ~0.1 s per EMA update at 4B), None keeps them beside
@@ -124,7 +117,7 @@ class Sa2VATrainModel(BaseModel):
                  data_preprocessor: dict | None = None, weights_storage_device: str | None = None) -> None:
         super().__init__(data_preprocessor=data_preprocessor)
         sa2va, tokenizer, train_mask_decoder = _build_sa2va(pretrained_path, preset, upstream_sft, tokenizer,
-                                                            _dtype(torch_dtype))
+                                                            as_torch_dtype(torch_dtype, "Sa2VATrainModel: torch_dtype"))
         sa2va.bind_tokenizer(tokenizer)
         if gradient_checkpointing:
             sa2va.language_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -134,7 +127,7 @@ class Sa2VATrainModel(BaseModel):
             sa2va.language_model = apply_lora(sa2va.language_model, **dict(lora))
         configure_trainable(sa2va, train_embeddings=train_embeddings, train_mask_decoder=train_mask_decoder)
         if trainable_dtype is not None:
-            keep_trainable_in(sa2va, _dtype(trainable_dtype))
+            keep_trainable_in(sa2va, as_torch_dtype(trainable_dtype, "Sa2VATrainModel: trainable_dtype"))
         self.sa2va = sa2va
         self.is_random_init = preset is not None  # a preset has no checkpoint: every weight is random
         self.processor = Sa2VAProcessor.from_config(tokenizer, sa2va.config, **dict(processor_cfg or {}))
@@ -174,7 +167,7 @@ class Sa2VATrainModel(BaseModel):
         if mode != "loss":
             raise NotImplementedError(f"Sa2VATrainModel.forward(mode={mode!r}): only training ('loss') is "
                                       "implemented; evaluate with `sa2va-rl evaluate` (evaluation/) or "
-                                      "model/inference.py `predict`.")
+                                      "model/pipeline/inference.py `predict`.")
         if data is None and grpo_batch is None:
             raise ValueError("Sa2VATrainModel.forward: got neither an SFT batch (data=...) nor grpo_batch=...; "
                              "check the dataloader's collate_fn (sft_collate for SFT).")
@@ -213,7 +206,7 @@ class Sa2VATrainModel(BaseModel):
         with the processor's pad id, so ``generate`` on the exported model ends answers where training did."""
         from transformers import GenerationConfig
 
-        self.sa2va.save_pretrained(path, max_shard_size=max_shard_size)
+        save_pretrained(self.sa2va, path, max_shard_size=max_shard_size)
         tokenizer = self.processor.tokenizer
         tokenizer.save_pretrained(os.fspath(path))
         decoding = TextDecoding.from_processor(self.processor)

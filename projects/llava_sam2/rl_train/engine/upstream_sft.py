@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..model.upstream_base import SAM2_CFG_PATHS, LoraSpec, UpstreamSFTSource, read_base_config
-from ..model.xtuner_checkpoint import LORA_MODES, load_upstream_sft
+from ..model.checkpoints.upstream_base import SAM2_CFG_PATHS, LoraSpec, UpstreamSFTSource, read_base_config
+from ..model.checkpoints.xtuner_checkpoint import LORA_MODES, load_upstream_sft
 from .mmengine_seams import stored_config_dict
 
 # upstream projects/llava_sam2/models/sam2_train.py: BASE_DIR and the ckpt_path / cfg_path defaults
@@ -37,7 +37,7 @@ UPSTREAM_SFT_KEYS = ("sft_model", "template", "pretrained_pth", "lora_mode", "sa
 
 @dataclass(frozen=True)
 class SFTTrainFlags:
-    """What the SFT config trained, mapped onto RL's trainable set (``model.lora.configure_trainable``)."""
+    """What the SFT config trained, mapped onto RL's trainable set (``model.network.lora.configure_trainable``)."""
 
     train_mask_decoder: bool  # not frozen_sam2_decoder
     has_llm_lora: bool

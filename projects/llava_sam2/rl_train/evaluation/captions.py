@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 
-from ..model.constants import SEG_TOKEN
+from ..model.text.constants import SEG_TOKEN
 from ..rewards.meteor import meteor_nltk
 
 _TAG = re.compile(r"<.*?>")

@@ -103,7 +103,7 @@ def compare(result_a: Mapping, result_b: Mapping, *, n_resamples: int = 1000, se
 
 def model_captioner(model, processor, *, max_new_tokens: int = 24):
     """The ``caption`` task's greedy region caption of every mask, as the partner is given it (``Answer.plain``)."""
-    from ..model.pipeline import PromptRow, encode_images, greedy_answers
+    from ..model.pipeline.shared import PromptRow, encode_images, greedy_answers
 
     def captions_of(images: Sequence, masks: Sequence[Sequence[np.ndarray]]) -> list[list[str]]:
         encoded = encode_images(model, processor, list(images), [f"held-out image {i}" for i in range(len(images))])

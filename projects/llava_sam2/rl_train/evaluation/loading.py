@@ -14,11 +14,11 @@ import os
 
 import torch
 
-from ..model.checkpoint import checkpoint_state_dict, module_state_from_checkpoint
-from ..model.presets import build_preset
-from ..model.processor import Sa2VAProcessor
-from ..model.sa2va import Sa2VAModel
-from ..model.tokenizer import sa2va_tokenizer
+from ..model.checkpoints.hf_checkpoint import checkpoint_state_dict, load_pretrained, module_state_from_checkpoint
+from ..model.network.presets import build_preset
+from ..model.network.sa2va import Sa2VAModel
+from ..model.text.processor import Sa2VAProcessor
+from ..model.text.tokenizer import sa2va_tokenizer
 
 _PREFIXES = ("sa2va.", "module.")
 
@@ -76,7 +76,7 @@ def load_system(*, checkpoint: str | None = None, preset: str | None = None, wei
                          f"checkpoint={checkpoint!r}, preset={preset!r}")
     tok = sa2va_tokenizer(tokenizer or checkpoint, preset)
     if checkpoint is not None:
-        model = Sa2VAModel.from_pretrained(checkpoint, torch_dtype=torch_dtype, device=device)
+        model = load_pretrained(checkpoint, torch_dtype=torch_dtype, device=device)
         source = f"checkpoint {checkpoint}"
     else:
         torch.manual_seed(init_seed)

@@ -9,7 +9,7 @@ Four tasks (``TASKS``), each producing one :class:`~.records.EvalRecord` per sam
 * ``cycle_iou`` (Loop 1): gt_mask → caption (model A) → mask' (model B) → IoU(gt_mask, mask').
 * ``cycle_caption`` (Loop 2): gt caption → mask (model A) → caption' (model B) → METEOR(caption', gt).
 
-Every answer is ``model.pipeline.greedy_answers``, the code the training loops' partner runs
+Every answer is ``model.pipeline.shared.greedy_answers``, the code the training loops' partner runs
 (grpo/passes.py), with the same conventions: B is given A's caption as plain text (``Answer.plain``:
 stop words and tags removed); an empty caption or an answer without ``[SEG]`` gives an empty mask
 (IoU 0); an empty mask gives the caption "" (METEOR 0); a non-empty mask that hits no region-grid
@@ -28,15 +28,15 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..data.bad_samples import SkippedSample
-from ..model.pipeline import Answer, EncodedImages, PromptRow, encode_images, greedy_answers
-from ..model.processor import EMPTY_REGION_POLICIES
+from ..model.pipeline.shared import Answer, EncodedImages, PromptRow, encode_images, greedy_answers
+from ..model.text.processor import EMPTY_REGION_POLICIES
 from .bootstrap import Estimate
 from .captions import CAPTION_CLEANERS, get_cleaner, meteor15_scores, meteor_per_caption
 from .metrics import TASKS, summarize
 from .records import EvalRecord, MaskStats
 
 TEXT_SOURCES = ("expression", "caption")
-# multi_seg -> the [SEG] masks an answer keeps (model.pipeline.SEG_MASK_RULES); its mask is their union
+# multi_seg -> the [SEG] masks an answer keeps (model.pipeline.shared.SEG_MASK_RULES); its mask is their union
 MULTI_SEG_RULES = {"first": "first", "union": "all"}
 logger = logging.getLogger(__name__)
 

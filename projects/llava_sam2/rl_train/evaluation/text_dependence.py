@@ -225,8 +225,8 @@ def compare(result_a: Mapping, result_b: Mapping, *, n_resamples: int = 1000, se
 
 def model_segmenter(model, processor, *, max_new_tokens: int = 64) -> SegmentFn:
     """The ``res`` task's segmentation (RES eval prompt, greedy, first ``[SEG]``) as a :data:`SegmentFn`, through
-    the shared model pipeline (``model/pipeline.py``)."""
-    from ..model.pipeline import PromptRow, encode_images, greedy_answers
+    the shared model pipeline (``model/pipeline/shared.py``)."""
+    from ..model.pipeline.shared import PromptRow, encode_images, greedy_answers
 
     def segment(images: Sequence, texts: Sequence[Sequence[str]]) -> list[list]:
         encoded = encode_images(model, processor, list(images), [f"held-out image {i}" for i in range(len(images))])

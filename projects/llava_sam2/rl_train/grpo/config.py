@@ -154,7 +154,7 @@ class GRPOConfig:
                  f"generation_chunk_size={self.generation_chunk_size} is not a positive multiple of "
                  f"num_generations={G}; a prompt's G rollouts must share one sampling call. Use a multiple of "
                  f"{G} or None.")
-        from ..model.fast_generation import DECODE_BACKENDS  # here: keeps `import grpo` free of transformers' models
+        from ..model.decoding.fast_generation import DECODE_BACKENDS  # here: keeps `import grpo` free of transformers' models
 
         _require(self.decode_backend in DECODE_BACKENDS,
                  f"decode_backend={self.decode_backend!r} is not one of {sorted(DECODE_BACKENDS)}; use 'fast' "

@@ -35,12 +35,12 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
-from ..model.decoding import (
+from ..model.decoding.grouped_scoring import grouped_completion_logprobs
+from ..model.decoding.text_decoding import (
     TextDecoding, completion_texts, eval_mode, fed_back_seg_positions, group_chunks, sample_text)
-from ..model.grouped_scoring import grouped_completion_logprobs
-from ..model.pipeline import forced_seg_prompts, prompt_embeds
-from ..model.region_chain import MaskChain
-from ..model.sft_loss import mask_loss_per_mask, resize_gt_masks
+from ..model.pipeline.region_chain import MaskChain
+from ..model.pipeline.shared import forced_seg_prompts, prompt_embeds
+from ..model.sft.sft_loss import mask_loss_per_mask, resize_gt_masks
 from ..rewards.base import RewardInputs
 from .dense import best_in_group, dense_rollout_weights, weighted_mean
 from .features import StepFeatures

@@ -21,7 +21,7 @@ from their rollouts rather than by sampling mask cells. Two such objectives, one
 
   A group whose rewards are all equal names no best member and gets no loss.
 
-ell is upstream Sa2VA's SFT mask loss per mask (``model.sft_loss.mask_loss_per_mask``: 2.0 · BCE + 0.5 · Dice at
+ell is upstream Sa2VA's SFT mask loss per mask (``model.sft.sft_loss.mask_loss_per_mask``: 2.0 · BCE + 0.5 · Dice at
 PointRend points of the low-res logits); targets are at the low-res logits size (``resize_gt_masks``).
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """StepFeatures: what the frozen encoders produce for one GRPO step, computed once per image (DESIGN §3.1).
 
 ``encode_step`` runs InternViT (+ pixel shuffle) and the SAM2 image encoder exactly once per distinct image of
-the batch, without grad (``model.pipeline.encode_images``), and keeps the results for every pass of the step:
+the batch, without grad (``model.pipeline.shared.encode_images``), and keeps the results for every pass of the step:
 both loops, the sampling policy, the EMA partner and the reference. ``mlp1`` is trainable and differs between
 those weight sets, so it is *not* cached: each pass re-projects ``vit_tokens`` with the weights in effect
 (``model.project_vision``).
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..model.pipeline import EncodedImages, encode_images
+from ..model.pipeline.shared import EncodedImages, encode_images
 
 
 @dataclass

@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-if TYPE_CHECKING:  # model/region_chain.py imports sam2 (and with it MMEngine); grpo/'s math stays framework-free
-    from ..model.region_chain import MaskChain
+if TYPE_CHECKING:  # model/pipeline/region_chain.py imports sam2 (and with it MMEngine); grpo/'s math stays framework-free
+    from ..model.pipeline.region_chain import MaskChain
 
 
 class DecoderOutput(Protocol):
@@ -139,7 +139,7 @@ class RegionMaskPolicy(MaskPolicy):
     """Factorised Bernoulli over the partner's g x g region cells: the action is the partner's input itself.
 
         Z = A_y z A_x^T / tau        [N, g, g]  best logits z [N, h, w] through the released chain at the cells'
-                                                sample points (model/region_chain.py), evaluated on the B distinct
+                                                sample points (model/pipeline/region_chain.py), evaluated on the B distinct
                                                 prompts of the groups
         log p(m_c) = m_c log sigmoid(Z_c) + (1 - m_c) log sigmoid(-Z_c)     per cell c; log p(m) is their sum
 

@@ -1,7 +1,7 @@
 """The EMA partner's two tasks in the cycle loops (segment a caption: loop 1; describe a mask: loop 2), and the
 row-slicing helpers of the replays.
 
-Both tasks are greedy answers of the shared model pipeline (``model.pipeline.greedy_answers``), the code the
+Both tasks are greedy answers of the shared model pipeline (``model.pipeline.shared.greedy_answers``), the code the
 held-out evaluation's cycle tasks run; these functions add the loops' conventions (an empty caption or a missing
 ``[SEG]`` gives an all-False mask, an all-False mask gets the caption ``""``) and their statistics.
 
@@ -9,7 +9,7 @@ Every function takes the weights in effect as they are: the caller enters ``Weig
 passes ``tile_embeds = model.project_vision(features.vit_tokens)`` computed inside that block (``mlp1`` is one of
 the swapped tensors). Rows are batched; ``chunk_size`` caps the rows of one model call
 (``GRPOConfig.generation_chunk_size``). Text is decoded by ``TextDecoding.decode_backend``
-(``GRPOConfig.decode_backend``): the fast path (``model.fast_generation``) by default.
+(``GRPOConfig.decode_backend``): the fast path (``model.decoding.fast_generation``) by default.
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from dataclasses import fields, replace
 import torch
 from torch import Tensor
 
-from ..model.decoding import TextDecoding, group_chunks
-from ..model.pipeline import PromptRow, greedy_answers
+from ..model.decoding.text_decoding import TextDecoding, group_chunks
+from ..model.pipeline.shared import PromptRow, greedy_answers
 from .features import StepFeatures
 
 

@@ -47,9 +47,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..model.decoding import TextDecoding, group_chunks
-from ..model.lora import check_compute_dtype
-from ..model.pipeline import SEG_ANSWER, seg_answer_ids
+from ..model.decoding.text_decoding import TextDecoding, group_chunks
+from ..model.network.lora import check_compute_dtype
+from ..model.pipeline.shared import SEG_ANSWER, seg_answer_ids
 from ..rewards import RewardComposer
 from .advantages import group_advantages, reward_moments, std_from_moments
 from .config import GRPOConfig

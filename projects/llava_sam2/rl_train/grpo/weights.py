@@ -20,7 +20,7 @@ and the swap backup live in pinned host memory, so partner + reference cost no a
 r=128 on a 3B LLM alone has ~240 M trainable values, whose fp32 shadow is already 12 % of the bf16 model). A swap
 is then two asynchronous same-dtype copies per direction (backup device→host, values host→device; stream-ordered,
 so the restore is bit-exact), and ``update_partner`` copies the policy to the host (reusing the backup buffer), waits
-for it, and lerps on the CPU with fused multi-tensor ops (``model/torch_seams.py``).
+for it, and lerps on the CPU with fused multi-tensor ops (``model/network/torch_seams.py``).
 
 Not supported: DeepSpeed ZeRO-3 partitioned parameters (raise NotImplementedError; gathering them is future
 work). ZeRO-1/2 keep full parameters on every rank and work as is.
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..model.torch_seams import foreach_copy_, foreach_lerp_
+from ..model.network.torch_seams import foreach_copy_, foreach_lerp_
 
 
 def mmengine_momentum(ema_decay: float) -> float:

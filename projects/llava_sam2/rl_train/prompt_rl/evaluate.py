@@ -5,8 +5,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..model.inference import predict_batch
-from ..model.prompts import RES_EVAL_PROMPT, normalize_expression
+from ..model.pipeline.inference import predict_batch
+from ..model.text.prompts import RES_EVAL_PROMPT, normalize_expression
 from ..rewards.mask_metrics import ciou_giou, mask_metrics
 from .prompts import DEFAULT_PROMPT_SPECS, candidate_expressions
 from .segment import SegmentRows, segment_rows

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..model.prompts import RES_EVAL_PROMPT, SEG_QUESTIONS, normalize_expression, strip_angle_brackets
+from ..model.text.prompts import RES_EVAL_PROMPT, SEG_QUESTIONS, normalize_expression, strip_angle_brackets
 
 RES_TEMPLATES: tuple[str | None, ...] = (None,) + tuple(SEG_QUESTIONS)  # None = RES_EVAL_PROMPT
 MIN_PROMPTS = 2  # a selection problem needs at least two candidates

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data.rle import encode_mask
-from ..model.pipeline import SEG_ANSWER
+from ..model.pipeline.shared import SEG_ANSWER
 from ..rewards.mask_metrics import mask_metrics
 from .prompts import PromptSpec, candidate_expressions, check_prompt_specs
 from .segment import SegmentRows, segment_rows

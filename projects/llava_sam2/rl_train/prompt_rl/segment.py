@@ -3,7 +3,7 @@
 For every row (image, question template, expression) the user turn is ``Sa2VAProcessor.segment_prompt`` and the
 assistant answer is teacher-forced to ``SEG_ANSWER`` ("Sure, [SEG].", one of Sa2VA's five RES answers, the same
 fixed answer as the GRPO caption->mask loop, grpo/cycle.py), through the shared model pipeline
-(``model.pipeline``: ``encode_images``, ``prompt_embeds``, ``forced_seg_prompts``): the final-norm hidden state at
+(``model.pipeline.shared``: ``encode_images``, ``prompt_embeds``, ``forced_seg_prompts``): the final-norm hidden state at
 the answer's ``[SEG]`` goes through ``text_hidden_fcs`` and the SAM2 decoder (multimask, best by predicted IoU, as
 upstream). A forced
 answer means every row gets exactly one mask, so the quality data never has "missing" masks from a model that
@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..model.constants import SEG_TOKEN
-from ..model.decoding import eval_mode
-from ..model.pipeline import SEG_ANSWER, encode_images, forced_seg_prompts, prompt_embeds, seg_answer_ids
+from ..model.decoding.text_decoding import eval_mode
+from ..model.pipeline.shared import SEG_ANSWER, encode_images, forced_seg_prompts, prompt_embeds, seg_answer_ids
+from ..model.text.constants import SEG_TOKEN
 
 
 @dataclass

@@ -20,7 +20,7 @@ from projects.llava_sam2.rl_train.engine.hooks import AtomicCheckpointHook
 from projects.llava_sam2.rl_train.engine.train_model import Sa2VATrainModel
 
 # ---- model --------------------------------------------------------------------------------------------------
-# Trainable set of upstream SFT (model/lora.py configure_trainable): LoRA on every LLM linear layer, mlp1, the
+# Trainable set of upstream SFT (model/network/lora.py configure_trainable): LoRA on every LLM linear layer, mlp1, the
 # SAM2 mask decoder and text_hidden_fcs; the vision encoder, the LLM base weights and the SAM2 image encoder stay
 # frozen. The chat template (1B qwen_chat, 4B phi3_chat, 8B internlm2_chat) and the special tokens
 # ([SEG] <p> </p> <vp> </vp>) come from the checkpoint's config.json and tokenizer, never from here. SFT items are

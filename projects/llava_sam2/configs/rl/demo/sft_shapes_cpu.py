@@ -22,7 +22,7 @@ from mmengine.dataset import DefaultSampler
 from xtuner.engine.runner import TrainLoop
 
 from projects.llava_sam2.rl_train.engine.builders import region_sft_dataset
-from projects.llava_sam2.rl_train.model.processor import sft_collate
+from projects.llava_sam2.rl_train.model.text.processor import sft_collate
 
 PRETRAINED = "projects/llava_sam2/rl_train/assets/tiny_shapes_pretrained"  # relative to the checkout (`make demo`)
 

@@ -1,6 +1,6 @@
 # A Sa2VA SFT config in upstream's schema (magic-research/Sa2VA projects/llava_sam2/configs/sa2va_4b.py: the same
 # variables, model dict and runtime), sized for the tiny model that
-# `python -m projects.llava_sam2.rl_train.model.tiny_upstream_run --root .` writes under ./pretrained and
+# `python -m projects.llava_sam2.rl_train.model.checkpoints.tiny_upstream_run --root .` writes under ./pretrained and
 # ./work_dirs. It stands for *your* SFT config: RL configs read its model settings (LoRA, freeze flags, template,
 # special tokens, paths) through read_base(), see ../tiny_grpo_from_upstream_sft_cpu.py. It only parses here; training
 # it needs upstream's classes (projects.llava_sam2.models / datasets, third_parts), i.e. a Sa2VA checkout.

@@ -29,14 +29,14 @@ PROG = "sa2va-rl prompt-rl quality-dataset"
 
 def load_checkpoint(path: str):
     """(model, processor) of a checkpoint dir holding the weights and the tokenizer."""
-    from projects.llava_sam2.rl_train.model.processor import Sa2VAProcessor
-    from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
-    from projects.llava_sam2.rl_train.model.tokenizer import load_tokenizer
+    from projects.llava_sam2.rl_train.model.checkpoints.hf_checkpoint import load_pretrained
+    from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor
+    from projects.llava_sam2.rl_train.model.text.tokenizer import load_tokenizer
 
     if not Path(path, "config.json").is_file():
         raise ValueError(f"checkpoint {path}: no config.json; pass a save_pretrained directory")
     tokenizer = load_tokenizer(path)
-    model = Sa2VAModel.from_pretrained(path, torch_dtype=torch.float32)
+    model = load_pretrained(path, torch_dtype=torch.float32)
     model.bind_tokenizer(tokenizer)
     return model, Sa2VAProcessor.from_config(tokenizer, model.config)
 

@@ -2,7 +2,7 @@
 
     sa2va-rl prompt-rl segmenter OUT_DIR [--steps 400] [--batch-size 8] [--lr 2e-3] [--seed 0]
 
-Trains with the upstream SFT loss (``model/sft_loss.sft_loss``: token CE + 2.0 BCE + 0.5 Dice on PointRend
+Trains with the upstream SFT loss (``model/sft/sft_loss.py`` ``sft_loss``: token CE + 2.0 BCE + 0.5 Dice on PointRend
 points) over ``RegionSFTDataset(ShapesWorld('train'), tasks=('segment',))`` with AdamW (linear warm-up, cosine
 decay). ``--init DIR`` starts from a checkpoint instead of random weights.
 
@@ -42,12 +42,13 @@ import torch
 from torch.utils.data import DataLoader
 
 from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
-from projects.llava_sam2.rl_train.model.presets import build_preset
-from projects.llava_sam2.rl_train.model.processor import Sa2VAProcessor, sft_collate
-from projects.llava_sam2.rl_train.model.sa2va import Sa2VAModel
-from projects.llava_sam2.rl_train.model.sft_data import RegionSFTDataset
-from projects.llava_sam2.rl_train.model.sft_loss import sft_loss
-from projects.llava_sam2.rl_train.model.tokenizer import load_tiny_tokenizer, load_tokenizer
+from projects.llava_sam2.rl_train.model.checkpoints.hf_checkpoint import load_pretrained, save_pretrained
+from projects.llava_sam2.rl_train.model.network.presets import build_preset
+from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
+from projects.llava_sam2.rl_train.model.sft.sft_data import RegionSFTDataset
+from projects.llava_sam2.rl_train.model.sft.sft_loss import sft_loss
+from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor, sft_collate
+from projects.llava_sam2.rl_train.model.text.tokenizer import load_tiny_tokenizer, load_tokenizer
 from projects.llava_sam2.rl_train.prompt_rl.evaluate import evaluate_default_prompt, text_sensitivity
 
 PROG = "sa2va-rl prompt-rl segmenter"
@@ -57,7 +58,7 @@ def build_model(init: str | None, seed: int) -> tuple[Sa2VAModel, object]:
     """The tiny preset at random init (seeded), or a checkpoint; returns (model, tokenizer)."""
     if init:
         tokenizer = load_tokenizer(init)
-        model = Sa2VAModel.from_pretrained(init, torch_dtype=torch.float32)
+        model = load_pretrained(init, torch_dtype=torch.float32)
     else:
         tokenizer = load_tiny_tokenizer()
         torch.manual_seed(seed)
@@ -133,7 +134,7 @@ def train(args: argparse.Namespace) -> dict:
     held_out["text_sensitivity"] = text_sensitivity(model, processor, val_world)
     print(json.dumps({"held_out": held_out}), flush=True)
     out = Path(args.out_dir)
-    model.save_pretrained(out)
+    save_pretrained(model, out)
     tokenizer.save_pretrained(str(out))
     result = {"args": vars(args), "train_seconds": round(train_s, 1), "log": log, "held_out": held_out,
               "threads": torch.get_num_threads()}

@@ -1,11 +1,11 @@
 """The model pipeline every caller runs: the GRPO loops (grpo/), the held-out evaluation (evaluation/tasks.py),
-``predict`` (model/inference.py) and the prompt-selection line (prompt_rl/segment.py).
+``predict`` (model/pipeline/inference.py) and the prompt-selection line (prompt_rl/segment.py).
 
 ::
 
     PIL images ─ encode_images ─> EncodedImages   InternViT tokens (pixel shuffled) + SAM2 features, once each
     prompt ids ─ prompt_embeds ─> inputs_embeds   <IMG_CONTEXT> ← mlp1(ViT tokens) of the row's image (+ regions)
-      ├─ sample_text (model/decoding.py)          sampled or greedy token ids, cut at the stop words
+      ├─ sample_text (decoding/text_decoding.py)  sampled or greedy token ids, cut at the stop words
       │    └─ completion_texts / answer_texts     prompt-ready text / upstream's ``prediction``
       ├─ greedy_answers                           greedy answer + one mask per fed-back [SEG] (PromptRow → Answer)
       ├─ generation.completion_logprobs           teacher-forced log-probs of given answers (the GRPO loss)
@@ -33,10 +33,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .decoding import (
+from ..decoding.generation import Completions, SharedPrefix, completion_hidden
+from ..decoding.text_decoding import (
     TextDecoding, answer_texts, completion_texts, eval_mode, fed_back_seg_positions, sample_text)
-from .generation import Completions, SharedPrefix, completion_hidden
-from .grounding import GroundingFeatures
+from ..network.grounding import GroundingFeatures
 
 SEG_ANSWER = "Sure, [SEG]."  # one of Sa2VA's five RES answers: the default teacher-forced answer
 

@@ -29,10 +29,11 @@ from pathlib import Path
 import torch
 from transformers.modeling_utils import no_init_weights
 
-from .checkpoint import (default_dtype, _get_tensor, _open_safetensors, _weight_files, check_layout,
-                         checkpoint_layout, checkpoint_state_dict, module_state_from_checkpoint, read_layout)
-from .language import LanguageKeyMap
-from .sa2va import Sa2VAModel
+from ..network.language import LanguageKeyMap
+from ..network.sa2va import Sa2VAModel
+from .dtypes import as_torch_dtype, default_dtype
+from .hf_checkpoint import (_get_tensor, _open_safetensors, _weight_files, check_layout, checkpoint_layout,
+                            checkpoint_state_dict, module_state_from_checkpoint, read_layout)
 from .upstream_base import (UpstreamSFTSource, load_sft_tokenizer, read_base_config, read_sam2_checkpoint,
                             read_xtuner_checkpoint, sa2va_config_from_base)
 from .xtuner_keys import (SAM, UpstreamState, default_lora_targets, is_upstream_checkpoint_key, lora_to_module,
@@ -68,8 +69,8 @@ class LoadReport:
 
 
 # ---------------------------------------------------------------------------------------------- loading
-def load_upstream_sft(source: UpstreamSFTSource, lora_mode: str = "keep", torch_dtype: torch.dtype | None = None,
-                      attn_implementation: str = "sdpa"):
+def load_upstream_sft(source: UpstreamSFTSource, lora_mode: str = "keep",
+                      torch_dtype: str | torch.dtype | None = None, attn_implementation: str = "sdpa"):
     """Build ``Sa2VAModel`` from an upstream SFT run; returns (model, tokenizer, LoadReport). The model is in
     train mode, LLM peft-wrapped in ``'keep'`` mode when the checkpoint has LoRA tensors."""
     if lora_mode not in LORA_MODES:
@@ -86,7 +87,7 @@ def load_upstream_sft(source: UpstreamSFTSource, lora_mode: str = "keep", torch_
     vocab = len(tokenizer) if added else base_rows
     config = sa2va_config_from_base(base, vocab, source.template,
                                     source.grounding_config or base.get("grounding_config"))
-    with default_dtype(torch_dtype or torch.float32), no_init_weights():
+    with default_dtype(as_torch_dtype(torch_dtype) or torch.float32), no_init_weights():
         model = Sa2VAModel(config, attn_implementation=attn_implementation)
     where = os.fspath(source.pretrained_pth) if source.pretrained_pth else "pretrained_pth"
     sft = parse_upstream_state(_drop_ignored(read_xtuner_checkpoint(source.pretrained_pth)), where) \
@@ -115,7 +116,7 @@ def load_upstream_sft(source: UpstreamSFTSource, lora_mode: str = "keep", torch_
 
 
 def _sub(llm_config: dict):
-    from .configuration import SubConfig
+    from ..network.configuration import SubConfig
 
     return SubConfig(llm_config, {}, "llm_config")
 
@@ -223,7 +224,7 @@ def _merge_into(linear: torch.nn.Module, lora_a: torch.Tensor, lora_b: torch.Ten
 
 @torch.no_grad()
 def _keep_adapter(model: Sa2VAModel, layers: dict, source: UpstreamSFTSource) -> None:
-    from .lora import apply_lora
+    from ..network.lora import apply_lora
 
     arch = model.config.llm_architecture
     upstream_targets = source.lora.target_modules or default_lora_targets(arch)

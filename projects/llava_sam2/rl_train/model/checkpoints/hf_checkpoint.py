@@ -25,9 +25,10 @@ from safetensors.torch import save_file
 from torch import nn
 from transformers.modeling_utils import no_init_weights
 
-from .configuration import Sa2VAConfig
-from .language import LanguageKeyMap
-from .sa2va import Sa2VAModel
+from ..network.configuration import Sa2VAConfig
+from ..network.language import LanguageKeyMap
+from ..network.sa2va import Sa2VAModel
+from .dtypes import as_torch_dtype, default_dtype
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -226,22 +227,12 @@ def check_layout(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[in
 _SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
 
 
-@contextmanager
-def default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    """Tensors created inside are ``dtype`` unless told otherwise (the previous default comes back on exit)."""
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(old)
-
-
-def load_pretrained(path: str | os.PathLike, torch_dtype: torch.dtype | None = None,
+def load_pretrained(path: str | os.PathLike, torch_dtype: str | torch.dtype | None = None,
                     device: str | torch.device | None = None, attn_implementation: str = "sdpa") -> Sa2VAModel:
     """Build from ``config.json`` and load every tensor strictly.
 
-    ``torch_dtype=None`` keeps the checkpoint's floating dtype when it has one (else float32).
+    ``torch_dtype``: a ``torch.dtype`` or its name (``'bfloat16'``, ``dtypes.DTYPES``); None keeps the
+    checkpoint's floating dtype when it has one (else float32).
     A checkpoint without the LM head gets it tied to the input embeddings (§8.10).
     """
     path = Path(path)
@@ -252,6 +243,7 @@ def load_pretrained(path: str | os.PathLike, torch_dtype: torch.dtype | None = N
     files = _weight_files(path)
     found, where, dtypes = read_layout(files)
     float_dtypes = [d for d in dtypes if d in _SAFETENSORS_DTYPES]
+    torch_dtype = as_torch_dtype(torch_dtype)
     if torch_dtype is None:
         torch_dtype = _SAFETENSORS_DTYPES[float_dtypes[0]] if len(float_dtypes) == 1 else torch.float32
     device = torch.device(device or "cpu")

@@ -32,7 +32,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .generation import MAX_LOGIT_BYTES, completion_logprobs, decoder_and_head, position_ids_from_attention, \
     token_logprobs
-from .transformers_seams import attention_implementation
+from ..network.transformers_seams import attention_implementation
 
 SUPPORTED_ATTENTION = ("sdpa", "eager")  # implementations that take a 4-D additive mask
 

@@ -9,14 +9,13 @@ Differs from upstream Sa2VA: no monolithic ``forward(data)``; callers compose th
 """
 from __future__ import annotations
 
-import os
 from typing import Sequence
 
 import torch
 from torch import nn
 
+from ..text.constants import IMG_CONTEXT_TOKEN, SEG_TOKEN
 from .configuration import Sa2VAConfig
-from .constants import IMG_CONTEXT_TOKEN, SEG_TOKEN
 from .grounding import GroundingEncoder, GroundingFeatures, MaskDecoderOutput, logits_to_masks
 from .language import build_language_model
 from .vision import InternVisionModel, build_mlp1, pixel_shuffle
@@ -156,16 +155,3 @@ class Sa2VAModel(nn.Module):
     def logits_to_masks(self, best_logits: torch.Tensor, sizes: Sequence[tuple[int, int]]) -> list[torch.Tensor]:
         """best_logits [M, h, w] → M bool masks [H, W] (bilinear h→S_sam→(H, W), sigmoid > 0.5)."""
         return logits_to_masks(best_logits, list(sizes), self.config.sam_image_size)
-
-    # ------------------------------------------------------------------ I/O
-    @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, torch_dtype: torch.dtype | None = None,
-                        device: str | torch.device | None = None, attn_implementation: str = "sdpa") -> "Sa2VAModel":
-        from .checkpoint import load_pretrained
-
-        return load_pretrained(path, torch_dtype=torch_dtype, device=device, attn_implementation=attn_implementation)
-
-    def save_pretrained(self, path: str | os.PathLike, max_shard_size: int | str = "5GB") -> None:
-        from .checkpoint import save_pretrained
-
-        save_pretrained(self, path, max_shard_size=max_shard_size)

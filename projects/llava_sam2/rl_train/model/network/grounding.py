@@ -3,7 +3,7 @@
 ``GroundingEncoder.sam2_model`` is a ``SAM2Base`` with the SAM 2.0 Hiera-L flags Sa2VA builds from
 ``sam2_hiera_l.yaml`` (sizes from ``config.grounding``), so its state-dict keys match
 ``grounding_encoder.sam2_model.*`` of the HF checkpoints (``.gamma`` ↔ ``.g_weight`` aside, see
-checkpoint.py). Only the single-frame path is used here: image encoder once per image, then the
+checkpoints/hf_checkpoint.py). Only the single-frame path is used here: image encoder once per image, then the
 prompt encoder + mask decoder per ``[SEG]``; the memory modules are built so checkpoints load.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from sam2.modeling.sam.transformer import RoPEAttention
 from torch import nn
 from transformers.modeling_utils import no_init_weights
 
-from .constants import IMAGENET_MEAN, IMAGENET_STD
+from ..text.constants import IMAGENET_MEAN, IMAGENET_STD
 
 
 

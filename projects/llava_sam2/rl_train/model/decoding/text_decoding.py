@@ -1,11 +1,11 @@
-"""Token ids ↔ answer text, for every caller of the model pipeline (``model/pipeline.py``).
+"""Token ids ↔ answer text, for every caller of the model pipeline (``model/pipeline/shared.py``).
 
 * :class:`TextDecoding`: the template's stop criteria and the decoder (``decode_backend``), built once per
   processor. Stop words that are one token stop the decode; multi-token ones (``<|end|>`` of ``phi3_chat`` under a
   Qwen tokenizer, reference §8.1) cut the output where the decoded text, ``\\r``/``\\n`` removed, first ends with
   them (upstream's textual criterion).
 * :func:`sample_text`: G sampled (or one greedy) completions of each prompt row, in chunks of whole groups, by
-  the chosen decoder (``model.fast_generation.DECODE_BACKENDS``; the fast path by default), then the textual cut.
+  the chosen decoder (``model.decoding.fast_generation.DECODE_BACKENDS``; the fast path by default), then the textual cut.
 * :func:`answer_texts` (upstream ``prediction``: ``decode(ids, skip_special_tokens=False).strip()``) and
   :func:`completion_texts` (the answer as prompt text for a partner model: stop tokens, special tokens, stop words
   and Sa2VA/InternVL tags removed, whitespace collapsed).
@@ -21,7 +21,7 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch import Tensor
 
-from .constants import IMAGE_PLACEHOLDER, INTERNVL_SPECIAL_TOKENS, SA2VA_SPECIAL_TOKENS
+from ..text.constants import IMAGE_PLACEHOLDER, INTERNVL_SPECIAL_TOKENS, SA2VA_SPECIAL_TOKENS
 from .fast_generation import DECODE_BACKENDS, decode_completions
 from .generation import Completions, SharedPrefix
 
@@ -74,7 +74,7 @@ class TextDecoding:
         stop_words: stop words the tokenizer splits into several tokens; an answer is cut where its decoded text
             first ends with one.
         pad_token_id: fed after a row has stopped.
-        decode_backend: the decoder, a key of ``model.fast_generation.DECODE_BACKENDS`` (``'fast'`` | ``'reference'``).
+        decode_backend: the decoder, a key of ``model.decoding.fast_generation.DECODE_BACKENDS`` (``'fast'`` | ``'reference'``).
     """
 
     tokenizer: object

@@ -34,12 +34,12 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from .checkpoint import checkpoint_state_dict
-from .constants import SA2VA_SPECIAL_TOKENS
+from ..network.presets import build_preset
+from ..network.sa2va import Sa2VAModel
+from ..text.constants import SA2VA_SPECIAL_TOKENS
+from ..text.tokenizer import TINY_TOKENIZER_DIR, load_tiny_tokenizer
 from .deepspeed_zero import without_shm_comm_op
-from .presets import build_preset
-from .sa2va import Sa2VAModel
-from .tokenizer import TINY_TOKENIZER_DIR, load_tiny_tokenizer
+from .hf_checkpoint import checkpoint_state_dict
 from .xtuner_keys import is_upstream_checkpoint_key
 
 BASE_DIR = "pretrained/InternVL2_5-tiny"
@@ -47,7 +47,7 @@ SAM2_PT = "pretrained/sam2_tiny.pt"
 SFT_PTH = "work_dirs/sa2va_tiny_sft/iter_2.pth"
 SFT_DS_DIR = "work_dirs/sa2va_tiny_sft/iter_2_zero2.pth"
 TINY_SFT_LORA = dict(r=8, lora_alpha=16, lora_dropout=0.05)
-_MODULE = "projects.llava_sam2.rl_train.model.tiny_upstream_run"
+_MODULE = "projects.llava_sam2.rl_train.model.checkpoints.tiny_upstream_run"
 
 
 @dataclass
@@ -155,7 +155,7 @@ def make_tiny_sft_run(root: str | os.PathLike, seed: int = 0, deepspeed: bool = 
     if deepspeed:
         command = [sys.executable, "-m", _MODULE, "--root", str(root), "--seed", str(seed),
                    "--deepspeed-world-size", str(world_size), "--deepspeed-only"]
-        checkout = str(Path(__file__).resolve().parents[4])  # the folder holding projects/
+        checkout = str(Path(__file__).resolve().parents[5])  # the folder holding projects/
         env = dict(os.environ, OMP_NUM_THREADS="1",
                    PYTHONPATH=os.pathsep.join(filter(None, [checkout, os.environ.get("PYTHONPATH")])))
         result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .checkpoint import SAM2_CHECKPOINT_RENAMES
-from .language import LanguageKeyMap
+from ..network.language import LanguageKeyMap
+from .hf_checkpoint import SAM2_CHECKPOINT_RENAMES
 
 MLLM = "mllm.model."
 UPSTREAM_LLM = MLLM + "language_model."

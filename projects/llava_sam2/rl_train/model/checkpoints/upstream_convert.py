@@ -21,25 +21,22 @@ from pathlib import Path
 
 import torch
 
-from .sa2va import Sa2VAModel
+from ..network.sa2va import Sa2VAModel
+from .dtypes import as_torch_dtype
+from .hf_checkpoint import save_pretrained
 from .upstream_base import UpstreamSFTSource, read_base_config
 from .xtuner_checkpoint import load_upstream_sft
-
-def _torch_dtype(name: str) -> torch.dtype:
-    value = getattr(torch, str(name), None)
-    if not isinstance(value, torch.dtype):
-        raise ValueError(f"dtype={name!r} is not a torch dtype name (bfloat16, float16, float32) or 'auto'")
-    return value
 
 
 def apply_hf_dtype(model: Sa2VAModel, dtype: str, base_dtype: str | None, *, has_llm_lora: bool = True) -> None:
     """Cast parameters for writing: ``'auto'`` as upstream's converter (module docstring; ``has_llm_lora``: the SFT
     config has ``llm_lora``, so upstream's LLM is fp32), else all to ``dtype``."""
     if dtype != "auto":
-        model.to(_torch_dtype(dtype))
+        model.to(as_torch_dtype(dtype, "dtype"))
         return
-    model.vision_model.to(_torch_dtype(base_dtype or "bfloat16"))
-    model.language_model.to(torch.float32 if has_llm_lora else _torch_dtype(base_dtype or "bfloat16"))
+    base = as_torch_dtype(base_dtype or "bfloat16", "the base config's torch_dtype")
+    model.vision_model.to(base)
+    model.language_model.to(torch.float32 if has_llm_lora else base)
     for part in (model.mlp1, model.grounding_encoder, model.text_hidden_fcs):
         part.to(torch.float32)
 
@@ -62,7 +59,7 @@ def sft_to_hf(source: UpstreamSFTSource, save_path: str | os.PathLike, *, dtype:
     model, tokenizer, report = load_upstream_sft(source, lora_mode="merge")
     apply_hf_dtype(model, dtype, read_base_config(source.base_path).get("torch_dtype"),
                    has_llm_lora=source.lora is not None)
-    model.save_pretrained(save_path, max_shard_size=max_shard_size)
+    save_pretrained(model, save_path, max_shard_size=max_shard_size)
     tokenizer.save_pretrained(os.fspath(save_path))
     if remote_code_dir is not None:
         copy_remote_code(remote_code_dir, save_path)

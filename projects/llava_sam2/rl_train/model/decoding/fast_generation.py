@@ -61,23 +61,16 @@ from .adapter_merge import autocast_off_when_merged, merged_adapters
 from .fast_decode_step import (CACHE_ALIGN, GQA_DECODE_ATTENTION, DecodeState, DecoderParts, GraphedCall,
                                TokenChooser, compiled_decode_logits, decode_logits,
                                rope_table)
-from .generation import Completions, SharedPrefix, _check_prompt, position_ids_from_attention, sample_completions
-from .transformers_seams import using_attention
+from .generation import (Completions, SharedPrefix, _check_prompt, check_group_size, check_sampling_args,
+                         position_ids_from_attention, sample_completions)
+from ..network.transformers_seams import using_attention
 
 
 def _validate(*, num_generations, max_new_tokens, temperature, top_p, stop_token_ids, stop_check_interval,
               device: torch.device, generator, do_sample: bool, use_cuda_graph) -> None:
-    if not isinstance(num_generations, int) or num_generations < 1:
-        raise ValueError(f"fast_sample_completions: num_generations must be an int >= 1 (G samples per prompt); "
-                         f"got {num_generations!r}.")
-    if max_new_tokens < 1 or temperature <= 0 or not 0 < top_p <= 1 or stop_check_interval < 1:
-        raise ValueError(
-            "fast_sample_completions: need max_new_tokens >= 1, temperature > 0, 0 < top_p <= 1 and "
-            f"stop_check_interval >= 1; got max_new_tokens={max_new_tokens}, temperature={temperature}, "
-            f"top_p={top_p}, stop_check_interval={stop_check_interval}."
-        )
-    if len(stop_token_ids) == 0:
-        raise ValueError("fast_sample_completions: stop_token_ids is empty; pass the template's stop ids.")
+    check_group_size("fast_sample_completions", num_generations)
+    check_sampling_args("fast_sample_completions", max_new_tokens=max_new_tokens, temperature=temperature,
+                        top_p=top_p, stop_token_ids=stop_token_ids, stop_check_interval=stop_check_interval)
     if do_sample and generator is not None and generator.device.type != device.type:
         raise ValueError(
             f"fast_sample_completions: generator is on {generator.device} but the prompts are on {device}; "
@@ -277,8 +270,7 @@ def reference_completions(lm: nn.Module, inputs_embeds: Tensor, attention_mask: 
     """:func:`generation.sample_completions` with the fast path's input layout: the B prompts (joined to their
     ``prefix``) are repeated into N = B·G rows (``b·G + g``) and decoded row by row, prefill included (the reference
     the fast path is tested against, and the switch back to it)."""
-    if not isinstance(num_generations, int) or num_generations < 1:
-        raise ValueError(f"reference_completions: num_generations must be an int >= 1; got {num_generations!r}.")
+    check_group_size("reference_completions", num_generations)  # the other arguments: sample_completions checks
     if prefix is not None:
         inputs_embeds, attention_mask = prefix.full_prompts(inputs_embeds, attention_mask)  # [B, P + S, ...]
     rows = inputs_embeds.repeat_interleave(num_generations, 0), attention_mask.repeat_interleave(num_generations, 0)

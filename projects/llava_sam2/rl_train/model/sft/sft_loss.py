@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .constants import IGNORE_INDEX
-from .generation import decoder_and_head  # the same body/head split as the RL scoring forward
+from ..decoding.generation import decoder_and_head  # the same body/head split as the RL scoring forward
+from ..text.constants import IGNORE_INDEX
 
 LOSS_MASK_WEIGHT = 2.0
 LOSS_DICE_WEIGHT = 0.5

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from .configuration import Sa2VAConfig
-from .constants import SA2VA_SPECIAL_TOKENS
+from ..network.configuration import Sa2VAConfig
+from ..text.constants import SA2VA_SPECIAL_TOKENS
 from .deepspeed_zero import read_zero_checkpoint
 
 SA2VA_AUTO_MAP = {

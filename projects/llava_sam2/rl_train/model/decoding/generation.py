@@ -21,6 +21,7 @@ with padded positions clamped to 0 (they are masked out of attention anyway).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -121,6 +122,25 @@ def _check_prompt(inputs_embeds: torch.Tensor, attention_mask: torch.Tensor, nam
         )
 
 
+def check_group_size(where: str, num_generations: int) -> None:
+    if not isinstance(num_generations, int) or num_generations < 1:
+        raise ValueError(f"{where}: num_generations must be an int >= 1 (G samples per prompt); "
+                         f"got {num_generations!r}.")
+
+
+def check_sampling_args(where: str, *, max_new_tokens: int, temperature: float, top_p: float,
+                        stop_token_ids: Sequence[int], stop_check_interval: int) -> None:
+    """The sampling arguments every decoder takes (``DECODE_BACKENDS``), checked by this one function for all."""
+    if max_new_tokens < 1 or temperature <= 0 or not 0 < top_p <= 1 or stop_check_interval < 1:
+        raise ValueError(
+            f"{where}: need max_new_tokens >= 1, temperature > 0, 0 < top_p <= 1 and "
+            f"stop_check_interval >= 1; got max_new_tokens={max_new_tokens}, temperature={temperature}, "
+            f"top_p={top_p}, stop_check_interval={stop_check_interval}."
+        )
+    if len(stop_token_ids) == 0:
+        raise ValueError(f"{where}: stop_token_ids is empty; pass the template's stop ids.")
+
+
 def _next_token(
     logits: torch.Tensor,
     *,
@@ -172,14 +192,8 @@ def sample_completions(
         generator: RNG for the multinomial draws (seeded rollouts).
         return_hidden: also keep each fed-back token's final-norm state (``Completions.hidden``).
     """
-    if max_new_tokens < 1 or temperature <= 0 or not 0 < top_p <= 1 or stop_check_interval < 1:
-        raise ValueError(
-            "sample_completions: need max_new_tokens >= 1, temperature > 0, 0 < top_p <= 1 and "
-            f"stop_check_interval >= 1; got max_new_tokens={max_new_tokens}, temperature={temperature}, "
-            f"top_p={top_p}, stop_check_interval={stop_check_interval}."
-        )
-    if len(stop_token_ids) == 0:
-        raise ValueError("sample_completions: stop_token_ids is empty; pass the template's stop ids.")
+    check_sampling_args("sample_completions", max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                        stop_token_ids=stop_token_ids, stop_check_interval=stop_check_interval)
     _check_prompt(inputs_embeds, attention_mask, "prompt")
     body, head = decoder_and_head(lm)
     embed_tokens = lm.get_input_embeddings()

@@ -153,10 +153,10 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 def _tiny_vocab_size() -> int:
     try:
-        from .tokenizer import load_tiny_tokenizer
+        from ..text.tokenizer import load_tiny_tokenizer
     except ImportError as err:
         raise ValueError(
-            "build_preset('tiny') needs vocab_size= until model/tokenizer.py (load_tiny_tokenizer) exists"
+            "build_preset('tiny') needs vocab_size= until model/text/tokenizer.py (load_tiny_tokenizer) exists"
         ) from err
     return len(load_tiny_tokenizer())
 

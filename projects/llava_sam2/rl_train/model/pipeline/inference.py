@@ -1,7 +1,7 @@
 """Greedy chat + segmentation with upstream ``predict_forward`` semantics (reference/sa2va.md §4.4).
 
 ``predict`` answers one (image, text) pair; ``predict_batch`` runs several at once (left-padded
-prompts, one batched greedy decode, one SAM2 pass), on the shared pipeline (``model/pipeline.py``,
+prompts, one batched greedy decode, one SAM2 pass), on the shared pipeline (``model/pipeline/shared.py``,
 ``greedy_answers``). Flow per sample:
 
 1. ``<image>`` in ``text`` → image block (+ region string when ``region_mask`` is given), wrapped in
@@ -28,8 +28,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .decoding import TextDecoding
-from .pipeline import PromptRow, encode_images, greedy_answers
+from ..decoding.text_decoding import TextDecoding
+from .shared import PromptRow, encode_images, greedy_answers
 
 
 def _region_stack(processor: Any, region_mask: Any, size: tuple[int, int], where: str) -> torch.Tensor:
@@ -86,7 +86,7 @@ def predict(
         region_mask: optional bool ``[H, W]`` (or ``[N, H, W]``) region prompt(s) at image size,
             upstream ``mask_prompts``.
         max_new_tokens: 2048 as HF ``predict_forward`` (the training-side helper used 512).
-        decode_backend: a key of ``model.fast_generation.DECODE_BACKENDS``.
+        decode_backend: a key of ``model.decoding.fast_generation.DECODE_BACKENDS``.
 
     Returns:
         ``{"prediction": str, "prediction_masks": [np.ndarray bool [H, W] per [SEG]]}``.

@@ -41,7 +41,7 @@ from .prompts import (
     region_string,
 )
 
-TINY_TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "assets" / "tiny_tokenizer"
+TINY_TOKENIZER_DIR = Path(__file__).resolve().parents[2] / "assets" / "tiny_tokenizer"
 # Upper bound on byte alphabet + merges (the corpus yields ~1.1k); the 17 special tokens come after.
 TINY_BPE_VOCAB_SIZE = 1280
 TINY_MODEL_MAX_LENGTH = 32768

@@ -25,8 +25,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .processor import Sa2VAProcessor
-from .prompts import (
+from ..text.processor import Sa2VAProcessor
+from ..text.prompts import (
     ANSWER_LIST,
     DETAILED_QUESTIONS,
     REGION_CAPTION_EVAL_PROMPT,
@@ -37,7 +37,7 @@ from .prompts import (
 )
 
 if TYPE_CHECKING:  # model/ reads RegionSample by its fields only; no runtime import of data/
-    from ..data.types import RegionSample
+    from ...data.types import RegionSample
 
 SFT_TASKS = ("caption", "segment")
 # The RefCOCOg eval question (the RL / eval form) plus the 30 Osprey detailed-description questions.

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .grounding import logits_to_masks
+from ..network.grounding import logits_to_masks
 
 
 @functools.lru_cache(maxsize=64)
