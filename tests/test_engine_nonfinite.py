@@ -94,6 +94,32 @@ def test_nan_loss_skips_the_step_and_leaves_weights_optimizer_and_partner_untouc
         assert resumed.outputs[i] == record.outputs[i], i
 
 
+class StepProbe(Hook):
+    """The optimizer's ``step`` once the runner built the schedulers (before training) and during training."""
+
+    def before_run(self, runner) -> None:
+        self.optimizer = runner.optim_wrapper.optimizer
+        self.before = self.optimizer.step
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None) -> None:
+        self.during = self.optimizer.step
+
+
+@pytest.mark.parametrize("fail_at_iter", [None, 1])
+def test_the_guard_puts_the_optimizer_step_back_when_training_ends_or_fails(tmp_path, fail_at_iter):
+    """The guard wraps ``optimizer.step`` for the run only: afterwards the optimizer steps as it did before (the
+    scheduler's counting wrapper), also when training stopped with an error."""
+    probe = StepProbe()
+    options = {"train_cfg.max_iters": 2, "train_cfg.algorithm.fail_at_iter": fail_at_iter}
+    if fail_at_iter is None:
+        run_config(write_toy_config(tmp_path), tmp_path, extra_hooks=[probe], **options)
+    else:
+        with pytest.raises(RuntimeError, match="failing on purpose"):
+            run_config(write_toy_config(tmp_path), tmp_path, extra_hooks=[probe], **options)
+    assert probe.during != probe.before  # guarded while training (a bound method compares by function and object)
+    assert probe.optimizer.step == probe.before
+
+
 def test_consecutive_nonfinite_iterations_stop_with_a_clear_error(tmp_path):
     options = {"train_cfg.algorithm.nan_loss_at": (2, 3, 4, 5, 6), "train_cfg.max_consecutive_skips": 3}
     with pytest.raises(FloatingPointError) as err:

@@ -66,9 +66,8 @@ def test_scheduler_step_mark_survives_the_step_guard():
     assert getattr(optimizer.step, SCHEDULER_STEP_MARK, False), (
         f"{VERSION}: parameter schedulers no longer mark their optimizer.step wrapper with {SCHEDULER_STEP_MARK!r}; "
         "update mmengine_seams.SCHEDULER_STEP_MARK / carry_scheduler_mark (used by engine/guard.py).")
-    StepGuard().install(optimizer)
     param.grad = torch.ones(2)
-    with warnings.catch_warnings():
+    with StepGuard().installed(optimizer), warnings.catch_warnings():
         warnings.simplefilter("error")  # "Seems like `optimizer.step()` has been overridden ..." would raise
         optimizer.step()
         scheduler.step()

@@ -2,10 +2,12 @@
 scripted answers, injected latency / HTTP 500 / 429 / timeouts / garbage; fallbacks, failure
 counts, cache hits, secrets, and the two tools."""
 import asyncio
+import importlib
 import json
 import logging
 from pathlib import Path
 
+import openai
 import pytest
 from rewards_dlc_fixture import CLASS_NAMES, EXPECTED, EXPECTED_BATCHED, PREDICTIONS, QA, scripted_answer
 
@@ -18,6 +20,8 @@ from projects.llava_sam2.rl_train.rewards.judge import DLCJudge, JudgeClient, ev
 from projects.llava_sam2.rl_train.rewards.judge import prompts as judge_prompts
 
 SECRET = "sk-test-never-log-this-1234"
+# the HTTP library openai's clients are built on (httpx, or httpx2 in recent openai releases)
+HTTP = importlib.import_module(openai.DefaultAsyncHttpxClient.__mro__[1].__module__.split(".")[0])
 
 
 @pytest.fixture
@@ -78,8 +82,6 @@ def _fault_responder(prompt: str, attempt: int):
         return Fault("http_429")
     if kind == "flaky429" and attempt == 0:
         return Fault("http_429")
-    if kind == "hang":
-        return Fault("hang", hang_s=5.0)
     if kind == "garbage":
         return "I think the description is lovely."
     if kind == "empty":
@@ -89,20 +91,42 @@ def _fault_responder(prompt: str, attempt: int):
     return default_responder(prompt, attempt)
 
 
-def test_faults_fall_back_with_counts_and_never_raise(qa_files, tmp_path, caplog):
+class TimeoutInjectingTransport(HTTP.AsyncHTTPTransport):
+    """The judge client's HTTP transport: a request whose caption starts with "hang" times out at once (the
+    exception a transport raises when the server does not answer in time); every other request goes to the server.
+    No wall clock decides which request times out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[str] = []  # the caption of every attempt, injected timeouts included
+
+    async def handle_async_request(self, request):
+        prompt = json.loads(request.content)["messages"][0]["content"]
+        caption = prompt.split("The description is:\n", 1)[1].split("\n", 1)[0]
+        self.sent.append(caption)
+        if caption.startswith("hang"):
+            raise HTTP.ReadTimeout("injected: the server did not answer in time", request=request)
+        return await super().handle_async_request(request)
+
+
+def test_faults_fall_back_with_counts_and_never_raise(qa_files, tmp_path, caplog, monkeypatch):
     kinds = ["ok", "http500", "http429", "flaky429", "hang", "garbage", "empty", "badjson", "ok"]
     preds = [f"{kind} caption {i}" for i, kind in enumerate(kinds)]
     inputs = RewardInputs(sample_ids=["101"] * len(kinds), pred_captions=preds, gt_captions=["a dog"] * len(kinds))
+    transport = TimeoutInjectingTransport()
+    # the judge's HTTP client (openai's aiohttp one by default) through the timeout-injecting transport
+    monkeypatch.setattr(openai, "DefaultAioHttpClient", lambda: openai.DefaultAsyncHttpxClient(transport=transport))
+    # a timeout far above any reply time: only the injected one can time out, however loaded the machine is
     with StubServer(_fault_responder, latency_s=0.02) as server:
         judge = DLCJudgeReward(
-            judge=dict(base_url=server.base_url, timeout_s=0.5, max_retries=1, cache_path=str(tmp_path / "c.sqlite")),
+            judge=dict(base_url=server.base_url, timeout_s=600.0, max_retries=1, cache_path=str(tmp_path / "c.sqlite")),
             mode="batched", qa_path=str(qa_files[0]), class_names_path=str(qa_files[1]))
         composer = RewardComposer([ConstReward(0.4), judge])
         with caplog.at_level(logging.INFO):
             total, stats = composer.compute(inputs)
-        n_first = len(server.requests)
+        n_first = len(transport.sent)
         total_again, stats_again = composer.compute(inputs)
-        n_second = len(server.requests) - n_first
+        second = transport.sent[n_first:]
         composer.close()
     # default responder answers "A" to all 5 questions of key 101: recognised, pos 0 and -1, neg 1 and 1
     # -> score (0 - 1 + 1 + 1) / 4 = 0.25 -> unit reward (0.25 + 1) / 2 = 0.625
@@ -115,8 +139,10 @@ def test_faults_fall_back_with_counts_and_never_raise(qa_files, tmp_path, caplog
                         "bad_response": 1}
     assert stats["dlc_judge/missing"] == 6 and stats["total/fallback"] == 6 and stats["total/invalid"] == 0
     assert stats["dlc_judge/mean"] == pytest.approx(0.625)
+    assert transport.sent.count("hang caption 4") == 4  # two attempts (max_retries=1) in each compute
     # the successes (two "ok" and the retried 429) are cached; the failures are asked again
-    assert stats_again["dlc_judge/cache_hits"] == 3 and n_second >= 6
+    assert stats_again["dlc_judge/cache_hits"] == 3
+    assert {caption.split()[0] for caption in second} == {"http500", "http429", "hang", "garbage", "empty", "badjson"}
     assert SECRET not in caplog.text
 
 

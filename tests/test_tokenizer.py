@@ -86,3 +86,42 @@ def test_check_rejects_tokenizer_without_sa2va_tokens():
 def test_load_missing_dir_names_the_fix(tmp_path):
     with pytest.raises(FileNotFoundError, match="build_tiny_tokenizer.py"):
         load_tiny_tokenizer(tmp_path)
+
+
+@pytest.fixture
+def hub_calls(monkeypatch):
+    """Every Hub download transformers attempts; each fails at once (no network in a test)."""
+    import transformers.utils.hub as hub
+
+    calls = []
+
+    def refuse(*args, **kwargs):
+        calls.append((args, kwargs))
+        raise RuntimeError("a Hub download was attempted")
+
+    monkeypatch.setattr(hub, "hf_hub_download", refuse)
+    return calls
+
+
+@pytest.mark.parametrize("load", ["evaluation", "training"])
+def test_a_hub_id_is_refused_by_name_without_a_download(load, hub_calls):
+    """Evaluation and training read a tokenizer through one loader with one policy: local directories only."""
+    from projects.llava_sam2.rl_train.engine.builders import build_tokenizer
+    from projects.llava_sam2.rl_train.evaluation.loading import load_system
+
+    with pytest.raises(FileNotFoundError, match=r"'ByteDance/Sa2VA-4B' does not exist.*Nothing is downloaded"):
+        if load == "evaluation":
+            load_system(preset="4b", tokenizer="ByteDance/Sa2VA-4B")
+        else:
+            build_tokenizer("ByteDance/Sa2VA-4B", preset="4b")
+    assert hub_calls == []
+
+
+def test_a_local_directory_and_the_tiny_preset_load(tmp_path):
+    from projects.llava_sam2.rl_train.model.text.tokenizer import load_tokenizer, sa2va_tokenizer
+
+    load_tiny_tokenizer().save_pretrained(str(tmp_path))
+    assert load_tokenizer(tmp_path).get_vocab() == load_tiny_tokenizer().get_vocab()
+    assert sa2va_tokenizer(None, "tiny").get_vocab() == load_tiny_tokenizer().get_vocab()
+    with pytest.raises(ValueError, match="preset='4b' needs a tokenizer"):
+        sa2va_tokenizer(None, "4b")

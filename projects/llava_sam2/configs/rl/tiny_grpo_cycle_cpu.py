@@ -9,13 +9,8 @@ from mmengine.config import read_base
 with read_base():
     from ._base_.datasets.shapes_regions import region_collate_fn, shapes_region_dataset
     from ._base_.sa2va_grpo_base import *  # noqa: F401,F403
-    from ._base_.cpu_runtime import *  # noqa: F401,F403  last: fp32 OptimWrapper, gloo, seed 0
-
-model.update(  # noqa: F405
-    pretrained_path=None, preset="tiny", torch_dtype=None, gradient_checkpointing=False,
-    lora=dict(r=8, lora_alpha=16, lora_dropout=0.05),
-    processor_cfg=dict(empty_region="dilate_to_one_cell"),  # tiny shapes can cover less than one region cell
-)
+    from ._base_.cpu_runtime import *  # noqa: F401,F403  fp32 OptimWrapper, gloo, seed 0
+    from ._base_.tiny_model_cpu import *  # noqa: F401,F403  the tiny preset: fp32, LoRA r=8
 
 # small groups, short captions and partner answers
 train_cfg.algorithm.config.update(num_generations=2, max_completion_length=6)  # noqa: F405

@@ -14,18 +14,16 @@ from mmengine.config import read_base
 with read_base():
     from ._base_.datasets.shapes_regions import region_collate_fn, shapes_region_dataset
     from ._base_.sa2va_grpo_base import *  # noqa: F401,F403
-    from ._base_.cpu_runtime import *  # noqa: F401,F403  last: fp32 OptimWrapper, gloo, seed 0
+    from ._base_.cpu_runtime import *  # noqa: F401,F403  fp32 OptimWrapper, gloo, seed 0
+    from ._base_.tiny_model_cpu import *  # noqa: F401,F403  the tiny model's CPU settings, LoRA r=8
 
 from projects.llava_sam2.rl_train.prompt_rl.reward import RewardNetDiceReward
 
 segmenter_path = "work_dirs/prompt_rl/segmenter"  # `sa2va-rl prompt-rl segmenter` output (or any Sa2VA checkpoint)
 reward_net_path = "work_dirs/prompt_rl/reward_net"  # `sa2va-rl prompt-rl reward-net` output (--mask-input binary)
 
-model.update(  # noqa: F405
-    pretrained_path=segmenter_path, preset=None, torch_dtype=None, gradient_checkpointing=False,
-    lora=dict(r=8, lora_alpha=16, lora_dropout=0.0),
-    processor_cfg=dict(empty_region="dilate_to_one_cell"),
-)
+model.update(pretrained_path=segmenter_path, preset=None)  # noqa: F405
+model.lora.update(lora_dropout=0.0)  # noqa: F405
 
 train_cfg.algorithm.config.update(  # noqa: F405
     num_generations=4,  # G masks per caption

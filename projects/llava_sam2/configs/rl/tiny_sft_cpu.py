@@ -8,7 +8,8 @@ from mmengine.config import read_base
 with read_base():
     from ._base_.datasets.shapes_regions import shapes_region_dataset
     from ._base_.sa2va_sft_base import *  # noqa: F401,F403
-    from ._base_.cpu_runtime import *  # noqa: F401,F403  last: fp32 OptimWrapper, gloo, seed 0
+    from ._base_.cpu_runtime import *  # noqa: F401,F403  fp32 OptimWrapper, gloo, seed 0
+    from ._base_.tiny_model_cpu import *  # noqa: F401,F403  the tiny preset: fp32, LoRA r=8
 
 from mmengine.dataset import DefaultSampler
 from xtuner.engine.runner import TrainLoop
@@ -16,12 +17,7 @@ from xtuner.engine.runner import TrainLoop
 from projects.llava_sam2.rl_train.engine.builders import region_sft_dataset
 from projects.llava_sam2.rl_train.model.text.processor import sft_collate
 
-model.update(  # noqa: F405
-    pretrained_path=None, preset="tiny", torch_dtype=None, gradient_checkpointing=False,
-    lora=dict(r=8, lora_alpha=16, lora_dropout=0.05),
-    processor_cfg=dict(empty_region="dilate_to_one_cell"),
-    sft_loss_cfg=dict(num_points=256),  # mask-loss points per mask (upstream 12544 for 256x256 logits)
-)
+model.update(sft_loss_cfg=dict(num_points=256))  # noqa: F405  mask-loss points per mask (upstream 12544 for 256x256)
 
 # caption and segment items of 8 shapes scenes, with the processor of the same tiny model
 shapes_region_dataset.update(num_samples=8, image_size=64)

@@ -43,6 +43,7 @@ from projects.llava_sam2.rl_train.model.decoding.fast_generation import fast_sam
 from projects.llava_sam2.rl_train.model.decoding.generation import completion_logprobs, sample_completions
 from projects.llava_sam2.rl_train.model.network.language import hf_llm_config
 from projects.llava_sam2.rl_train.model.network.presets import build_preset
+from projects.llava_sam2.rl_train.model.network.transformers_seams import set_attention_implementation
 
 PROG = "sa2va-rl bench decode"
 
@@ -59,7 +60,7 @@ def build_lm(name: str, device: torch.device, dtype: torch.dtype, lora_r: int = 
         cfg = Qwen2Config(**QWEN25_3B)
     else:
         cfg = hf_llm_config(build_preset(name, vocab_size=512 if name == "tiny" else None).llm_config)
-    cfg._attn_implementation = "sdpa"
+    set_attention_implementation(cfg, "sdpa")
     with device:
         lm = AutoModelForCausalLM.from_config(cfg, torch_dtype=dtype)
     if lora_r > 0:

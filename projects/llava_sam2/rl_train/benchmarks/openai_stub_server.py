@@ -162,7 +162,7 @@ class StubServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port)
         await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]
+        self.port = self._runner.addresses[0][1]  # (host, port) of the bound socket
 
     def start(self) -> StubServer:
         ready = threading.Event()

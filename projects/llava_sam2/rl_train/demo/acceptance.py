@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from projects.llava_sam2.rl_train.demo.summary import (
-    compare_runs, listener_results, reward_trend, text_dependence_results)
+    compare_runs, control_label, listener_results, reward_trend, text_dependence_results)
 
 RECOVERY_GOAL = 0.5
 COLUMNS = (("cycle_iou/cycle_IoU", "Δ cycle IoU"), ("res/gIoU", "Δ referring gIoU"), ("res/cIoU", "Δ referring cIoU"),
@@ -72,8 +72,6 @@ def delta_table(rows: Mapping[str, dict], runs: Mapping[str, Path | None]) -> li
 
 def acceptance(per_seed: Mapping[int, object], controls: Mapping[int, Mapping[str, Path]]) -> tuple[list[str], dict]:
     """(markdown lines, verdict) of the issue's acceptance over the seeds that have both the oracle and source-SFT."""
-    from projects.llava_sam2.rl_train.demo.controls import control_label
-
     lines, verdict, recovered = [], {"seeds": {}}, []
     rows, runs = {}, {}
     check_lines = ["| seed | Δ cycle IoU GRPO | Δ cycle IoU oracle | recovered | GRPO − source-SFT cycle IoU | cycle "

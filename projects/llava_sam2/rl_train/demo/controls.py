@@ -39,14 +39,15 @@ import sys
 from pathlib import Path
 
 from projects.llava_sam2.rl_train.cli.settings import settings_from_args
+from projects.llava_sam2.rl_train.demo.controls_report import write_controls_report
 from projects.llava_sam2.rl_train.demo.jobs import Job, JobError, run_jobs
 from projects.llava_sam2.rl_train.demo.pipeline import (
     DemoSettings, banner, build_parser, eval_command, is_finished, read_stages, rl_options, run_demo, sft_options,
     subprocess_env, text_command, train_and_export, write_marker)
+from projects.llava_sam2.rl_train.demo.summary import KL_BETA, control_label
 
 PROG = "sa2va-rl demo-controls"
 ALGO = "train_cfg.algorithm.config"
-KL_BETA = 0.04  # the KL weight of control (e) when the config has none (GRPOConfig's default, DeepSeekMath's)
 # loop-2 mask actions compared in control (d): name -> GRPOConfig values (grpo/mask_policy.py, grpo/losses.py;
 # docs/mask_action.md); the one the config already uses is the demo's own run and is not repeated. ``bernoulli`` is
 # the demo's earlier action as it was measured: pooled 4 x 4 cells with one ratio per cell.
@@ -58,9 +59,6 @@ MASK_VARIANTS = {
 }
 SOURCE_TRAIN = "data/source_train"  # paired source-domain scenes of control source_sft (written when needed)
 SFT_PROBE_ITERS = 20  # iterations of the SFT run that measures SFT's time per iteration for control (b)
-LABELS = {"sft_more": "oracle: paired SFT on the training scenes (GRPO's iteration time)",
-          "source_sft": "paired SFT on source scenes (GRPO's iteration time)", "loop1_only": "GRPO loop 1 only",
-          "loop2_only": "GRPO loop 2 only", "kl_on": f"GRPO with KL (beta {KL_BETA})", "kl_off": "GRPO without KL"}
 
 
 def algorithm_config(s: DemoSettings) -> dict:
@@ -75,10 +73,14 @@ def algorithm_config(s: DemoSettings) -> dict:
 
 
 def _parse_options(options: list[str]) -> dict:
-    """``key=value`` --cfg-options as MMEngine reads them (values through DictAction's parser)."""
+    """``key=value`` --cfg-options as ``sa2va-rl train`` reads them (MMEngine's DictAction on an argparse option)."""
+    import argparse
+
     from mmengine.config import DictAction
 
-    return {key: DictAction._parse_iterable(value) for key, value in (o.split("=", 1) for o in options)}
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--cfg-options", nargs="+", action=DictAction, default={})
+    return parser.parse_args(["--cfg-options", *options]).cfg_options if options else {}
 
 
 def mask_variant_name(config: dict) -> str | None:
@@ -108,10 +110,6 @@ def control_specs(s: DemoSettings, sft_iters: int | None = None) -> dict[str, tu
     kl = "kl_off" if config.get("beta", 0.0) > 0 else "kl_on"
     specs[kl] = (s.rl_config, [*base, f"{ALGO}.beta={0.0 if kl == 'kl_off' else KL_BETA}"])
     return specs
-
-
-def control_label(name: str) -> str:
-    return LABELS.get(name, f"GRPO, mask action {name.removeprefix('mask_')}")
 
 
 def control_fingerprint(s: DemoSettings, config: str, options: list[str]) -> str:
@@ -231,8 +229,6 @@ def main(argv: list[str] | None = None) -> int:
     except JobError as error:
         print(f"\ncontrols FAILED: {error}", file=sys.stderr)
         return error.returncode
-    from projects.llava_sam2.rl_train.demo.controls_report import write_controls_report
-
     write_controls_report(root, per_seed, controls, default_variant=mask_variant_name(algorithm_config(first)))
     return 0
 
@@ -240,8 +236,6 @@ def main(argv: list[str] | None = None) -> int:
 def write_report_only(root: Path, per_seed: dict, names: list[str], every_seed: list[str], first_seed: int,
                       first: DemoSettings) -> int:
     """The report of runs already on disk: each seed's evaluations and the controls whose evaluation exists."""
-    from projects.llava_sam2.rl_train.demo.controls_report import write_controls_report
-
     missing = [str(s.path("eval", key)) for s in per_seed.values() for key in ("base", "rl")
                if not (s.path("eval", key) / "metrics.json").is_file()]
     if missing:

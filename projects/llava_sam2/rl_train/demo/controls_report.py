@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from projects.llava_sam2.rl_train.demo.pipeline import read_stages
-from projects.llava_sam2.rl_train.demo.summary import REWARD_KEYS, compare_runs, goal_checks, text_dependence_results
+from projects.llava_sam2.rl_train.demo.summary import (REWARD_KEYS, compare_runs, control_label, goal_checks,
+                                                     text_dependence_results)
 
 # (row key, column title) of the Δ columns
 DELTAS = (("cycle_iou/cycle_IoU", "Δ cycle IoU"), ("res/gIoU", "Δ referring gIoU"), ("res/cIoU", "Δ referring cIoU"),
@@ -125,7 +126,6 @@ def _control_cpu(s) -> dict[str, float]:
 def write_controls_report(root: Path, per_seed: Mapping[int, object], controls: Mapping[int, Mapping[str, Path]],
                           default_variant: str | None) -> Path:
     """``root/report.md``: the summary sections on top of the evaluation report of every system of the first seed."""
-    from projects.llava_sam2.rl_train.demo.controls import control_label
     from projects.llava_sam2.rl_train.evaluation.report import write_report
 
     first = next(iter(per_seed.values()))

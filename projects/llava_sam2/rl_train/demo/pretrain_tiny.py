@@ -36,7 +36,7 @@ from ..model.checkpoints.hf_checkpoint import load_pretrained, save_pretrained
 from ..model.network.presets import build_preset
 from ..model.network.sa2va import Sa2VAModel
 from ..model.text.processor import Sa2VAProcessor
-from ..model.text.tokenizer import load_tiny_tokenizer
+from ..model.text.tokenizer import load_tiny_tokenizer, load_tokenizer
 from .pretrain_data import StageBatches, loader
 from .pretrain_stages import (AttributePrompt, JointWeights, joint_step, lm_step, run_stage, sam_step,
                               trainable_encoders)
@@ -156,9 +156,7 @@ def build_tiny(seed: int, device: str, init: str = ""):
     the loops use."""
     torch.manual_seed(seed)
     if init:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(init)
+        tokenizer = load_tokenizer(init)
         model = load_pretrained(init, torch_dtype=torch.float32).to(device)
     else:
         tokenizer = load_tiny_tokenizer()

@@ -33,8 +33,18 @@ HEADLINES = (
 REWARD_KEYS = ("mask_to_caption/reward_mean", "caption_to_mask/reward_mean")
 # each loop's training reward and the held-out headline metric that measures the same cycle
 REWARD_METRICS = {"mask_to_caption/reward_mean": "cycle_IoU", "caption_to_mask/reward_mean": "cycle_METEOR_nltk"}
+# the controls of `sa2va-rl demo-controls` (demo/controls.py) by the name their runs and reports use
+KL_BETA = 0.04  # the KL weight of the kl_on control when the config has none (GRPOConfig's default, DeepSeekMath's)
+LABELS = {"sft_more": "oracle: paired SFT on the training scenes (GRPO's iteration time)",
+          "source_sft": "paired SFT on source scenes (GRPO's iteration time)", "loop1_only": "GRPO loop 1 only",
+          "loop2_only": "GRPO loop 2 only", "kl_on": f"GRPO with KL (beta {KL_BETA})", "kl_off": "GRPO without KL"}
 TEXT_DEPENDENCE_FILE = "text_dependence.json"
 LISTENER_FILE = "listener.json"
+
+
+def control_label(name: str) -> str:
+    """How reports name a control run (a ``mask_<variant>`` control: GRPO with that loop-2 mask action)."""
+    return LABELS.get(name, f"GRPO, mask action {name.removeprefix('mask_')}")
 
 
 @dataclass

@@ -20,6 +20,7 @@ from ..model.network.presets import build_preset
 from ..model.sft.sft_data import RegionSFTDataset
 from ..model.text.input_check import InputCheck, region_grid_size
 from ..model.text.processor import Sa2VAProcessor
+from ..model.text.tokenizer import sa2va_tokenizer
 from .registry import build_component
 
 
@@ -30,23 +31,9 @@ def build_tokenizer(tokenizer: Any = None, pretrained_path: str | os.PathLike | 
     if isinstance(tokenizer, Mapping):
         args = dict(tokenizer.items())
         return args.pop("type")(**args)
-    if isinstance(tokenizer, (str, os.PathLike)):
-        from transformers import AutoTokenizer
-
-        if not os.path.isdir(tokenizer):  # never fall through to a Hub download
-            raise FileNotFoundError(f"tokenizer directory {os.fspath(tokenizer)!r} does not exist; give a local "
-                                    "checkpoint or tokenizer directory (nothing is downloaded).")
-        return AutoTokenizer.from_pretrained(os.fspath(tokenizer), trust_remote_code=True, local_files_only=True)
-    if tokenizer is not None:
+    if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)):
         return tokenizer
-    if pretrained_path is not None:
-        return build_tokenizer(pretrained_path)
-    if preset == "tiny":
-        from ..model.text.tokenizer import load_tiny_tokenizer
-
-        return load_tiny_tokenizer()
-    raise ValueError(f"preset={preset!r} needs a tokenizer (a path, a config dict or an object) whose special "
-                     "tokens match the checkpoint; only preset='tiny' has a built-in one.")
+    return sa2va_tokenizer(tokenizer if tokenizer is not None else pretrained_path, preset)
 
 
 def check_model_source(pretrained_path: str | os.PathLike | None, preset: str | None,

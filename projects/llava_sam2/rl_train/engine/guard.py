@@ -7,8 +7,9 @@ checkpoint cannot recover.
 
 The guard wraps the ``step`` of the torch optimizer the runner's optim wrapper drives (for DeepSpeed, the inner
 optimizer ZeRO calls on its fp32 partition), so it works the same under ``OptimWrapper``, ``AmpOptimWrapper`` and
-DeepSpeed, after DDP has averaged the gradients and after gradient clipping. Every decision is taken from values
-reduced over the ranks, so all ranks skip or apply the same steps:
+DeepSpeed, after DDP has averaged the gradients and after gradient clipping. The wrapper is in place while the train
+loop runs (``StepGuard.installed``); afterwards each optimizer's ``step`` is again what it was. Every decision is
+taken from values reduced over the ranks, so all ranks skip or apply the same steps:
 
 * a NaN / inf gradient on any rank -> the step is skipped (``nonfinite_gradient``); weights and optimizer state
   (Adam moments, step count) stay as they were, the wrapper's ``zero_grad`` then drops the bad gradients. A
@@ -32,15 +33,16 @@ outputs; the EMA partner is not updated after an iteration in which no step ran)
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch import Tensor
 
-from .mmengine_seams import carry_scheduler_mark
+from .mmengine_seams import carry_scheduler_mark, patched
 from .stats import sum_across_ranks
 
 NONFINITE_GRADIENT, LARGE_UPDATE = "nonfinite_gradient", "large_update"  # reasons a step is skipped
@@ -128,15 +130,16 @@ class StepGuard:
         self.consecutive = 0  # iterations in a row with a skipped step
         self.iteration = 0  # 1-based, set by the loop, for messages
 
-    def install(self, optim_wrapper) -> None:
-        """Wrap ``step`` of every torch optimizer behind ``optim_wrapper`` (once per optimizer)."""
-        for optimizer in torch_optimizers(optim_wrapper):
-            if getattr(optimizer.step, "_step_guard", None) is self:
-                continue
-            guarded = functools.partial(self._guarded_step, optimizer, optimizer.step)
-            guarded._step_guard = self
-            carry_scheduler_mark(optimizer.step, guarded)
-            optimizer.step = guarded
+    @contextlib.contextmanager
+    def installed(self, optim_wrapper) -> Iterator[None]:
+        """Inside the block, ``step`` of every torch optimizer behind ``optim_wrapper`` runs through the guard; on
+        leaving it (the end of training, or an error) each optimizer's ``step`` is again exactly what it was."""
+        with contextlib.ExitStack() as stack:
+            for optimizer in torch_optimizers(optim_wrapper):
+                guarded = functools.partial(self._guarded_step, optimizer, optimizer.step)
+                carry_scheduler_mark(optimizer.step, guarded)
+                stack.enter_context(patched(optimizer, "step", guarded))
+            yield
 
     def _guarded_step(self, optimizer: torch.optim.Optimizer, step, *args, **kwargs):
         params = [p for group in optimizer.param_groups for p in group["params"]]

@@ -122,18 +122,18 @@ class GRPOLoop(IterationLoop):
         """Build the algorithm, skip already-trained batches (resume), then iterate; returns the model."""
         self._algorithm = self._build_algorithm()
         self._count_minibatches_for_accumulation()
-        self._guard.install(self.runner.optim_wrapper)
-        # Skip before the hooks run: TrainStateHook restores the RNG streams in before_train_epoch, and
-        # re-creating an exhausted DataLoader iterator here draws from them.
-        self._skip_trained_batches()
-        self.runner.call_hook("before_train")
-        self.runner.call_hook("before_train_epoch")
-        while self._iter < self._max_iters and not self.stop_training:
-            self.runner.model.train()
-            self.run_iter(self._next_batch())
-            self.validate_if_due()
-        self.runner.call_hook("after_train_epoch")
-        self.runner.call_hook("after_train")
+        with self._guard.installed(self.runner.optim_wrapper):
+            # Skip before the hooks run: TrainStateHook restores the RNG streams in before_train_epoch, and
+            # re-creating an exhausted DataLoader iterator here draws from them.
+            self._skip_trained_batches()
+            self.runner.call_hook("before_train")
+            self.runner.call_hook("before_train_epoch")
+            while self._iter < self._max_iters and not self.stop_training:
+                self.runner.model.train()
+                self.run_iter(self._next_batch())
+                self.validate_if_due()
+            self.runner.call_hook("after_train_epoch")
+            self.runner.call_hook("after_train")
         return self.runner.model
 
     def run_iter(self, data_batch) -> None:

@@ -11,7 +11,6 @@ with its config (``sa2va-rl evaluate --config``).
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import torch
 
@@ -19,6 +18,7 @@ from ..model.checkpoints.hf_checkpoint import checkpoint_state_dict, load_pretra
 from ..model.network.presets import build_preset
 from ..model.network.sa2va import Sa2VAModel
 from ..model.text.processor import Sa2VAProcessor
+from ..model.text.tokenizer import sa2va_tokenizer
 
 _PREFIXES = ("sa2va.", "module.")
 
@@ -66,20 +66,6 @@ def load_weights(model: Sa2VAModel, path: str) -> int:
     return len(state)
 
 
-def load_tokenizer(checkpoint: str | None, preset: str | None, tokenizer: str | None) -> Any:
-    """The tokenizer: ``tokenizer`` path, else the checkpoint's, else the tiny one for ``preset='tiny'``."""
-    path = tokenizer or checkpoint
-    if path is not None:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(path, trust_remote_code=True)
-    if preset == "tiny":
-        from ..model.text.tokenizer import load_tiny_tokenizer
-
-        return load_tiny_tokenizer()
-    raise ValueError(f"preset={preset!r} needs a tokenizer: pass --tokenizer <dir of the matching tokenizer>")
-
-
 def load_system(*, checkpoint: str | None = None, preset: str | None = None, weights: str | None = None,
                 init_seed: int = 0, tokenizer: str | None = None, device: str = "cpu",
                 torch_dtype: torch.dtype | None = None, processor_overrides: dict | None = None
@@ -88,7 +74,7 @@ def load_system(*, checkpoint: str | None = None, preset: str | None = None, wei
     if (checkpoint is None) == (preset is None):
         raise ValueError(f"load_system: give exactly one of checkpoint (HF-layout dir) and preset; got "
                          f"checkpoint={checkpoint!r}, preset={preset!r}")
-    tok = load_tokenizer(checkpoint, preset, tokenizer)
+    tok = sa2va_tokenizer(tokenizer or checkpoint, preset)
     if checkpoint is not None:
         model = load_pretrained(checkpoint, torch_dtype=torch_dtype, device=device)
         source = f"checkpoint {checkpoint}"

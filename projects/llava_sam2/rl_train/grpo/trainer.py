@@ -105,11 +105,14 @@ def _single_process_sum(values: Tensor) -> Tensor:
     return values
 
 
+DROPOUT_TYPES = tuple(getattr(nn, name) for name in nn.modules.dropout.__all__)  # torch.nn's dropout modules
+
+
 def zero_dropout(model: nn.Module) -> int:
     """Set p = 0 in every dropout module of ``model``; returns how many had p > 0."""
     changed = 0
     for module in model.modules():
-        if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0:
+        if isinstance(module, DROPOUT_TYPES) and module.p > 0:
             module.p, changed = 0.0, changed + 1
     return changed
 

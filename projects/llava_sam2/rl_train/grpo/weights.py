@@ -20,7 +20,7 @@ and the swap backup live in pinned host memory, so partner + reference cost no G
 r=128 on a 3B LLM alone has ~240 M trainable values, whose fp32 shadow is already 12 % of the bf16 model). A swap
 is then two asynchronous same-dtype copies per direction (backup device→host, values host→device; stream-ordered,
 so the restore is bit-exact), and ``update_partner`` copies the policy to the host (reusing the backup buffer), waits
-for it, and lerps on the CPU with fused ``torch._foreach_*`` ops.
+for it, and lerps on the CPU with fused multi-tensor ops (``model/network/torch_seams.py``).
 
 Not supported: DeepSpeed ZeRO-3 partitioned parameters (raise NotImplementedError; gathering them is future
 work). ZeRO-1/2 keep full parameters on every rank and work as is.
@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+
+from ..model.network.torch_seams import foreach_copy_, foreach_lerp_
 
 
 def mmengine_momentum(ema_decay: float) -> float:
@@ -99,10 +101,10 @@ def _groups(names: list[str], numel: Callable[[str], int], limit: int = _HOST_GR
 
 def _copy_all(dst: list[Tensor], src: list[Tensor]) -> None:
     """``dst[i].copy_(src[i])`` for all i, asynchronous where a side is pinned host memory: one fused
-    ``_foreach_copy_`` when both lists live on one device, else one copy per tensor (host<->device DMA)."""
+    ``foreach_copy_`` when both lists live on one device, else one copy per tensor (host<->device DMA)."""
     devices = {t.device for t in dst} | {t.device for t in src}
     if len(devices) == 1:
-        torch._foreach_copy_(dst, src, non_blocking=True)
+        foreach_copy_(dst, src, non_blocking=True)
         return
     for target, value in zip(dst, src):
         target.copy_(value, non_blocking=True)
@@ -187,15 +189,15 @@ class WeightSets:
         if self.storage_device is None:
             shadow = [self._partner[n] for n in self.names]
             policy = [p.detach() if p.dtype == torch.float32 else p.detach().float() for p in live]
-            torch._foreach_lerp_(shadow, policy, weight)
+            foreach_lerp_(shadow, policy, weight)
         else:
             staging = [self._backup[n] for n in self.names]  # the swap backup is free outside a swap
             _copy_all(staging, [p.detach() for p in live])  # device -> host
             _synchronize(live)  # the host reads the staged policy, and may now rewrite the cast buffers
             for names in _groups(self.names, lambda n: self._partner[n].numel()):
                 shadow = [self._partner[n] for n in names]
-                torch._foreach_lerp_(shadow, [self._backup[n].float() for n in names], weight)
-                torch._foreach_copy_([self._partner_cast[n] for n in names], shadow)  # fp32 -> parameter dtype
+                foreach_lerp_(shadow, [self._backup[n].float() for n in names], weight)
+                foreach_copy_([self._partner_cast[n] for n in names], shadow)  # fp32 -> parameter dtype
         self.num_updates += 1
 
     @contextmanager
@@ -295,7 +297,7 @@ class WeightSets:
                                      f"expected {tuple(target[name].shape)}.")
                 target[name].copy_(value)
         if self._partner_cast is not None:
-            torch._foreach_copy_([self._partner_cast[n] for n in self.names], [self._partner[n] for n in self.names])
+            foreach_copy_([self._partner_cast[n] for n in self.names], [self._partner[n] for n in self.names])
         self.num_updates = int(state["num_updates"])
 
     def memory(self) -> WeightSetMemory:

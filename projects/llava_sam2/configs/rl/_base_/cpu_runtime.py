@@ -1,5 +1,5 @@
-# CPU runtime, shared by the CPU configs (tiny_*_cpu.py, demo/*_cpu.py). Read it LAST in `read_base()`, after the SFT
-# or GRPO base, because it replaces three of the base's entries:
+# CPU runtime, shared by the CPU configs (tiny_*_cpu.py, demo/*_cpu.py). Read it in `read_base()` after the SFT or
+# GRPO base, because it replaces three of the base's entries:
 #
 #     with read_base():
 #         from ._base_.sa2va_grpo_base import *  # noqa: F401,F403
@@ -10,7 +10,8 @@
 # * env_cfg: gloo instead of nccl for multi-process runs;
 # * randomness: seed 0, so a CPU run, its resume and its export (preset weights are re-initialised from the seed)
 #   are reproducible.
-# The model's CPU settings (torch_dtype=None, gradient_checkpointing=False) stay with each config's model.
+# The model's CPU settings (torch_dtype=None, gradient_checkpointing=False) stay with each config's model (the tiny
+# configs read theirs from tiny_model_cpu.py).
 from mmengine.config import read_base
 
 with read_base():

@@ -10,8 +10,7 @@ the stop rule; its ~20 launches run eagerly, queued behind the graph without any
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -57,17 +56,6 @@ def gqa_decode_attention(module: nn.Module, query: Tensor, key: Tensor, value: T
 
 
 ALL_ATTENTION_FUNCTIONS[GQA_DECODE_ATTENTION] = gqa_decode_attention
-
-
-@contextmanager
-def attention_implementation(config, name: str) -> Iterator[None]:
-    """Set ``config._attn_implementation`` to ``name`` inside the block (restored in ``finally``)."""
-    previous = config._attn_implementation
-    config._attn_implementation = name
-    try:
-        yield
-    finally:
-        config._attn_implementation = previous
 
 
 @dataclass(frozen=True)

@@ -59,10 +59,11 @@ from transformers import DynamicCache, StaticCache, TopPLogitsWarper
 from . import fast_decode_step
 from .adapter_merge import autocast_off_when_merged, merged_adapters
 from .fast_decode_step import (CACHE_ALIGN, GQA_DECODE_ATTENTION, DecodeState, DecoderParts, GraphedCall,
-                               TokenChooser, attention_implementation, compiled_decode_logits, decode_logits,
+                               TokenChooser, compiled_decode_logits, decode_logits,
                                rope_table)
 from .generation import (Completions, SharedPrefix, _check_prompt, check_group_size, check_sampling_args,
                          position_ids_from_attention, sample_completions)
+from ..network.transformers_seams import using_attention
 
 
 def _validate(*, num_generations, max_new_tokens, temperature, top_p, stop_token_ids, stop_check_interval,
@@ -238,7 +239,7 @@ def fast_sample_completions(
     forward = partial(step, parts, cache, state, temperature)
     use_graph = device.type == "cuda" if use_cuda_graph is None else use_cuda_graph
     next_logits = GraphedCall(forward, device) if use_graph else forward
-    with attention_implementation(parts.body.config, GQA_DECODE_ATTENTION):
+    with using_attention(parts.body.config, GQA_DECODE_ATTENTION):
         for t in range(1, T):
             if t % stop_check_interval == 0 and bool(state.is_finished.all()):  # host sync every k steps
                 break

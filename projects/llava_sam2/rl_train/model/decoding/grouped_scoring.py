@@ -32,6 +32,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .generation import MAX_LOGIT_BYTES, completion_logprobs, decoder_and_head, position_ids_from_attention, \
     token_logprobs
+from ..network.transformers_seams import attention_implementation
 
 SUPPORTED_ATTENTION = ("sdpa", "eager")  # implementations that take a 4-D additive mask
 
@@ -99,7 +100,7 @@ def supports_grouping(lm: nn.Module, length: int) -> bool:
         return False
     window = getattr(config, "sliding_window", None)
     uses_window = window is not None and getattr(config, "use_sliding_window", True) and length > window
-    return config._attn_implementation in SUPPORTED_ATTENTION and not uses_window
+    return attention_implementation(config) in SUPPORTED_ATTENTION and not uses_window
 
 
 def grouped_hidden(lm: nn.Module, prompt_embeds: Tensor, prompt_attention: Tensor, continuation_ids: Tensor,

@@ -15,6 +15,7 @@ from transformers import (LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCaus
                           PreTrainedModel, Qwen2Config, Qwen2ForCausalLM)
 
 from .configuration import SUPPORTED_LLM_ARCHITECTURES, SubConfig
+from .transformers_seams import set_attention_implementation
 
 _NATIVE = {
     "Qwen2ForCausalLM": (Qwen2Config, Qwen2ForCausalLM),
@@ -76,7 +77,7 @@ def hf_llm_config(llm_config: SubConfig, attn_implementation: str = "sdpa") -> P
             f"llm_config.architectures[0]={arch!r} is not supported; supported: {list(SUPPORTED_LLM_ARCHITECTURES)}"
         )
     cfg.tie_word_embeddings = False
-    cfg._attn_implementation = attn_implementation
+    set_attention_implementation(cfg, attn_implementation)
     return cfg
 
 

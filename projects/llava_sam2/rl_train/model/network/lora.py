@@ -20,6 +20,8 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from peft.helpers import disable_input_dtype_casting
 from torch import nn
 
+from .transformers_seams import has_input_require_grads_hook
+
 # LoRA target module names per LLM architecture (docs/sa2va_internals.md §8.3: what the released HF class
 # re-wraps with; for Qwen2/Llama this equals xtuner's "every nn.Linear except the head").
 # Differs from upstream SFT for InternLM2 only: xtuner there also wrapped the head ("output"),
@@ -114,7 +116,7 @@ def configure_trainable(model: nn.Module, *, train_embeddings: bool = False,
         language_model.get_input_embeddings().requires_grad_(True)
         language_model.get_output_embeddings().requires_grad_(True)
     elif getattr(language_model, "is_gradient_checkpointing", False) and \
-            getattr(language_model, "_require_grads_hook", None) is None:
+            not has_input_require_grads_hook(language_model):
         language_model.enable_input_require_grads()
     return trainable_parameters(model)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from tokenizers import processors, trainers
-from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2TokenizerFast
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast, Qwen2TokenizerFast
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 from xtuner.utils import PROMPT_TEMPLATE
 
@@ -165,6 +165,30 @@ def load_tiny_tokenizer(path: str | os.PathLike = TINY_TOKENIZER_DIR) -> PreTrai
     tokenizer = AutoTokenizer.from_pretrained(str(directory))
     check_sa2va_tokenizer(tokenizer, where=str(directory))
     return tokenizer
+
+
+def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerBase:
+    """The tokenizer saved in the local directory ``path`` (a Sa2VA checkpoint or a tokenizer directory).
+
+    Nothing is downloaded: a path that is not a local directory (a Hub id such as ``ByteDance/Sa2VA-4B``, a typo)
+    raises ``FileNotFoundError`` naming it, instead of reaching for the network in the middle of a run."""
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"tokenizer directory {os.fspath(path)!r} does not exist (relative paths start at "
+                                f"{os.getcwd()}); give a local checkpoint or tokenizer directory. Nothing is "
+                                "downloaded at run time: fetch a Hub model first (e.g. `huggingface-cli download`).")
+    return AutoTokenizer.from_pretrained(os.fspath(path), trust_remote_code=True, local_files_only=True)
+
+
+def sa2va_tokenizer(path: str | os.PathLike | None, preset: str | None) -> PreTrainedTokenizerBase:
+    """The tokenizer of a model source: the local directory ``path`` (a tokenizer or the checkpoint's), else the
+    shipped tiny tokenizer for ``preset='tiny'``; other presets need a path."""
+    if path is not None:
+        return load_tokenizer(path)
+    if preset == "tiny":
+        return load_tiny_tokenizer()
+    raise ValueError(f"preset={preset!r} needs a tokenizer whose special tokens match the model: give the directory "
+                     "of one (model.tokenizer in a config, --tokenizer on the command line); only preset='tiny' has a "
+                     "built-in one.")
 
 
 def check_sa2va_tokenizer(tokenizer: PreTrainedTokenizerFast, where: str = "tokenizer") -> None:

@@ -29,14 +29,13 @@ PROG = "sa2va-rl prompt-rl quality-dataset"
 
 def load_checkpoint(path: str):
     """(model, processor) of a checkpoint dir holding the weights and the tokenizer."""
-    from transformers import AutoTokenizer
-
     from projects.llava_sam2.rl_train.model.checkpoints.hf_checkpoint import load_pretrained
     from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor
+    from projects.llava_sam2.rl_train.model.text.tokenizer import load_tokenizer
 
     if not Path(path, "config.json").is_file():
         raise ValueError(f"checkpoint {path}: no config.json; pass a save_pretrained directory")
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = load_tokenizer(path)
     model = load_pretrained(path, torch_dtype=torch.float32)
     model.bind_tokenizer(tokenizer)
     return model, Sa2VAProcessor.from_config(tokenizer, model.config)

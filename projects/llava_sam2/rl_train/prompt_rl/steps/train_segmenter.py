@@ -48,7 +48,7 @@ from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
 from projects.llava_sam2.rl_train.model.sft.sft_data import RegionSFTDataset
 from projects.llava_sam2.rl_train.model.sft.sft_loss import sft_loss
 from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor, sft_collate
-from projects.llava_sam2.rl_train.model.text.tokenizer import load_tiny_tokenizer
+from projects.llava_sam2.rl_train.model.text.tokenizer import load_tiny_tokenizer, load_tokenizer
 from projects.llava_sam2.rl_train.prompt_rl.evaluate import evaluate_default_prompt, text_sensitivity
 
 PROG = "sa2va-rl prompt-rl segmenter"
@@ -56,10 +56,8 @@ PROG = "sa2va-rl prompt-rl segmenter"
 
 def build_model(init: str | None, seed: int) -> tuple[Sa2VAModel, object]:
     """The tiny preset at random init (seeded), or a checkpoint; returns (model, tokenizer)."""
-    from transformers import AutoTokenizer
-
     if init:
-        tokenizer = AutoTokenizer.from_pretrained(init)
+        tokenizer = load_tokenizer(init)
         model = load_pretrained(init, torch_dtype=torch.float32)
     else:
         tokenizer = load_tiny_tokenizer()

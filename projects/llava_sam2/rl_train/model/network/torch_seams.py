@@ -1,0 +1,26 @@
+"""The torch internals that layers below ``engine/`` use (``engine/mmengine_seams.py`` holds those of the engine).
+
+Each item has a canary in ``tests/test_model_seams.py`` that fails, naming the installed torch version, when
+an upgrade breaks the assumption.
+
+* ``foreach_copy_`` / ``foreach_lerp_``: torch's fused multi-tensor kernels (``torch._foreach_copy_``,
+  ``torch._foreach_lerp_``; the ones ``torch.optim`` runs on). One call updates a whole list of tensors, which is
+  what makes the EMA partner's per-iteration lerp over every trainable tensor cheap on the CPU (``grpo/weights.py``);
+  the result equals a ``copy_`` / ``lerp_`` per tensor bit for bit.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+
+def foreach_copy_(destinations: Sequence[Tensor], sources: Sequence[Tensor], non_blocking: bool = False) -> None:
+    """``destination.copy_(source)`` for every pair, in one fused call (tensors on one device)."""
+    torch._foreach_copy_(destinations, sources, non_blocking=non_blocking)
+
+
+def foreach_lerp_(tensors: Sequence[Tensor], ends: Sequence[Tensor], weight: float) -> None:
+    """``tensor.lerp_(end, weight)`` for every pair, in one fused call."""
+    torch._foreach_lerp_(tensors, ends, weight)
