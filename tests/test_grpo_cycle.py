@@ -120,7 +120,6 @@ def train_steps(algo, model, batch, steps: int, lr: float) -> None:
     for _ in range(steps):
         optimizer.zero_grad(set_to_none=True)
         step = run_rollout(algo, batch)
-        rollouts = step.rollouts
         step_loss(algo, model, step)
         optimizer.step()
 

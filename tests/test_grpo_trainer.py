@@ -107,7 +107,6 @@ def test_dropout_is_off_and_checkpointed_loss_gives_the_same_gradients():
     assert algo.num_dropouts_disabled > 0  # LoRA's dropout 0.05 modules
     assert all(m.p == 0 for m in model.modules() if isinstance(m, torch.nn.Dropout))
     step = run_rollout(algo, shapes_batch(2))
-    rollouts = step.rollouts
     grads = []
     for use_checkpointing in (False, True):
         if use_checkpointing:  # as in training: train mode, checkpointed LLM layers recomputed in backward

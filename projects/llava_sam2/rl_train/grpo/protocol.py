@@ -28,7 +28,6 @@ Who does what:
 * **The train model owns precision.** The loop enters the contexts the train model gives it
   (``GRPOTrainModel.rollout_context`` / ``update_context``, built from the optimizer wrapper it is handed) and knows
   nothing about autocast or adapter dtypes.
-
 * **The algorithm owns the weight sets** (``algorithm.weights``, policy / EMA partner / reference over
   ``algorithm.model``'s trainable tensors) and swaps them inside its stages. ``EMAPartnerHook`` reaches them through
   the loop: ``algorithm.weights.update_partner(algorithm.model)`` after each iteration's optimizer step(s), and
