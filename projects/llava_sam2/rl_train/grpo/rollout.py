@@ -186,8 +186,8 @@ class Rollout:
 
 def _check_rollouts(where: str, rollouts) -> None:
     if not isinstance(rollouts, tuple) or not all(isinstance(r, Rollout) for r in rollouts):
-        raise TypeError(f"{where}: rollouts must be a tuple of Rollout (one per active loop), got "
-                        f"{type(rollouts).__name__} of {sorted({type(r).__name__ for r in rollouts})}.")
+        raise TypeError(f"{where}: rollouts must be a tuple of Rollout (one per active loop), got {rollouts!r:.200}; "
+                        "pass tuple(rollouts).")
 
 
 @dataclass(frozen=True)

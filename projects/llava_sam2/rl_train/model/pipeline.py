@@ -367,7 +367,7 @@ def forced_answer_seg_prompts(model, encoded: EncodedImages, tile_embeds: Tensor
 
 def forced_answer_masks(model, encoded: EncodedImages, tile_embeds: Tensor, prompt_ids: Tensor, attention: Tensor,
                         images: Sequence[int], answer_ids: Tensor, seg_index: int) -> MaskDecoderOutput:
-    """"Forced answer → SAM2 mask": the decoder output (multimask, ``best_logits [n, h, w]`` by predicted IoU) of n
+    """Forced answer → SAM2 mask: the decoder output (multimask, ``best_logits [n, h, w]`` by predicted IoU) of n
     RES prompts ``[n, L]`` (left padded, on the model's device) all answered with the fixed ``answer_ids [A]`` (its
     ``[SEG]`` at ``seg_index``), on the cached features of ``images``. Carries grad outside ``no_grad`` (through
     LoRA, ``mlp1``, ``text_hidden_fcs`` and the decoder)."""
