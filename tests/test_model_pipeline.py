@@ -275,7 +275,8 @@ def test_forced_answer_masks_are_the_forced_seg_prompts_decoded(tiny, world):
 
 def test_partner_tasks_equal_greedy_answers_of_their_prompt_rows(tiny, world):
     """segment_texts / describe_masks (the GRPO partner and the evaluation's cycle tasks both run them) are the greedy
-    answers of the RES / region-caption rows of their non-empty inputs, in order, with None for an empty text or mask."""
+    answers of the RES / region-caption rows of their non-empty inputs, in order, with None for an empty text or
+    mask."""
     model, proc = tiny
     encoded = encode_images(model, proc, [world[i].image for i in range(3)], ["a", "b", "c"])
     handle = seg_bias(model, 30.0)  # a random model emits [SEG] only when pushed

@@ -176,7 +176,8 @@ class Rollout:
         return self.action_mask.shape[0]
 
     def with_rewards(self, rewards: Tensor, reward_stats: Mapping[str, float]) -> "Rollout":
-        """A copy of this rollout with ``rewards`` [B, G] and ``reward_stats`` set (validated like every other field)."""
+        """A copy of this rollout with ``rewards`` [B, G] and ``reward_stats`` set (validated like every other
+        field)."""
         return replace(self, rewards=rewards, reward_stats=dict(reward_stats))
 
     def with_advantages(self, advantages: Tensor) -> "Rollout":

@@ -219,8 +219,8 @@ def _half_autocast(like: torch.Tensor):
 
 
 def upsample_logits(low_res_logits: torch.Tensor, size: tuple[int, int], sam_image_size: int) -> torch.Tensor:
-    """Released upsampling chain of M masks' logits of one output size: ``[M, h, w]`` → bilinear h → S_sam → bilinear
-    S_sam → (H, W) (align_corners False) → fp32 ``[M, H, W]``. ``> 0`` on it is the released binary mask; other
+    """Released upsampling chain of M masks' logits of one output size: ``[M, h, w]`` → bilinear h → S_sam →
+    bilinear S_sam → (H, W) (align_corners False) → fp32 ``[M, H, W]``. ``> 0`` on it is the released binary mask; other
     thresholds are what prompt_rl's post-processing tunes."""
     x = low_res_logits.float()[:, None]  # [M, 1, h, w]
     x = F.interpolate(x, size=(sam_image_size, sam_image_size), mode="bilinear", align_corners=False)

@@ -358,7 +358,8 @@ def forced_seg_prompts(model, embeds: Tensor, attention: Tensor, answer_ids: Ten
 
 
 def forced_answer_seg_prompts(model, encoded: EncodedImages, tile_embeds: Tensor, prompt_ids: Tensor,
-                              attention: Tensor, images: Sequence[int], answer_ids: Tensor, seg_index: Tensor) -> Tensor:
+                              attention: Tensor, images: Sequence[int], answer_ids: Tensor,
+                              seg_index: Tensor) -> Tensor:
     """SAM2 prompts ``[n, C_sam]`` of n left-padded prompts ``[n, L]`` (rows about ``images``) answered with
     ``answer_ids [n, A]`` (``[SEG]`` at ``seg_index [n]``): :func:`prompt_embeds` → :func:`forced_seg_prompts`."""
     embeds = prompt_embeds(model, encoded, tile_embeds, prompt_ids, images)  # [n, L, D]
