@@ -4,9 +4,10 @@ The policy picks one of K actions per prompt (a categorical over a linear head o
 sample G actions per prompt from the global torch RNG; the reward is 1 for the prompt's target action plus a
 small bonus from the EMA partner's probability of the action (so the partner matters); the loss is REINFORCE with
 a group-mean baseline. ``ToyREINFORCE`` implements ``grpo.protocol.GRPOAlgorithm`` (``model``, ``weights``; encode /
-rollout / score / compute_advantages / minibatches / policy_loss / after_optimizer_step) with the real ``Rollout``
-hand-off, its one loop named ``toy`` (metrics ``toy/reward_mean`` ...); ``ToyTrainModel`` implements
-``GRPOTrainModel``.
+rollout / score / compute_advantages / minibatches / policy_loss / after_optimizer_step) with the real hand-offs
+(``Rollout`` in ``SampledStep`` / ``ScoredStep`` / ``AdvantagedStep``), its one loop named ``toy`` (metrics
+``toy/reward_mean`` ...); ``ToyTrainModel`` implements ``GRPOTrainModel`` with the engine's own precision contexts
+(``rollout_precision`` / ``update_precision``).
 
 Fault knobs for the failure tests (iterations are 1-based and read from the message hub, so they survive a
 resume): ``nan_loss_at`` multiplies the GRPO loss by NaN, ``ToyTrainModel(nan_sft_at=...)`` the SFT loss;
@@ -40,8 +41,9 @@ from projects.llava_sam2.rl_train.data.bad_samples import SkippedSample
 from projects.llava_sam2.rl_train.data.collate import RegionBatch
 from projects.llava_sam2.rl_train.engine.checkpointing import keep_trainable_state
 from projects.llava_sam2.rl_train.engine.registry import ALGORITHMS, build_component
+from projects.llava_sam2.rl_train.engine.train_model import rollout_precision, update_precision
 from projects.llava_sam2.rl_train.grpo.advantages import group_advantages
-from projects.llava_sam2.rl_train.grpo.rollout import CaptionReplay, Rollout
+from projects.llava_sam2.rl_train.grpo.rollout import AdvantagedStep, CaptionReplay, Rollout, SampledStep, ScoredStep
 from projects.llava_sam2.rl_train.rewards import RewardComposer
 from projects.llava_sam2.rl_train.rewards.base import RewardInputs, RewardResult
 from projects.llava_sam2.rl_train.grpo.weights import WeightSets
@@ -140,7 +142,7 @@ class ToyREINFORCE:
         return torch.tensor([sample["prompt"] for sample in batch])  # [B]
 
     @torch.no_grad()
-    def rollout(self, prompts: torch.Tensor) -> list[Rollout]:
+    def rollout(self, prompts: torch.Tensor) -> SampledStep:
         if self.fail_at_iter is not None and self.calls == self.fail_at_iter:
             raise RuntimeError("ToyREINFORCE: failing on purpose")
         self.calls += 1
@@ -159,25 +161,30 @@ class ToyREINFORCE:
                                prompt_attention=torch.ones(B * G, 1, dtype=torch.bool),
                                completion_ids=actions.reshape(B * G, 1),  # [N, 1]
                                image_index=torch.arange(B).repeat_interleave(G))
-        return [Rollout(group_size=G, old_logp=None, ref_logp=None,
-                        action_mask=torch.ones(B * G, 1, dtype=torch.bool),
-                        rewards=torch.full((B, G), float("nan")), is_truncated=torch.zeros(B * G, dtype=torch.bool),
-                        max_action_length=1, replay=replay, loop=TOY_LOOP)]
+        rollout = Rollout(group_size=G, old_logp=None, ref_logp=None,
+                          action_mask=torch.ones(B * G, 1, dtype=torch.bool),
+                          rewards=torch.full((B, G), float("nan")), is_truncated=torch.zeros(B * G, dtype=torch.bool),
+                          max_action_length=1, replay=replay, loop=TOY_LOOP)
+        inputs = RewardInputs(sample_ids=[f"toy/{int(p)}" for p in prompts.repeat_interleave(G)])
+        return SampledStep(prompts, (rollout,), reward_inputs=(inputs,), rollout_stats=({},))
 
     @torch.no_grad()
-    def score(self, rollouts: list[Rollout]) -> None:
-        for rollout in rollouts:
+    def score(self, sampled: SampledStep) -> ScoredStep:
+        scored = []
+        for rollout in sampled.rollouts:
             prompts, actions = rollout.replay.prompt_ids[:, 0], rollout.replay.completion_ids[:, 0]  # [N]
             is_hit = (actions == target_action(prompts)).float()  # [N]
             with self.weights.partner(self.model):
                 partner_prob = self.model.logits(prompts).softmax(-1).gather(1, actions[:, None])[:, 0]  # [N]
-            rollout.rewards = (is_hit + self.partner_bonus * partner_prob).reshape(rollout.rewards.shape)
-            rollout.reward_stats = {"hit/mean": is_hit.mean().item(), "judge/failures/timeout": 1.0}
+            rewards = (is_hit + self.partner_bonus * partner_prob).reshape(rollout.rewards.shape)
+            rollout = rollout.with_rewards(rewards, {"hit/mean": is_hit.mean().item(), "judge/failures/timeout": 1.0})
             if current_iteration() in self.flaky_reward_at:
-                self._score_with_flaky_source(rollout)
+                rollout = self._score_with_flaky_source(rollout)
+            scored.append(rollout)
+        return ScoredStep(sampled.features, tuple(scored))
 
     @staticmethod
-    def _score_with_flaky_source(rollout: Rollout) -> None:
+    def _score_with_flaky_source(rollout: Rollout) -> Rollout:
         """Re-score through ``RewardComposer``: the toy reward (weight 1) plus a source (weight 0.5) that returns
         None, NaN and inf for the first three rollouts and 0.5 for the others."""
         N = rollout.num_rollouts
@@ -185,20 +192,21 @@ class ToyREINFORCE:
         composer = RewardComposer([ValuesReward("hit", 1.0, rollout.rewards.reshape(-1).tolist()),
                                    ValuesReward("flaky", 0.5, flaky, failures={"invalid_answer": 1})])
         total, stats = composer.compute(RewardInputs(sample_ids=[f"toy/{n}" for n in range(N)]))  # [N]
-        rollout.rewards = total.reshape(rollout.rewards.shape)
-        rollout.reward_stats = {**rollout.reward_stats, **stats}
+        return rollout.with_rewards(total.reshape(rollout.rewards.shape), {**rollout.reward_stats, **stats})
 
-    def compute_advantages(self, rollouts: list[Rollout]) -> None:
-        for index, rollout in enumerate(rollouts):
+    def compute_advantages(self, scored: ScoredStep) -> AdvantagedStep:
+        rollouts = []
+        for rollout in scored.rollouts:
             if current_iteration() in self.flaky_reward_at:  # the GRPO advantages: unscored rollouts get 0
                 advantages, _ = group_advantages(rollout.rewards, "none")  # [N]
             else:
                 advantages = (rollout.rewards - rollout.rewards.mean(dim=1, keepdim=True)).reshape(-1)  # [N]
-            rollouts[index] = rollout.with_advantages(advantages)
+            rollouts.append(rollout.with_advantages(advantages))
+        return AdvantagedStep(scored.features, tuple(rollouts))
 
-    def minibatches(self, rollouts: list[Rollout]):
+    def minibatches(self, advantaged: AdvantagedStep):
         for _ in range(self.num_iterations):
-            for rollout in rollouts:
+            for rollout in advantaged.rollouts:
                 yield ToyMinibatch(rollout)
 
     def policy_loss(self, model: ToyPolicy, minibatch: ToyMinibatch) -> dict[str, torch.Tensor]:
@@ -228,6 +236,12 @@ class ToyTrainModel(BaseModel):
     def build_algorithm(self, cfg) -> ToyREINFORCE:
         weights = WeightSets.from_model(self.policy, ema_decay=self.ema_decay, use_reference=False)
         return build_component(ALGORITHMS, cfg, model=self.policy, weights=weights)
+
+    def rollout_context(self, optim_wrapper):
+        return rollout_precision(self, optim_wrapper)
+
+    def update_context(self, optim_wrapper):
+        return update_precision(self, optim_wrapper)
 
     def forward(self, data=None, data_samples=None, mode: str = "loss", grpo_batch=None, algorithm=None,
                 sft_loss_weight=1.0):

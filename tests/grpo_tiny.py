@@ -79,18 +79,14 @@ class CaptionParityReward:
 
 
 def run_rollout(algo, batch):
-    """encode → rollout → score → advantages; returns (features, rollouts)."""
-    features = algo.encode(batch)
-    rollouts = algo.rollout(features)
-    algo.score(rollouts)
-    algo.compute_advantages(rollouts)
-    return features, rollouts
+    """encode → rollout → score → advantages; returns the ``AdvantagedStep`` (``.features``, ``.rollouts``)."""
+    return algo.compute_advantages(algo.score(algo.rollout(algo.encode(batch))))
 
 
-def step_loss(algo, model, rollouts):
+def step_loss(algo, model, advantaged):
     """Sum of policy_loss over the minibatches, backward per minibatch; returns the last output dict."""
     out = None
-    for minibatch in algo.minibatches(rollouts):
+    for minibatch in algo.minibatches(advantaged):
         out = algo.policy_loss(model, minibatch)
         out["loss"].backward()
     return out

@@ -218,3 +218,17 @@ def test_tensorboard_backend_from_one_config_line_receives_scalars_and_rollout_i
     scalars = set(acc.Tags()["scalars"])
     assert {"loss", "toy/reward_mean"} <= scalars, scalars
     assert [event.step for event in acc.Scalars("loss")] == [1, 2]
+
+
+def test_the_loop_imports_nothing_about_precision():
+    """Precision is the train model's (rollout_context / update_context): engine/loop.py imports neither peft nor an
+    optimizer wrapper class, and enters only the contexts it is given."""
+    import ast
+
+    from projects.llava_sam2.rl_train.engine import loop
+
+    tree = ast.parse(Path(loop.__file__).read_text())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+                for alias in node.names} | {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert not {name for name in imported if name and ("peft" in name or "AmpOptimWrapper" in name
+                                                       or "autocast" in name)}, sorted(imported)

@@ -198,3 +198,35 @@ def test_grpo_from_random_weights_says_why_its_rewards_are_zero(monkeypatch):
     model = Sa2VATrainModel(**TINY)
     model.build_algorithm(dict(type="RecordingAlgorithm", config=dict(num_generations=2)))
     assert logged == [train_model.RANDOM_WEIGHTS_NOTE] and "no [SEG]" in logged[0]
+
+
+def test_the_train_model_gives_the_loop_its_precision(monkeypatch):
+    """GRPOLoop enters the contexts the train model gives it. AmpOptimWrapper: the rollout runs in the wrapper's bf16
+    autocast with peft's adapter-input upcast off; the update keeps the upcast off and leaves autocast to train_step.
+    OptimWrapper: nothing changes. Every LoRA layer gets its setting back on exit."""
+    from mmengine.optim import AmpOptimWrapper, OptimWrapper
+    from mmengine.optim.optimizer import amp_optimizer_wrapper
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    model = Sa2VATrainModel(**TINY)
+    lora_layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+    assert lora_layers and all(m.cast_input_dtype_enabled for m in lora_layers)
+
+    def state():
+        dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+        casting = {m.cast_input_dtype_enabled for m in lora_layers}
+        return dtype, casting
+
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
+    plain = OptimWrapper(optimizer)
+    with model.rollout_context(plain):
+        assert state() == (None, {True})
+    with model.update_context(plain):
+        assert state() == (None, {True})
+    monkeypatch.setattr(amp_optimizer_wrapper, "is_cuda_available", lambda: True)  # AmpOptimWrapper asserts a GPU
+    amp = AmpOptimWrapper(optimizer=optimizer, dtype="bfloat16")
+    with model.rollout_context(amp):
+        assert state() == (torch.bfloat16, {False})
+    with model.update_context(amp):
+        assert state() == (None, {False})
+    assert state() == (None, {True})

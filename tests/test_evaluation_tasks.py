@@ -10,6 +10,7 @@ import torch
 from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
 from projects.llava_sam2.rl_train.evaluation import captions, tasks
 from projects.llava_sam2.rl_train.evaluation.tasks import EvalConfig, answer_mask, evaluate
+from projects.llava_sam2.rl_train.model.pipeline import shared as pipeline
 from projects.llava_sam2.rl_train.model.pipeline.shared import Answer
 
 CONFIG = dict(batch_size=3, max_new_tokens=4, n_resamples=100, show_progress=False)
@@ -50,9 +51,9 @@ def test_answer_mask_is_the_union_of_the_kept_seg_masks():
 
 
 def _fake_answers(samples, seen):
-    """greedy_answers stand-in: region prompts get 'a small red circle'; RES prompts of even samples get the GT
-    mask, odd samples answer without [SEG]."""
-    def fake(model, processor, features, rows, *, max_new_tokens, seg_masks):
+    """greedy_answers stand-in (the pipeline's partner tasks call it): region prompts get 'a small red circle'; RES
+    prompts of even samples get the GT mask, odd samples answer without [SEG]."""
+    def fake(model, processor, features, rows, *, max_new_tokens, seg_masks=None, **kwargs):
         out = []
         for row in rows:
             seen.append((id(model), row.image, row.region_cells is not None, row.text[-60:]))
@@ -71,7 +72,7 @@ def test_evaluate_task_logic_with_scripted_answers(tiny, world, monkeypatch):
     model, proc = tiny
     samples = [world[i] for i in range(4)]
     seen = []
-    monkeypatch.setattr(tasks, "greedy_answers", _fake_answers(samples, seen))
+    monkeypatch.setattr(pipeline, "greedy_answers", _fake_answers(samples, seen))
     monkeypatch.setattr(captions, "meteor_nltk", lambda pred, refs: float(pred.split()[-1] in refs[0].split()))
     encoded = []
     real_encode = tasks.encode_images
@@ -104,7 +105,7 @@ def test_partner_model_and_meteor15_plumbing(tiny, world, monkeypatch):
     partner, _ = _tiny(1)
     samples = [world[i] for i in range(2)]
     seen = []
-    monkeypatch.setattr(tasks, "greedy_answers", _fake_answers(samples, seen))
+    monkeypatch.setattr(pipeline, "greedy_answers", _fake_answers(samples, seen))
     monkeypatch.setattr(captions, "meteor_nltk", lambda pred, refs: 0.5)
     monkeypatch.setattr(tasks, "meteor15_scores", lambda caps, refs: (0.25, [0.2] * len(caps)))
     results = evaluate(model, proc, samples, ("cycle_iou", "caption"), EvalConfig(**{**CONFIG, "use_meteor15": True}),

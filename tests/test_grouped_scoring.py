@@ -145,7 +145,8 @@ def test_loop1_loss_pass_on_tiny_sa2va_equals_the_repeated_prompt_pass():
     repeated each prompt G times."""
     model, processor = build_tiny()
     algo, _ = make_algo(model, processor, {"mask_to_caption": [dict(type="iou")]}, caption_to_mask_weight=0.0)
-    features, (rollout,) = run_rollout(algo, shapes_batch(2))
+    step = run_rollout(algo, shapes_batch(2))
+    features, (rollout,) = step.features, step.rollouts
     model.language_model.gradient_checkpointing_enable()
     model.train()
     G, replay, samples = rollout.group_size, rollout.replay, range(2)

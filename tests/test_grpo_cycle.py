@@ -61,10 +61,11 @@ def assert_reach(report: dict[str, float], all_nonzero: set[str], some_nonzero: 
 def loop_grads(model, processor, rewards, **config):
     algo, _ = make_algo(model, processor, rewards, **config)
     model.zero_grad(set_to_none=True)
-    _, rollouts = run_rollout(algo, shapes_batch(2))
+    step = run_rollout(algo, shapes_batch(2))
+    rollouts = step.rollouts
     assert len(rollouts) == 1
     assert rollouts[0].advantages.abs().sum() > 0, "the test reward gave every group zero spread; no signal"
-    out = step_loss(algo, model, rollouts)
+    out = step_loss(algo, model, step)
     assert torch.isfinite(out["loss"])
     return grad_report(model)
 
@@ -108,10 +109,8 @@ def mean_reward(algo, batch, repeats: int = 2) -> float:
     """Mean reward of the current policy on a fixed batch, over ``repeats`` rollouts (B * G each)."""
     rewards = []
     for _ in range(repeats):
-        features = algo.encode(batch)
-        rollouts = algo.rollout(features)
-        algo.score(rollouts)
-        rewards.append(rollouts[0].rewards.mean())
+        scored = algo.score(algo.rollout(algo.encode(batch)))
+        rewards.append(scored.rollouts[0].rewards.mean())
     return float(torch.stack(rewards).mean())
 
 
@@ -120,8 +119,8 @@ def train_steps(algo, model, batch, steps: int, lr: float) -> None:
     optimizer = torch.optim.Adam(params, lr=lr)
     for _ in range(steps):
         optimizer.zero_grad(set_to_none=True)
-        _, rollouts = run_rollout(algo, batch)
-        step_loss(algo, model, rollouts)
+        step = run_rollout(algo, batch)
+        step_loss(algo, model, step)
         optimizer.step()
 
 
@@ -259,7 +258,8 @@ def test_grouped_mask_head_equals_decoding_every_row():
     model, processor = build_tiny()
     algo, _ = make_algo(model, processor, {"caption_to_mask": [dict(type="iou")]}, use_partner_captions=False,
                         **LOOP2_ONLY)
-    features, rollouts = run_rollout(algo, shapes_batch(2))
+    step = run_rollout(algo, shapes_batch(2))
+    features, rollouts = step.features, step.rollouts
     replay, G = rollouts[0].replay, rollouts[0].group_size
     with torch.no_grad():
         tiles = model.project_vision(features.vit_tokens)

@@ -78,20 +78,20 @@ def test_config_names_the_dense_knobs():
 def loop1_loss(model, processor, **config):
     algo, _ = make_algo(model, processor, {"mask_to_caption": [CaptionParityReward()]}, seed=3, **LOOP1, **config)
     torch.manual_seed(5)
-    _, rollouts = run_rollout(algo, shapes_batch(2))
+    step = run_rollout(algo, shapes_batch(2))
     model.zero_grad(set_to_none=True)
-    out = step_loss(algo, model, rollouts)
-    return algo, rollouts, out
+    out = step_loss(algo, model, step)
+    return algo, step, out
 
 
 def test_loop1_weight_zero_is_the_policy_gradient_loss_bit_for_bit():
     model, processor = build_tiny()
-    algo, rollouts, out = loop1_loss(model, processor, mask_to_caption_dense_weight=0.0)
-    (rollout,) = rollouts
+    algo, step, out = loop1_loss(model, processor, mask_to_caption_dense_weight=0.0)
+    (rollout,) = step.rollouts
     assert rollout.replay.seg_prompt_ids is None  # no RES prompts tokenized when off
     assert not any("dense" in k for k in out)
     # the pre-change loss: the loop's PolicyLoss on its caption log-probs, nothing else
-    (minibatch,) = list(algo.minibatches(rollouts))
+    (minibatch,) = list(algo.minibatches(step))
     (part,) = minibatch.parts
     tiles = model.project_vision(minibatch.features.vit_tokens)
     logp = part.loop.action_logp(model, minibatch.features, tiles, part.rollout, part.samples)
@@ -103,8 +103,8 @@ def test_loop1_weight_zero_is_the_policy_gradient_loss_bit_for_bit():
 
 def test_loop1_dense_loss_reaches_decoder_fcs_and_lora_and_adds_to_the_loss():
     model, processor = build_tiny()
-    algo, rollouts, out = loop1_loss(model, processor, mask_to_caption_dense_weight=0.5, **FEW_POINTS)
-    (rollout,) = rollouts
+    algo, step, out = loop1_loss(model, processor, mask_to_caption_dense_weight=0.5, **FEW_POINTS)
+    (rollout,) = step.rollouts
     assert (rollout.advantages > 0).any()
     torch.testing.assert_close(out["loss"].detach(),
                                out["mask_to_caption/pg_term"] + 0.5 * out["mask_to_caption/dense_term"])
@@ -128,8 +128,8 @@ def test_loop1_dense_loss_runs_only_on_positive_advantage_rollouts(monkeypatch):
         return original(model, features, tile_embeds, prompt_ids, *args, **kwargs)
 
     monkeypatch.setattr(cycle, "teacher_forced_seg_logits", spy)
-    _, rollouts, out = loop1_loss(model, processor, mask_to_caption_dense_weight=1.0, **FEW_POINTS)
-    (rollout,) = rollouts
+    _, step, out = loop1_loss(model, processor, mask_to_caption_dense_weight=1.0, **FEW_POINTS)
+    (rollout,) = step.rollouts
     positive = int(((rollout.advantages > 0) & rollout.replay.has_caption).sum())
     assert 0 < positive < rollout.num_rollouts and segmented == [positive]
     # the same rollouts with every advantage <= 0: no segmentation pass, a zero dense term, still a valid loss
@@ -192,7 +192,8 @@ def test_deterministic_loop2_scores_answer_tokens_only_and_pulls_toward_the_best
                         caption_to_mask_dense_weight=1.0, max_completion_length=8, temperature=2.0, seed=1,
                         **LOOP2_DET, **FEW_POINTS)
     assert isinstance(algo.loops[0], cycle.AnswerToMaskLoop) and algo.context.mask_policy is None
-    _, (rollout,) = run_rollout(algo, shapes_batch(2))
+    step = run_rollout(algo, shapes_batch(2))
+    (rollout,) = step.rollouts
     replay = rollout.replay
     assert isinstance(replay, AnswerReplay)
     # the action is the answer's tokens: log-probs per token, as many as the sampled answers have
@@ -210,7 +211,7 @@ def test_deterministic_loop2_scores_answer_tokens_only_and_pulls_toward_the_best
         assert torch.equal(target, replay.seg_mask[row // G * G + int(group.argmax())])
     assert pulled.any(), "every group's masks scored equal; the test needs a best member"
     model.zero_grad(set_to_none=True)
-    out = step_loss(algo, model, [rollout])
+    out = step_loss(algo, model, step)
     torch.testing.assert_close(out["loss"].detach(),
                                out["caption_to_mask/pg_term"] + out["caption_to_mask/dense_term"])
     assert out["caption_to_mask/dense_term"] > 0
@@ -236,12 +237,13 @@ def test_both_dense_options_encode_each_image_once_and_replay_the_sampling_pass(
                         or encode_vision(x))
     monkeypatch.setattr(model, "encode_grounding", lambda x: calls.__setitem__("grounding", calls["grounding"] + 1)
                         or encode_grounding(x))
-    _, rollouts = run_rollout(algo, shapes_batch(2))
+    step = run_rollout(algo, shapes_batch(2))
+    rollouts = step.rollouts
     assert all(r.old_logp is not None and r.ref_logp is not None for r in rollouts)
-    first = next(iter(algo.minibatches(rollouts)))
+    first = next(iter(algo.minibatches(step)))
     out = algo.policy_loss(model, first)
     for loop in ("mask_to_caption", "caption_to_mask"):
         assert float(out[f"{loop}/ratio_mean"]) == 1.0 and f"{loop}/dense_term" in out
-    for minibatch in algo.minibatches(rollouts):
+    for minibatch in algo.minibatches(step):
         algo.policy_loss(model, minibatch)["loss"].backward()
     assert calls == {"vision": 1, "grounding": 1}, "the dense passes must not re-encode the images"

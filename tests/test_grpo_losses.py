@@ -1,5 +1,6 @@
 """grpo/losses.py (+ config.py, rollout.py validation): clipped objective, k3 KL, the importance-sampling levels and
 the four normalisations against hand-computed values on 2-4 element tensors."""
+import dataclasses
 import math
 import subprocess
 import sys
@@ -123,8 +124,7 @@ def test_mask_truncated_completions_zeroes_truncated_rows():
 def test_without_old_logp_the_gradient_is_reinforce():
     # old_logp None (num_iterations == 1): ratio 1, bnpo with beta 0 -> dloss/dlogp_ij = -A_i / (active count)
     logp = torch.tensor([[-0.3, -2.0], [-1.0, -0.5]], requires_grad=True)
-    rollout = make_rollout(torch.zeros(2, 2), advantages=torch.tensor([2.0, -1.0]))
-    rollout.old_logp = None
+    rollout = dataclasses.replace(make_rollout(torch.zeros(2, 2), advantages=torch.tensor([2.0, -1.0])), old_logp=None)
     loss, stats = PolicyLoss(epsilon=0.2, epsilon_high=0.2, beta=0.0, aggregate=LOSS_AGGREGATIONS["bnpo"])(
         logp, rollout)
     loss.backward()

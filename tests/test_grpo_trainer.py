@@ -59,8 +59,9 @@ def test_frozen_encoders_run_once_per_image_per_step(monkeypatch):
     monkeypatch.setattr(model, "encode_grounding", lambda x: calls["grounding"].append(len(x)) or encode_grounding(x))
     batch = shapes_batch(3)
     batch[2] = dataclasses.replace(batch[2], image=batch[0].image)  # a second region of the first image
-    features, rollouts = run_rollout(algo, batch)
-    out = step_loss(algo, model, rollouts)
+    step = run_rollout(algo, batch)
+    features, rollouts = step.features, step.rollouts
+    out = step_loss(algo, model, step)
     assert calls == {"vision": [2], "grounding": [2]}, "each distinct image must be encoded once per step"
     assert features.image_index.tolist() == [0, 1, 0]
     assert [type(r.replay) for r in rollouts] == [CaptionReplay, MaskReplay]
@@ -76,9 +77,10 @@ def test_minibatches_chunk_groups_and_old_logp_makes_ratio_one():
     model, processor = build_tiny()
     algo, _ = make_algo(model, processor, both_loops_rewards(), minibatch_size=4, num_iterations=2,
                         generation_chunk_size=4)  # sampling and no-grad scoring one group per call
-    _, rollouts = run_rollout(algo, shapes_batch(2))
+    step = run_rollout(algo, shapes_batch(2))
+    rollouts = step.rollouts
     assert all(r.old_logp is not None for r in rollouts)  # several optimizer steps per rollout batch
-    minibatches = list(algo.minibatches(rollouts))
+    minibatches = list(algo.minibatches(step))
     assert [mb.iteration for mb in minibatches] == [0, 0, 1, 1]
     assert [list(part.samples) for part in minibatches[1].parts] == [[1], [1]]
     for part in minibatches[0].parts:
@@ -88,7 +90,7 @@ def test_minibatches_chunk_groups_and_old_logp_makes_ratio_one():
     # data parallel: dapo's normaliser is the global count / world size / chunks (cross_rank_sum comes from the
     # engine); here a second rank with 10 active elements per loop
     algo.cross_rank_sum = lambda values: values + torch.tensor([10.0, 1.0])
-    for part in next(algo.minibatches(rollouts)).parts:
+    for part in next(algo.minibatches(step)).parts:
         local = float(rollouts[0 if part.loop.name == "mask_to_caption" else 1].action_mask.sum())
         assert part.num_active_tokens == pytest.approx((local + 10.0) / 2 / 2)
     algo.cross_rank_sum = lambda values: values
@@ -104,7 +106,7 @@ def test_dropout_is_off_and_checkpointed_loss_gives_the_same_gradients():
     algo, _ = make_algo(model, processor, both_loops_rewards())
     assert algo.num_dropouts_disabled > 0  # LoRA's dropout 0.05 modules
     assert all(m.p == 0 for m in model.modules() if isinstance(m, torch.nn.Dropout))
-    _, rollouts = run_rollout(algo, shapes_batch(2))
+    step = run_rollout(algo, shapes_batch(2))
     grads = []
     for use_checkpointing in (False, True):
         if use_checkpointing:  # as in training: train mode, checkpointed LLM layers recomputed in backward
@@ -113,7 +115,7 @@ def test_dropout_is_off_and_checkpointed_loss_gives_the_same_gradients():
             assert model.language_model.get_decoder().gradient_checkpointing
         model.train()
         model.zero_grad(set_to_none=True)
-        step_loss(algo, model, rollouts)
+        step_loss(algo, model, step)
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
     assert grads[0].keys() == grads[1].keys() and any("lora_" in n for n in grads[0])
     for name in grads[0]:
@@ -124,9 +126,10 @@ def test_loss_is_the_weighted_sum_of_the_loop_losses():
     model, processor = build_tiny()
     algo, _ = make_algo(model, processor, both_loops_rewards(), beta=0.04, caption_to_mask_weight=0.5,
                         loss_type="dapo")
-    _, rollouts = run_rollout(algo, shapes_batch(2))
+    step = run_rollout(algo, shapes_batch(2))
+    rollouts = step.rollouts
     assert all(r.old_logp is None for r in rollouts)  # one minibatch, one iteration: ratio is logp - logp.detach()
-    (minibatch,) = list(algo.minibatches(rollouts))
+    (minibatch,) = list(algo.minibatches(step))
     out = algo.policy_loss(model, minibatch)
     assert [k for k in out if "loss" in k] == ["loss"] and out["loss"].requires_grad
     # dapo over one minibatch: L = pg_term + beta * mean_k3, per loop; total = 1.0 * L1 + 0.5 * L2
@@ -145,9 +148,10 @@ def test_a_loop_with_weight_zero_is_not_run(monkeypatch):
     monkeypatch.setattr(cycle, "partner_segment", never)
     algo, _ = make_algo(model, processor, {"caption_to_mask": [dict(type="iou")]}, mask_to_caption_weight=0.0,
                         use_partner_captions=False)
-    features, rollouts = run_rollout(algo, shapes_batch(2))
+    step = run_rollout(algo, shapes_batch(2))
+    features, rollouts = step.features, step.rollouts
     assert [type(r.replay) for r in rollouts] == [MaskReplay] and features.region_cells is None
-    out = step_loss(algo, model, rollouts)
+    out = step_loss(algo, model, step)
     assert not any(k.startswith("mask_to_caption/") for k in out)
     algo, _ = make_algo(model, processor, {"mask_to_caption": [dict(type="iou")]}, caption_to_mask_weight=0.0)
     batch = [dataclasses.replace(s, captions=[], expressions=[]) for s in shapes_batch(2)]  # no text needed
@@ -167,10 +171,10 @@ def test_partner_and_reference_swaps_leave_the_policy_bit_identical(monkeypatch)
     with weights.partner(model):
         assert any(not torch.equal(p, snapshot[n]) for n, p in model.named_parameters() if p.requires_grad)
     batch = shapes_batch(2)
-    rollouts = algo.rollout(algo.encode(batch))
+    sampled = algo.rollout(algo.encode(batch))
     assert_bit_identical(model, snapshot)
     with pytest.raises(RuntimeError, match="on purpose"):
-        algo.score(rollouts)  # loop 2's reward raises
+        algo.score(sampled)  # loop 2's reward raises
     assert_bit_identical(model, snapshot)
 
     calls = []
@@ -242,10 +246,37 @@ def test_build_and_call_errors_name_the_knob():
     with pytest.raises(ValueError, match=f"no sample of the step has a caption.*{batch[0].sample_id}.*"
                                          "caption_to_mask_weight=0"):  # a text-less sample is region-only data
         algo.rollout(algo.encode(batch))
-    rollouts = algo.rollout(algo.encode(shapes_batch(2)))
-    algo.score(rollouts)
-    with pytest.raises(ValueError, match="scored already"):
-        algo.score(rollouts)
+
+
+def nan_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
+
+
+def test_stages_return_new_values_and_leave_their_inputs_unchanged():
+    """Each stage hands the next a new value that carries the step's features; no stage changes its input, and
+    nothing is parked on the algorithm between stages: a step sampled before another step can still be scored (twice,
+    with the same result) and trained on its own features."""
+    model, processor = build_tiny()
+    algo, _ = make_algo(model, processor, both_loops_rewards())  # IoU and word-count rewards: deterministic
+    first = algo.rollout(algo.encode(shapes_batch(2, seed=1)))
+    second = algo.rollout(algo.encode(shapes_batch(3, seed=2)))  # a later step, of another size
+    scored = algo.score(first)
+    assert all(torch.isnan(r.rewards).all() and r.reward_stats == {} for r in first.rollouts)  # input unchanged
+    assert scored.features is first.features and [r.loop for r in scored.rollouts] == [r.loop for r in first.rollouts]
+    for rollout, again, inputs in zip(scored.rollouts, algo.score(first).rollouts, first.reward_inputs):
+        expected, _ = algo._loop_of(rollout).composer.compute(inputs)  # [N]: the rewards of first's own predictions
+        assert nan_equal(rollout.rewards.reshape(-1), expected.float()) and not torch.isnan(rollout.rewards).all()
+        assert nan_equal(again.rewards, rollout.rewards)  # scoring twice gives the same values
+    advantaged = algo.compute_advantages(scored)
+    assert all(r.advantages is None for r in scored.rollouts)  # input unchanged
+    assert all(r.advantages.shape == (8,) for r in advantaged.rollouts)
+    (minibatch,) = list(algo.minibatches(advantaged))
+    assert minibatch.features is first.features  # not the features of the step encoded last
+    assert [part.rollout.num_prompts for part in minibatch.parts] == [2, 2]
+    assert torch.isfinite(algo.policy_loss(model, minibatch)["loss"])
+    assert second.rollouts[0].num_prompts == 3 and torch.isnan(second.rollouts[0].rewards).all()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        scored.rollouts[0].rewards = torch.zeros(2, 4)  # a Rollout is frozen: stages return copies
 
 
 def test_fast_and_reference_decoding_give_the_same_rollouts():
@@ -259,7 +290,8 @@ def test_fast_and_reference_decoding_give_the_same_rollouts():
         rewards = both_loops_rewards()
         algo, _ = make_algo(model, processor, rewards, beta=0.04, generation_chunk_size=4, decode_backend=backend)
         assert algo.context.decoding.decode_backend == backend
-        _, rollouts = run_rollout(algo, batch)
+        step = run_rollout(algo, batch)
+        rollouts = step.rollouts
         results[backend] = rollouts, rewards["caption_to_mask"][0].seen[0].pred_captions
     (fast, fast_captions), (ref, ref_captions) = results["fast"], results["reference"]
     assert torch.equal(fast[0].replay.completion_ids, ref[0].replay.completion_ids)

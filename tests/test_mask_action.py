@@ -47,7 +47,8 @@ def test_log_probs_are_fp32_and_match_fp64_under_a_bf16_model(name):
     model.to(torch.bfloat16)
     algo, _ = make_algo(model, processor, {"caption_to_mask": [dict(type="iou")]}, mask_policy=name,
                         seg_noise_std=0.05, **LOOP2_ONLY)
-    features, rollouts = run_rollout(algo, shapes_batch(2))
+    step = run_rollout(algo, shapes_batch(2))
+    features, rollouts = step.features, step.rollouts
     replay, G = rollouts[0].replay, rollouts[0].group_size
     policy = algo.context.mask_policy
     with torch.no_grad():
@@ -64,7 +65,8 @@ def test_region_partner_input_is_the_sampled_cells():
     model, processor = build_tiny()
     algo, _ = make_algo(model, processor, {"caption_to_mask": [PredMasks()]}, **LOOP2_ONLY)
     assert algo.context.mask_policy.name == "region"  # the default
-    _, rollouts = run_rollout(algo, shapes_batch(2, image_size=61))
+    step = run_rollout(algo, shapes_batch(2, image_size=61))
+    rollouts = step.rollouts
     cells = rollouts[0].replay.action  # [N, g, g]
     assert cells.shape == (8, 8, 8) and rollouts[0].action_mask.shape == (8, 64)
     for pred_mask, grid in zip(PredMasks.seen, cells):

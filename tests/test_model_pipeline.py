@@ -14,9 +14,9 @@ from projects.llava_sam2.rl_train.model.decoding import fast_generation
 from projects.llava_sam2.rl_train.model.decoding.generation import Completions, position_ids_from_attention
 from projects.llava_sam2.rl_train.model.decoding.text_decoding import (
     TextDecoding, answer_texts, clean_text, completion_texts, cut_at_stop_words, fed_back_seg_positions)
-from projects.llava_sam2.rl_train.model.pipeline import shared
 from projects.llava_sam2.rl_train.model.pipeline.shared import (
-    PromptRow, encode_images, forced_seg_prompts, greedy_answers, prompt_embeds, seg_answer_ids)
+    PromptRow, describe_masks, encode_images, forced_answer_masks, forced_seg_prompts, greedy_answers, prompt_embeds,
+    seg_answer_ids, segment_texts)
 
 _one_thread = pytest.fixture(autouse=True)(one_thread)
 
@@ -252,6 +252,58 @@ def test_forced_seg_prompts_equal_a_plain_forward_and_carry_grad(tiny, world):
     for bad, count in (("Sure.", 0), ("[SEG] and [SEG].", 2)):
         with pytest.raises(ValueError, match=re.escape(f"seg_answer={bad!r} holds {count}")):
             seg_answer_ids(proc.tokenizer, bad, model.seg_token_id)
+
+
+def test_forced_answer_masks_are_the_forced_seg_prompts_decoded(tiny, world):
+    """The one "forced answer → SAM2 mask" composition (the GRPO loops' dense loss and prompt_rl both run it) equals
+    prompt_embeds → forced_seg_prompts → decode_masks written out, bit for bit."""
+    model, proc = tiny
+    encoded = encode_images(model, proc, [world[0].image, world[1].image], ["a", "b"])
+    answer_ids, seg_index = seg_answer_ids(proc.tokenizer, "Sure, [SEG].", model.seg_token_id)
+    ids, attention = proc.tokenize_prompts([proc.segment_prompt(1, "the star"), proc.segment_prompt(1, "x y z"),
+                                            proc.segment_prompt(1, "a b")])
+    with torch.no_grad():
+        tiles = model.project_vision(encoded.vit_tokens)
+        out = forced_answer_masks(model, encoded, tiles, ids, attention, [1, 0, 1], answer_ids, seg_index)
+        embeds = prompt_embeds(model, encoded, tiles, ids, [1, 0, 1])
+        prompts = forced_seg_prompts(model, embeds, attention, answer_ids[None].expand(3, -1),
+                                     torch.full((3,), seg_index))
+        expected = model.decode_masks(prompts, encoded.grounding, torch.tensor([1, 0, 1]))
+    for name in ("low_res_logits", "iou_scores", "best_index", "best_logits"):
+        assert torch.equal(getattr(out, name), getattr(expected, name)), name
+
+
+def test_partner_tasks_equal_greedy_answers_of_their_prompt_rows(tiny, world):
+    """segment_texts / describe_masks (the GRPO partner and the evaluation's cycle tasks both run them) are the greedy
+    answers of the RES / region-caption rows of their non-empty inputs, in order, with None for an empty text or
+    mask."""
+    model, proc = tiny
+    encoded = encode_images(model, proc, [world[i].image for i in range(3)], ["a", "b", "c"])
+    handle = seg_bias(model, 30.0)  # a random model emits [SEG] only when pushed
+    try:
+        texts = ["the star", "", "a long blue x"]
+        answers = segment_texts(model, proc, encoded, texts, [2, 0, 1], max_new_tokens=4, seg_masks="all",
+                                question="Where is {class_name}?")
+        rows = [PromptRow(2, proc.segment_prompt(encoded.n_tiles(2), "the star", "Where is {class_name}?")),
+                PromptRow(1, proc.segment_prompt(encoded.n_tiles(1), "a long blue x", "Where is {class_name}?"))]
+        expected = greedy_answers(model, proc, encoded, rows, max_new_tokens=4, seg_masks="all")
+    finally:
+        handle.remove()
+    assert answers[1] is None and [a.text for a in (answers[0], answers[2])] == [a.text for a in expected]
+    assert any(a.seg_masks for a in expected)
+    for ours, theirs in zip((answers[0], answers[2]), expected):
+        assert len(ours.seg_masks) == len(theirs.seg_masks)
+        assert all(torch.equal(x, y) for x, y in zip(ours.seg_masks, theirs.seg_masks))
+    masks = [world[0].gt_mask, None, torch.zeros(64, 64, dtype=torch.bool), world[2].gt_mask]
+    described = describe_masks(model, proc, encoded, masks, [0, 1, 1, 2], ["s0", "s1", "s2", "s3"], max_new_tokens=5,
+                               empty_region="dilate_to_one_cell")
+    cells = [proc.region_cells(world[i].gt_mask, size=encoded.image_sizes[i], empty_region="dilate_to_one_cell")
+             for i in (0, 2)]
+    expected = greedy_answers(model, proc, encoded, [PromptRow(i, proc.caption_prompt(encoded.n_tiles(i), c), c)
+                                                     for i, c in zip((0, 2), cells)], max_new_tokens=5)
+    assert described[1] is None and described[2] is None
+    assert [d.answer.text for d in (described[0], described[3])] == [a.text for a in expected]
+    assert all(torch.equal(d.region_cells, c) for d, c in zip((described[0], described[3]), cells))
 
 
 def test_text_helpers_cut_stop_words_and_clean_answers(tiny):

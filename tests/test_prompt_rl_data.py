@@ -83,7 +83,8 @@ def built(tiny):
 
 
 def test_segment_rows_masks_follow_the_released_chain(tiny):
-    from projects.llava_sam2.rl_train.prompt_rl.segment import SegmentRows, segment_rows, upsample_logits
+    from projects.llava_sam2.rl_train.model.network.grounding import upsample_logits
+    from projects.llava_sam2.rl_train.prompt_rl.segment import SegmentRows, segment_rows
 
     model, proc = tiny
     world = ShapesWorld("val", 2, seed=0, image_size=64)

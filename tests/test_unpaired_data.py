@@ -87,15 +87,16 @@ def test_each_loop_gets_only_the_samples_it_can_use():
     algo, _ = make_algo(model, processor, {"mask_to_caption": [recorder("loop1")],
                                            "caption_to_mask": [recorder("loop2")]}, minibatch_size=4)
     batch = [regions[0], texts[0], regions[1]]
-    features, rollouts = run_rollout(algo, batch)
+    step = run_rollout(algo, batch)
+    features, rollouts = step.features, step.rollouts
     G = 4
     assert seen["loop1"].sample_ids == [s.sample_id for s in regions for _ in range(G)]
     assert seen["loop1"].gt_captions == [[]] * (2 * G)  # no caption reaches loop 1's reward
     assert seen["loop2"].sample_ids == [texts[0].sample_id] * G
     assert [tuple(r.rewards.shape) for r in rollouts] == [(2, G), (1, G)]
-    parts = [[p.loop.name for p in mb.parts] for mb in algo.minibatches(rollouts)]
+    parts = [[p.loop.name for p in mb.parts] for mb in algo.minibatches(step)]
     assert parts == [["mask_to_caption", "caption_to_mask"], ["mask_to_caption"]]  # 2 chunks vs 1
-    out = step_loss(algo, model, rollouts)
+    out = step_loss(algo, model, step)
     assert torch.isfinite(out["loss"])
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters() if p.requires_grad)
 

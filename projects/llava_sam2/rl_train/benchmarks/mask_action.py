@@ -42,6 +42,7 @@ from collections.abc import Callable
 import torch
 
 from ..data.shapes import ShapesWorld
+from ..grpo.rollout import AdvantagedStep
 from ..grpo.trainer import CycleGRPO
 from ..grpo.weights import WeightSets
 from ..model.checkpoints.dtypes import as_torch_dtype, default_dtype
@@ -159,11 +160,12 @@ def loop_gradients(algo, model, features, rollouts) -> dict[str, dict]:
     return out
 
 
-def after_one_step(algo, model, features, rollouts, lr: float) -> dict[str, dict]:
+def after_one_step(algo, model, advantaged: AdvantagedStep, lr: float) -> dict[str, dict]:
     """One Adam step on both loops' loss, then per loop the ratios of the stored actions under the new weights."""
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(params, lr=lr)
-    minibatch = next(iter(algo.minibatches(rollouts)))
+    features, rollouts = advantaged.features, advantaged.rollouts
+    minibatch = next(iter(algo.minibatches(advantaged)))
     algo.policy_loss(model, minibatch)["loss"].backward()
     optimizer.step()
     model.zero_grad(set_to_none=True)
@@ -206,13 +208,13 @@ def measure(model, processor, args, config: dict) -> dict:
                      use_partner_captions=False, seg_answer_max_tokens=4)
     world = ShapesWorld("train", num_samples=args.batch, seed=args.seed, image_size=args.image_size)
     features = algo.encode([world[i] for i in range(args.batch)])
-    rollouts = algo.rollout(features)
-    algo.score(rollouts)
+    scored = algo.score(algo.rollout(features))
     generator = torch.Generator().manual_seed(args.seed)
-    rollouts = [r.with_advantages(torch.randn(r.num_rollouts, generator=generator).to(r.action_mask.device))
-                for r in rollouts]
-    loops = loop_gradients(algo, model, features, rollouts)
-    for name, stats in after_one_step(algo, model, features, rollouts, args.lr).items():
+    advantaged = AdvantagedStep(features, tuple(
+        r.with_advantages(torch.randn(r.num_rollouts, generator=generator).to(r.action_mask.device))
+        for r in scored.rollouts))
+    loops = loop_gradients(algo, model, features, advantaged.rollouts)
+    for name, stats in after_one_step(algo, model, advantaged, args.lr).items():
         loops[name]["after_one_step"] = stats
     shared = [loops[name]["grad_norm"]["shared"] for name in ("mask_to_caption", "caption_to_mask")]
     ratio = shared[1] / shared[0] if shared[0] else float("nan")

@@ -135,15 +135,15 @@ def run_iteration(algo, model, optimizer, params, batch, clock: PhaseClock, amp:
     with clock("encode"):
         features = algo.encode(batch)
     with clock("rollout"), adapter_compute_dtype(model, amp):
-        rollouts = algo.rollout(features)
+        sampled = algo.rollout(features)
     with clock("rewards"):
-        algo.score(rollouts)
+        scored = algo.score(sampled)
     with clock("advantages"):
-        algo.compute_advantages(rollouts)
+        advantaged = algo.compute_advantages(scored)
     model.train()
     # as GRPOLoop: the forward under autocast, the backward outside it with peft's input upcast still off
     with clock("logprob_backward"), disable_input_dtype_casting(model, active=amp is not None):
-        for minibatch in algo.minibatches(rollouts):
+        for minibatch in algo.minibatches(advantaged):
             with adapter_compute_dtype(model, amp):
                 loss = algo.policy_loss(model, minibatch)["loss"]
             loss.backward()
@@ -153,7 +153,7 @@ def run_iteration(algo, model, optimizer, params, batch, clock: PhaseClock, amp:
         optimizer.zero_grad(set_to_none=True)
     with clock("ema_partner"):
         algo.weights.update_partner(model)
-    return token_counts(rollouts)
+    return token_counts(advantaged.rollouts)
 
 
 def run_variant(algo, model, optimizer, params, batch, clock, warmup: int, iters: int,

@@ -4,16 +4,21 @@ The algorithm is any ``grpo.protocol.GRPOAlgorithm`` (stages, ownership: grpo/pr
 (``run_iter``) reads as the training step of docs/architecture.md::
 
     hook before_train_iter(batch_idx, data_batch)
-    features = algo.encode(batch)                      # frozen encoders, once per image
-    rollouts = algo.rollout(features)                  # one per active loop, no grad
-    hook after_rollout(batch_idx, data_batch, rollouts)
-    algo.score(rollouts)                               # fills Rollout.rewards and reward_stats
-    hook after_reward(batch_idx, data_batch, rollouts)
-    algo.compute_advantages(rollouts)
-    for mb in algo.minibatches(rollouts):              # num_iterations x chunks
-        runner.model.train_step({'grpo_batch': mb, 'algorithm': algo (+ the SFT batch on the first)}, optim_wrapper)
+    with model.rollout_context(optim_wrapper):             # the train model's precision for no-grad passes
+        features = algo.encode(batch)                      # frozen encoders, once per image
+        sampled = algo.rollout(features)                   # SampledStep: one rollout per active loop, no grad
+    hook after_rollout(batch_idx, data_batch, sampled.rollouts)
+    scored = algo.score(sampled)                           # ScoredStep: rewards and reward_stats set
+    hook after_reward(batch_idx, data_batch, scored.rollouts)
+    advantaged = algo.compute_advantages(scored)           # AdvantagedStep: advantages set
+    with model.update_context(optim_wrapper):
+        for mb in algo.minibatches(advantaged):            # num_iterations x chunks
+            runner.model.train_step({'grpo_batch': mb, 'algorithm': algo (+ the SFT batch on the first)},
+                                    optim_wrapper)
     algo.after_optimizer_step()
     hook after_train_iter(batch_idx, data_batch, outputs)   # EMAPartnerHook updates algo.weights' partner here
+
+Each stage's value is checked against the hand-off type the protocol names (``check_stage_output``).
 
 Gradient-carrying work always runs inside ``runner.model.train_step`` so DDP / DeepSpeed wrappers see a normal
 forward and backward. ``outputs`` holds the mean ``train_step`` logs over the iteration's minibatches (loss, KL,
@@ -32,24 +37,24 @@ iteration, 0 when the cause is absent (``stats.zero_absent_counts``).
 
 The algorithm object is built at ``run()`` by the train model (``GRPOTrainModel.build_algorithm(cfg)``), after the
 runner has placed and wrapped the model, so it holds the live (unwrapped) module; the loop keeps it
-(``GRPOLoop.algorithm``) and rejects an object that lacks a stage, naming it.
+(``GRPOLoop.algorithm``) and rejects an object that lacks a stage, naming it. Precision is the train model's: the loop
+enters the contexts it gets from ``rollout_context`` / ``update_context`` and imports nothing about autocast or adapter
+dtypes.
 """
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from contextlib import nullcontext
 from typing import Any
 
 import torch
 from mmengine.dist import get_rank, get_world_size
 from mmengine.logging import print_log
-from mmengine.optim import AmpOptimWrapper
 from mmengine.registry import LOOPS
-from peft.helpers import disable_input_dtype_casting
 from torch.utils.data import DataLoader
 
-from ..grpo.protocol import GRPOAlgorithm, GRPOTrainModel, check_algorithm
+from ..grpo.protocol import (TRAIN_MODEL_METHODS, GRPOAlgorithm, GRPOTrainModel, check_algorithm,
+                             check_stage_output, missing_train_model_methods)
 from .atomic_files import read_pointer
 from .checkpointing import unwrap_model
 from .guard import StepGuard
@@ -112,11 +117,18 @@ class GRPOLoop(IterationLoop):
 
     def _build_algorithm(self) -> GRPOAlgorithm:
         """``train_cfg.algorithm`` built by the train model, checked against ``GRPOAlgorithm``."""
-        model = unwrap_model(self.runner.model)
-        if not isinstance(model, GRPOTrainModel):
-            raise TypeError(f"GRPOLoop: the train model {type(model).__name__} has no build_algorithm(cfg) "
-                            "(grpo.protocol.GRPOTrainModel); train GRPO with model=dict(type=Sa2VATrainModel, ...).")
+        model = self._train_model()
         return check_algorithm(model.build_algorithm(self._algorithm_cfg), "GRPOLoop: train_cfg.algorithm")
+
+    def _train_model(self) -> GRPOTrainModel:
+        """The unwrapped train model, checked against ``GRPOTrainModel``."""
+        model = unwrap_model(self.runner.model)
+        missing = missing_train_model_methods(model)
+        if missing:
+            raise TypeError(f"GRPOLoop: the train model {type(model).__name__} has no {', '.join(missing)} "
+                            f"(grpo.protocol.GRPOTrainModel needs {', '.join(TRAIN_MODEL_METHODS)}); train GRPO with "
+                            "model=dict(type=Sa2VATrainModel, ...).")
+        return model
 
     def run(self):
         """Build the algorithm, skip already-trained batches (resume), then iterate; returns the model."""
@@ -141,39 +153,32 @@ class GRPOLoop(IterationLoop):
         runner, algo, timer = self.runner, self._algorithm, PhaseTimer()
         self._guard.iteration = self._iter + 1
         runner.call_hook("before_train_iter", batch_idx=self._iter, data_batch=data_batch)
-        # Under an AmpOptimWrapper the encoders and the rollout run in the wrapper's own autocast, as train_step's
-        # forward does: the rollout's log-probs come from the loss pass's arithmetic, and the fp32 trained tensors
-        # (LoRA, mlp1, mask decoder) of a bf16 model compute in bf16. peft's upcast of each adapter's input is switched
-        # off under it (autocast would cast it back down).
-        amp = isinstance(runner.optim_wrapper, AmpOptimWrapper)
-        autocast = runner.optim_wrapper.optim_context(runner.model) if amp else nullcontext()
-        model = unwrap_model(runner.model)
-        with autocast, disable_input_dtype_casting(model, active=amp):
+        model, optim_wrapper = unwrap_model(runner.model), runner.optim_wrapper
+        with model.rollout_context(optim_wrapper):
             with timer("encode"):
                 features = algo.encode(data_batch)
             with timer("rollout"):
-                rollouts = algo.rollout(features)
-        runner.call_hook("after_rollout", batch_idx=self._iter, data_batch=data_batch, rollouts=rollouts)
+                sampled = check_stage_output(algo.rollout(features), "rollout", algo)
+        runner.call_hook("after_rollout", batch_idx=self._iter, data_batch=data_batch, rollouts=sampled.rollouts)
         with timer("score"):
-            algo.score(rollouts)
-        runner.call_hook("after_reward", batch_idx=self._iter, data_batch=data_batch, rollouts=rollouts)
-        algo.compute_advantages(rollouts)
-        # train_step autocasts the forward itself (and leaves the backward outside autocast, as torch recommends)
-        with timer("update"), disable_input_dtype_casting(model, active=amp):
-            step_logs = self._update(algo, rollouts)
+            scored = check_stage_output(algo.score(sampled), "score", algo)
+        runner.call_hook("after_reward", batch_idx=self._iter, data_batch=data_batch, rollouts=scored.rollouts)
+        advantaged = check_stage_output(algo.compute_advantages(scored), "compute_advantages", algo)
+        with timer("update"), model.update_context(optim_wrapper):
+            step_logs = self._update(algo, advantaged)
         algo.after_optimizer_step()
-        outputs = reduce_across_ranks({**step_logs, **rollout_metrics(rollouts), **timer.seconds,
+        outputs = reduce_across_ranks({**step_logs, **rollout_metrics(advantaged.rollouts), **timer.seconds,
                                        **self._guard.end_iteration(), **self._empty_draws})
         outputs = zero_absent_counts(outputs, _logged_train_names(runner.message_hub))
         self._check_finite(outputs)
         runner.call_hook("after_train_iter", batch_idx=self._iter, data_batch=data_batch, outputs=outputs)
         self._iter += 1
 
-    def _update(self, algo, rollouts) -> dict[str, float]:
+    def _update(self, algo, advantaged) -> dict[str, float]:
         """One ``train_step`` per minibatch; the SFT batch (if any) rides on the first. Mean logs."""
         sft_batch = next(self._sft_iterator) if self._sft_iterator is not None else None
         logs = []
-        for index, minibatch in enumerate(algo.minibatches(rollouts)):
+        for index, minibatch in enumerate(algo.minibatches(advantaged)):
             data = {"grpo_batch": minibatch, "algorithm": algo}
             if index == 0 and sft_batch is not None:
                 data.update(sft_batch, sft_loss_weight=self.sft_loss_weight)

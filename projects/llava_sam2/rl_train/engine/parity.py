@@ -117,6 +117,7 @@ def run_cases(model, wrapped, optim_wrapper, batch: list, rank: int, world: int)
     import torch.distributed as dist
     from mmengine.logging import MessageHub
 
+    from ..grpo.rollout import ScoredStep
     from ..grpo.trainer import CycleGRPO
     from .stats import mean_of_logs, reduce_across_ranks, rollout_metrics
 
@@ -132,13 +133,12 @@ def run_cases(model, wrapped, optim_wrapper, batch: list, rank: int, world: int)
         with optim_wrapper.optim_context(model):  # the rollout's precision is the loss pass's (GRPOLoop)
             if full is None:  # the same global batch on every rank and in every case
                 torch.manual_seed(1)
-                full = algo.rollout(algo.encode(batch))
-                algo.score(full)
-            algo.encode(batch[b0:b1])
-        rollouts = [rank_share(r, b0, b1) for r in full]
-        algo.compute_advantages(rollouts)
+                full = algo.score(algo.rollout(algo.encode(batch)))
+            share = ScoredStep(algo.encode(batch[b0:b1]), tuple(rank_share(r, b0, b1) for r in full.rollouts))
+        advantaged = algo.compute_advantages(share)
+        rollouts = advantaged.rollouts
         logs = [wrapped.train_step({"grpo_batch": mb, "algorithm": algo}, optim_wrapper=optim_wrapper)
-                for mb in algo.minibatches(rollouts)]
+                for mb in algo.minibatches(advantaged)]
         stats = reduce_across_ranks({**mean_of_logs(logs), **rollout_metrics(rollouts)})
         tokens = [[int(r.action_mask.sum()) for r in rollouts]]
         if world > 1:

@@ -70,10 +70,8 @@ def prefilter_prompts(algorithm, dataset: Dataset, *, batch_size: int, threshold
     with tqdm(total=count, desc="prefilter: group inference", unit="prompt", disable=not progress) as bar:
         for batch in loader:
             if len(batch):
-                features = algorithm.encode(batch)
-                rollouts = algorithm.rollout(features)
-                algorithm.score(rollouts)
-                for rollout in rollouts:
+                scored = algorithm.score(algorithm.rollout(algorithm.encode(batch)))
+                for rollout in scored.rollouts:
                     loops += [rollout.loop] if rollout.loop not in loops else []
                     for sample, rewards in zip(batch, rollout.rewards.tolist()):  # [B, G]
                         prompts.setdefault(sample.sample_id, {})[rollout.loop] = group_stats(rewards)

@@ -12,21 +12,26 @@
 * ``build_algorithm(cfg)`` builds the GRPO algorithm with the live pieces it needs (model, processor and new
   ``WeightSets`` of policy / EMA partner / reference, which the algorithm owns); ``GRPOLoop`` keeps the algorithm
   (grpo/protocol.py: ``GRPOTrainModel``, ``GRPOAlgorithm``).
+* ``rollout_context(optim_wrapper)`` / ``update_context(optim_wrapper)`` are the precision ``GRPOLoop`` runs the
+  rollout and the update in (``rollout_precision`` / ``update_precision``): the loop only enters them.
 """
 from __future__ import annotations
 
 import logging
 import os
 from collections import OrderedDict
-from contextlib import nullcontext
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
 from mmengine.logging import print_log
 from mmengine.model import BaseModel
+from mmengine.optim import AmpOptimWrapper
 from mmengine.registry import MODELS
 from peft import PeftModel
+from peft.helpers import disable_input_dtype_casting
+from torch import nn
 
 from ..grpo.config import GRPOConfig
 from ..grpo.protocol import GRPOAlgorithm
@@ -53,6 +58,31 @@ RANDOM_WEIGHTS_NOTE = (
     "'partner/no_seg'), its captions share no word with the references (loop-2 METEOR 0), so every group's rewards "
     "are equal and its advantages 0. Such a run checks that the stack runs; to see learning start from a trained "
     "checkpoint (model.pretrained_path) or run `sa2va-rl demo`.")
+
+
+@contextmanager
+def rollout_precision(model: nn.Module, optim_wrapper) -> Iterator[None]:
+    """The precision of the no-grad passes of a GRPO step (encoders, rollout) of ``model`` trained by
+    ``optim_wrapper``.
+
+    Under an ``AmpOptimWrapper`` they run in the wrapper's own autocast, as ``train_step``'s forward does: the
+    rollout's log-probs come from the loss pass's arithmetic, and the fp32 trained tensors (LoRA, ``mlp1``, mask
+    decoder) of a bf16 model compute in bf16. peft's upcast of each adapter's input to the adapter's dtype is switched
+    off under it (autocast would cast it back down). Any other wrapper: the model's own dtypes, no autocast.
+    """
+    is_amp = isinstance(optim_wrapper, AmpOptimWrapper)
+    with optim_wrapper.optim_context(model) if is_amp else nullcontext(), \
+            disable_input_dtype_casting(model, active=is_amp):
+        yield
+
+
+@contextmanager
+def update_precision(model: nn.Module, optim_wrapper) -> Iterator[None]:
+    """The precision around the ``train_step`` calls of a GRPO step: ``train_step`` autocasts the forward itself
+    (and leaves the backward outside autocast, as torch recommends); under an ``AmpOptimWrapper`` peft's adapter-input
+    upcast stays off for the whole update, because gradient checkpointing re-runs the forward during the backward."""
+    with disable_input_dtype_casting(model, active=isinstance(optim_wrapper, AmpOptimWrapper)):
+        yield
 
 
 def _build_sa2va(pretrained_path, preset, upstream_sft, tokenizer, dtype):
@@ -155,6 +185,14 @@ class Sa2VATrainModel(BaseModel):
                                         storage_device=self.weights_storage_device, **adapter)
         return build_component(ALGORITHMS, args, model=self.sa2va, processor=self.processor, weights=weights,
                                cross_rank_sum=sum_across_ranks)
+
+    def rollout_context(self, optim_wrapper):
+        """``GRPOTrainModel.rollout_context``: ``rollout_precision`` of this model."""
+        return rollout_precision(self, optim_wrapper)
+
+    def update_context(self, optim_wrapper):
+        """``GRPOTrainModel.update_context``: ``update_precision`` of this model."""
+        return update_precision(self, optim_wrapper)
 
     def forward(self, data: dict | None = None, data_samples=None, mode: str = "loss", grpo_batch=None,
                 algorithm: GRPOAlgorithm | None = None, sft_loss_weight: float = 1.0) -> dict[str, torch.Tensor]:

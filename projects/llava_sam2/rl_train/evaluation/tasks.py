@@ -9,8 +9,9 @@ Four tasks (``TASKS``), each producing one :class:`~.records.EvalRecord` per sam
 * ``cycle_iou`` (Loop 1): gt_mask → caption (model A) → mask' (model B) → IoU(gt_mask, mask').
 * ``cycle_caption`` (Loop 2): gt caption → mask (model A) → caption' (model B) → METEOR(caption', gt).
 
-Every answer is ``model.pipeline.shared.greedy_answers``, the code the training loops' partner runs
-(grpo/passes.py), with the same conventions: B is given A's caption as plain text (``Answer.plain``:
+Every answer is ``model.pipeline.shared.greedy_answers``; the cycle's two partner tasks are the pipeline's
+``segment_texts`` and ``describe_masks``, the code the training loops' partner runs (grpo/passes.py),
+with the same conventions: B is given A's caption as plain text (``Answer.plain``:
 stop words and tags removed); an empty caption or an answer without ``[SEG]`` gives an empty mask
 (IoU 0); an empty mask gives the caption "" (METEOR 0); a non-empty mask that hits no region-grid
 point is shown as the one cell it covers most (``empty_region='dilate_to_one_cell'``).
@@ -28,7 +29,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..data.bad_samples import SkippedSample
-from ..model.pipeline.shared import Answer, EncodedImages, PromptRow, encode_images, greedy_answers
+from ..model.pipeline.shared import Answer, RegionAnswer, describe_masks, encode_images, segment_texts
 from ..model.text.processor import EMPTY_REGION_POLICIES
 from .bootstrap import Estimate
 from .captions import CAPTION_CLEANERS, get_cleaner, meteor15_scores, meteor_per_caption
@@ -138,44 +139,32 @@ class _Batch:
             encode_images(model_b, processor_b, images, names)
         self._captions_a: tuple[list[Answer], list[int]] | None = None
 
-    def answer(self, which: str, rows: list[PromptRow], want_masks: bool) -> list[Answer]:
-        model, processor, features = ((self.model_a, self.processor_a, self.features_a) if which == "a"
-                                      else (self.model_b, self.processor_b, self.features_b))
-        return greedy_answers(model, processor, features, rows, max_new_tokens=self.config.max_new_tokens,
-                              seg_masks=MULTI_SEG_RULES[self.config.multi_seg] if want_masks else None)
+    def _model(self, which: str) -> tuple:
+        return ((self.model_a, self.processor_a, self.features_a) if which == "a"
+                else (self.model_b, self.processor_b, self.features_b))
 
-    def segment_rows(self, which: str, texts: Sequence[str | None]) -> tuple[list[int], list[PromptRow]]:
-        """RES prompt rows for the non-empty texts; returns (sample positions, rows)."""
-        processor = self.processor_a if which == "a" else self.processor_b
-        features = self.features_a if which == "a" else self.features_b
-        kept = [i for i, text in enumerate(texts) if text]
-        return kept, [PromptRow(i, processor.segment_prompt(features.n_tiles(i), texts[i],
-                                                            self.config.segment_question)) for i in kept]
+    def segment(self, which: str, texts: Sequence[str | None]) -> list[Answer | None]:
+        """Model ``which``'s RES answer (with masks) to each text about its sample's image; None for an empty text."""
+        model, processor, features = self._model(which)
+        return segment_texts(model, processor, features, texts, range(len(texts)),
+                             max_new_tokens=self.config.max_new_tokens,
+                             seg_masks=MULTI_SEG_RULES[self.config.multi_seg], question=self.config.segment_question)
 
-    def caption_rows(self, which: str, masks: Sequence, empty_region: str) -> tuple[list[int], list[PromptRow]]:
-        """Region-caption rows for the non-empty masks; returns (sample positions, rows)."""
-        processor = self.processor_a if which == "a" else self.processor_b
-        features: EncodedImages = self.features_a if which == "a" else self.features_b
-        kept, rows = [], []
-        for i, pred_mask in enumerate(masks):
-            if pred_mask is None or not pred_mask.any():
-                continue
-            cells = processor.region_cells(pred_mask, sample_id=self.samples[i].sample_id,
-                                           size=features.image_sizes[i], empty_region=empty_region)  # [g, g]
-            kept.append(i)
-            prompt = processor.caption_prompt(features.n_tiles(i), cells, self.config.caption_question)
-            rows.append(PromptRow(i, prompt, cells))
-        return kept, rows
+    def describe(self, which: str, masks: Sequence, empty_region: str) -> list[RegionAnswer | None]:
+        """Model ``which``'s caption of each mask of its sample's image; None for a missing or empty mask."""
+        model, processor, features = self._model(which)
+        return describe_masks(model, processor, features, masks, range(len(masks)),
+                              [s.sample_id for s in self.samples], max_new_tokens=self.config.max_new_tokens,
+                              empty_region=empty_region, question=self.config.caption_question)
 
     def captions_a(self) -> tuple[list[Answer], list[int]]:
         """Model A's greedy caption of every gt_mask, and the region tokens each prompt showed."""
         if self._captions_a is None:
-            kept, rows = self.caption_rows("a", [s.gt_mask for s in self.samples], self.config.empty_region)
-            if len(kept) != len(self.samples):
-                empty = next(s.sample_id for i, s in enumerate(self.samples) if i not in kept)
-                raise ValueError(f"sample {empty!r}: gt_mask has no foreground pixel; drop it from the eval split")
-            self._captions_a = (self.answer("a", rows, want_masks=False),
-                                [int(row.region_cells.sum()) for row in rows])
+            empty = [s.sample_id for s in self.samples if s.gt_mask is None or not s.gt_mask.any()]
+            if empty:
+                raise ValueError(f"sample {empty[0]!r}: gt_mask has no foreground pixel; drop it from the eval split")
+            described = self.describe("a", [s.gt_mask for s in self.samples], self.config.empty_region)
+            self._captions_a = ([d.answer for d in described], [int(d.region_cells.sum()) for d in described])
         return self._captions_a
 
 
@@ -183,9 +172,8 @@ def _res(batch: _Batch) -> list[EvalRecord]:
     cfg = batch.config
     order = ("expressions", "captions") if cfg.text_source == "expression" else ("captions", "expressions")
     texts = [_first_text(s, order) for s in batch.samples]
-    _, rows = batch.segment_rows("a", texts)
     records = []
-    for sample, text, answer in zip(batch.samples, texts, batch.answer("a", rows, want_masks=True)):
+    for sample, text, answer in zip(batch.samples, texts, batch.segment("a", texts)):
         stats = MaskStats.from_masks(answer_mask(answer), sample.gt_mask, answer.num_seg, keep_rle=cfg.keep_masks,
                                      sample_id=sample.sample_id)
         records.append(EvalRecord("res", sample.sample_id, stats.iou, text_in=text, answer_a=answer.text,
@@ -208,10 +196,7 @@ def _caption(batch: _Batch) -> list[EvalRecord]:
 def _cycle_iou(batch: _Batch) -> list[EvalRecord]:
     cfg = batch.config
     captions, region_tokens = batch.captions_a()
-    kept, rows = batch.segment_rows("b", [a.plain for a in captions])
-    answers_b: list[Answer | None] = [None] * len(batch.samples)
-    for i, answer in zip(kept, batch.answer("b", rows, want_masks=True)):
-        answers_b[i] = answer
+    answers_b = batch.segment("b", [a.plain for a in captions])
     records = []
     for sample, caption, answer, k in zip(batch.samples, captions, answers_b, region_tokens):
         stats = MaskStats.from_masks(None if answer is None else answer_mask(answer), sample.gt_mask,
@@ -229,13 +214,10 @@ def _cycle_caption(batch: _Batch) -> list[EvalRecord]:
     cfg = batch.config
     clean = get_cleaner(cfg.caption_cleaning)
     texts = [_first_text(s, ("captions", "expressions")) for s in batch.samples]
-    _, rows = batch.segment_rows("a", texts)
-    answers_a = batch.answer("a", rows, want_masks=True)
-    kept, caption_rows = batch.caption_rows("b", [answer_mask(a) for a in answers_a], "dilate_to_one_cell")
-    answers_b: list[Answer | None] = [None] * len(batch.samples)
-    cells = [None] * len(batch.samples)
-    for i, row, answer in zip(kept, caption_rows, batch.answer("b", caption_rows, want_masks=False)):
-        answers_b[i], cells[i] = answer, int(row.region_cells.sum())
+    answers_a = batch.segment("a", texts)
+    described = batch.describe("b", [answer_mask(a) for a in answers_a], "dilate_to_one_cell")
+    answers_b = [None if d is None else d.answer for d in described]
+    cells = [None if d is None else int(d.region_cells.sum()) for d in described]
     records = []
     for sample, text, a, b, k in zip(batch.samples, texts, answers_a, answers_b, cells):
         caption, refs = ("" if b is None else clean(b.text)), references(sample)

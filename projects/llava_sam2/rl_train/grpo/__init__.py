@@ -7,7 +7,7 @@ from .config import GRPOConfig
 from .losses import LOSS_AGGREGATIONS, PolicyLoss, clipped_objective, kl_k3, masked_mean
 from .mask_policy import MASK_POLICIES, MaskHead, MaskPolicy, build_mask_policy
 from .protocol import GRPOAlgorithm, GRPOTrainModel, check_algorithm
-from .rollout import CaptionReplay, MaskReplay, Rollout
+from .rollout import AdvantagedStep, CaptionReplay, MaskReplay, Rollout, SampledStep, ScoredStep
 from .weights import WeightSetMemory, WeightSets, is_lora_tensor, mmengine_momentum
 
 __all__ = [
@@ -16,6 +16,6 @@ __all__ = [
     "LOSS_AGGREGATIONS", "PolicyLoss", "clipped_objective", "kl_k3", "masked_mean",
     "MASK_POLICIES", "MaskHead", "MaskPolicy", "build_mask_policy",
     "GRPOAlgorithm", "GRPOTrainModel", "check_algorithm",
-    "CaptionReplay", "MaskReplay", "Rollout",
+    "AdvantagedStep", "CaptionReplay", "MaskReplay", "Rollout", "SampledStep", "ScoredStep",
     "WeightSetMemory", "WeightSets", "is_lora_tensor", "mmengine_momentum",
 ]

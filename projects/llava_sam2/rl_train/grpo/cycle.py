@@ -38,8 +38,8 @@ from torch import Tensor
 from ..model.decoding.grouped_scoring import grouped_completion_logprobs
 from ..model.decoding.text_decoding import (
     TextDecoding, completion_texts, eval_mode, fed_back_seg_positions, group_chunks, sample_text)
+from ..model.pipeline.shared import forced_answer_masks, forced_answer_seg_prompts, prompt_embeds
 from ..model.pipeline.region_chain import MaskChain
-from ..model.pipeline.shared import forced_seg_prompts, prompt_embeds
 from ..model.sft.sft_loss import mask_loss_per_mask, resize_gt_masks
 from ..rewards.base import RewardInputs
 from .dense import best_in_group, dense_rollout_weights, weighted_mean
@@ -124,17 +124,11 @@ def teacher_forced_seg_logits(model, features: StepFeatures, tile_embeds: Tensor
                               prompt_attention: Tensor, images: Sequence[int], answer_ids: Tensor,
                               seg_index: int) -> Tensor:
     """The policy's mask logits ``[m, h, w]`` for m RES prompts (left padded ``[m, L]``) answered with the fixed
-    ``answer_ids [A]`` (its ``[SEG]`` at ``seg_index``): the pipeline's ``forced_seg_prompts`` → SAM2 decoder on the
-    step's cached features (best of multimask); carries grad through LoRA, ``mlp1``, ``text_hidden_fcs`` and the
-    decoder."""
+    ``answer_ids [A]`` (its ``[SEG]`` at ``seg_index``): the pipeline's ``forced_answer_masks`` on the step's cached
+    features (best of multimask); carries grad through LoRA, ``mlp1``, ``text_hidden_fcs`` and the decoder."""
     keep = prompt_attention.any(0)  # columns that are padding in every selected row are dropped (left padding)
-    ids, attention = prompt_ids[:, keep], prompt_attention[:, keep]
-    embeds = prompt_embeds(model, features, tile_embeds, ids, images)  # [m, L, D]
-    m = ids.shape[0]
-    prompts = forced_seg_prompts(model, embeds, attention, answer_ids[None].expand(m, -1),
-                                 torch.full((m,), seg_index, device=ids.device))  # [m, C]
-    image_index = torch.tensor(list(images), dtype=torch.long, device=prompts.device)
-    return model.decode_masks(prompts, features.grounding, image_index).best_logits  # [m, h, w]
+    return forced_answer_masks(model, features, tile_embeds, prompt_ids[:, keep], prompt_attention[:, keep], images,
+                               answer_ids, seg_index).best_logits  # [m, h, w]
 
 
 # ---- loop 1: the caption action ------------------------------------------------------------------------------
@@ -320,10 +314,9 @@ def seg_mask_head(model, features: StepFeatures, tile_embeds: Tensor, replay: Ma
     the SAM2 input size and the region grid g (g^2 = ``model.num_image_token``, the processor's tokens per tile).
     """
     G = group_size
-    embeds = prompt_embeds(model, features, tile_embeds, replay.prompt_ids[::G],
-                           [features.image_of(s) for s in samples])  # [b, L, D]
-    group_prompt = forced_seg_prompts(model, embeds, replay.prompt_attention[::G], replay.answer_ids[::G],
-                                      replay.seg_index[::G])  # [b, C]
+    group_prompt = forced_answer_seg_prompts(model, features, tile_embeds, replay.prompt_ids[::G],
+                                             replay.prompt_attention[::G], [features.image_of(s) for s in samples],
+                                             replay.answer_ids[::G], replay.seg_index[::G])  # [b, C]
     image_index = replay.image_index  # [n]
     chain = MaskChain(sizes=tuple(tuple(features.image_sizes[i]) for i in image_index.tolist()),
                       sam_image_size=int(model.config.sam_image_size), grid_size=math.isqrt(model.num_image_token))

@@ -1,7 +1,7 @@
 """The EMA partner's two tasks in the cycle loops (segment a caption: loop 1; describe a mask: loop 2), and the
 row-slicing helpers of the replays.
 
-Both tasks are greedy answers of the shared model pipeline (``model.pipeline.shared.greedy_answers``), the code the
+Both tasks are the shared model pipeline's (``model.pipeline.shared.segment_texts`` / ``describe_masks``), the code the
 held-out evaluation's cycle tasks run; these functions add the loops' conventions (an empty caption or a missing
 ``[SEG]`` gives an all-False mask, an all-False mask gets the caption ``""``) and their statistics.
 
@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from ..model.decoding.text_decoding import TextDecoding, group_chunks
-from ..model.pipeline.shared import PromptRow, greedy_answers
+from ..model.pipeline.shared import describe_masks, segment_texts
 from .features import StepFeatures
 
 
@@ -49,17 +49,16 @@ def partner_segment(model, processor, features: StepFeatures, tile_embeds: Tenso
     Returns N bool ``[H, W]`` CPU masks and counts ``partner/empty_caption``, ``partner/no_seg``,
     ``partner/answer_tokens`` (mean answer length).
     """
-    valid = [n for n, caption in enumerate(captions) if caption]
-    rows = [PromptRow(images[n], processor.segment_prompt(features.n_tiles(images[n]), captions[n])) for n in valid]
-    answers = greedy_answers(model, processor, features, rows, max_new_tokens=max_new_tokens, decoding=decoding,
-                             seg_masks="first", tile_embeds=tile_embeds, chunk_size=chunk_size)
+    answers = segment_texts(model, processor, features, captions, images, max_new_tokens=max_new_tokens,
+                            seg_masks="first", decoding=decoding, tile_embeds=tile_embeds, chunk_size=chunk_size)
     pred_masks = [torch.zeros(features.image_sizes[i], dtype=torch.bool) for i in images]
-    for n, answer in zip(valid, answers):
-        if answer.seg_masks:
+    for n, answer in enumerate(answers):
+        if answer is not None and answer.seg_masks:
             pred_masks[n] = answer.seg_masks[0]
+    valid = [answer for answer in answers if answer is not None]
     stats = {"partner/empty_caption": float(len(captions) - len(valid)),
-             "partner/no_seg": float(sum(answer.num_seg == 0 for answer in answers)),
-             "partner/answer_tokens": sum(answer.num_tokens for answer in answers) / max(1, len(valid))}
+             "partner/no_seg": float(sum(answer.num_seg == 0 for answer in valid)),
+             "partner/answer_tokens": sum(answer.num_tokens for answer in valid) / max(1, len(valid))}
     return pred_masks, stats
 
 
@@ -77,17 +76,11 @@ def partner_describe(model, processor, features: StepFeatures, tile_embeds: Tens
 
     Returns N captions and counts ``partner/empty_mask``, ``partner/caption_tokens`` (mean length).
     """
-    valid = [n for n, m in enumerate(pred_masks) if bool(m.any())]
-    rows = []
-    for n in valid:
-        cells = processor.region_cells(pred_masks[n], sample_id=sample_ids[n], size=features.image_sizes[images[n]],
-                                       empty_region="dilate_to_one_cell")  # [g, g]
-        rows.append(PromptRow(images[n], processor.caption_prompt(features.n_tiles(images[n]), cells), cells))
-    answers = greedy_answers(model, processor, features, rows, max_new_tokens=max_new_tokens, decoding=decoding,
-                             tile_embeds=tile_embeds, chunk_size=chunk_size)
-    captions = [""] * len(pred_masks)
-    for n, answer in zip(valid, answers):
-        captions[n] = answer.plain
+    described = describe_masks(model, processor, features, pred_masks, images, sample_ids,
+                               max_new_tokens=max_new_tokens, empty_region="dilate_to_one_cell", decoding=decoding,
+                               tile_embeds=tile_embeds, chunk_size=chunk_size)
+    captions = ["" if d is None else d.answer.plain for d in described]
+    valid = [d.answer for d in described if d is not None]
     stats = {"partner/empty_mask": float(len(pred_masks) - len(valid)),
-             "partner/caption_tokens": sum(answer.num_tokens for answer in answers) / max(1, len(valid))}
+             "partner/caption_tokens": sum(answer.num_tokens for answer in valid) / max(1, len(valid))}
     return captions, stats

@@ -1,4 +1,18 @@
-"""The rollout hand-off: one ``Rollout`` dataclass produced by both loops and consumed by the loss.
+"""The hand-offs between the algorithm's stages: one ``Rollout`` dataclass produced by both loops and consumed by the
+loss, and the three step values that carry it from stage to stage.
+
+Each stage of a ``grpo.protocol.GRPOAlgorithm`` returns a new value that the next stage consumes, and leaves its input
+as it was (TRL hands one returned structure to its loss the same way)::
+
+    features = encode(batch)
+    sampled = rollout(features)              # SampledStep: rollouts with NaN rewards, plus what scoring needs
+    scored = score(sampled)                  # ScoredStep: rewards [B, G] and reward_stats set
+    advantaged = compute_advantages(scored)  # AdvantagedStep: advantages [N] set
+    for minibatch in minibatches(advantaged): ...
+
+Every step value carries the step's ``features``, so a later stage never reads features parked on the algorithm, and
+a step can be scored or trained whatever ran in between. ``Rollout`` is frozen: a stage that changes a rollout returns
+a copy (``with_rewards``, ``with_advantages``).
 
 Loop 1 (mask -> caption -> mask') acts with caption tokens; loop 2 (caption -> mask -> caption') acts with a
 stochastic mask. Both describe their action as ``T`` log-probability elements per rollout (tokens, or mask
@@ -8,10 +22,16 @@ typed ``replay`` slot: ``CaptionReplay``, ``MaskReplay`` or ``AnswerReplay``.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Generic, TypeVar
 
 import torch
 from torch import Tensor
+
+from ..rewards.base import RewardInputs
+
+FeaturesT = TypeVar("FeaturesT")  # what an algorithm's encode() returns (CycleGRPO: grpo.features.StepFeatures)
 
 
 @dataclass
@@ -80,9 +100,9 @@ class MaskReplay:
     action: Tensor
 
 
-@dataclass
+@dataclass(frozen=True)
 class Rollout:
-    """N = B * G rollouts of one loop, ready for the clipped policy-gradient loss.
+    """N = B * G rollouts of one loop, ready for the clipped policy-gradient loss (frozen: stages return copies).
 
     Rollout ``n = b * G + g`` is generation ``g`` of prompt ``b`` (so ``rewards.reshape(-1)[n]`` is its reward).
 
@@ -102,8 +122,9 @@ class Rollout:
         replay: loop-specific inputs to re-score the action (``CaptionReplay`` | ``MaskReplay`` | ``AnswerReplay``).
         loop: name of the loop that produced it (``mask_to_caption`` | ``caption_to_mask``): the prefix of its
             metrics (``<loop>/reward_mean``) and rollout logs.
-        advantages: ``[N]`` float, filled by ``with_advantages`` after scoring.
-        reward_stats: detached per-term reward statistics (means, stds, failure counts) for logging.
+        advantages: ``[N]`` float, set by ``with_advantages`` after scoring.
+        reward_stats: detached per-term reward statistics (means, stds, failure counts) for logging, set by
+            ``with_rewards``.
     """
 
     group_size: int
@@ -154,6 +175,69 @@ class Rollout:
         """N = B * G."""
         return self.action_mask.shape[0]
 
+    def with_rewards(self, rewards: Tensor, reward_stats: Mapping[str, float]) -> "Rollout":
+        """A copy of this rollout with ``rewards`` [B, G] and ``reward_stats`` set (validated like every other
+        field)."""
+        return replace(self, rewards=rewards, reward_stats=dict(reward_stats))
+
     def with_advantages(self, advantages: Tensor) -> "Rollout":
-        """Return this rollout with ``advantages`` [N] set (validated like every other field)."""
+        """A copy of this rollout with ``advantages`` [N] set (validated like every other field)."""
         return replace(self, advantages=advantages.detach())
+
+
+def _check_rollouts(where: str, rollouts) -> None:
+    if not isinstance(rollouts, tuple) or not all(isinstance(r, Rollout) for r in rollouts):
+        raise TypeError(f"{where}: rollouts must be a tuple of Rollout (one per active loop), got {rollouts!r:.200}; "
+                        "pass tuple(rollouts).")
+
+
+@dataclass(frozen=True)
+class SampledStep(Generic[FeaturesT]):
+    """What ``rollout`` hands to ``score``.
+
+    Attributes:
+        features: the step's ``encode`` output, passed on to the loss.
+        rollouts: one ``Rollout`` per active loop, ``rewards`` still NaN.
+        reward_inputs: per rollout, the N-row inputs of its rewards (the loop's predictions and the step's targets).
+        rollout_stats: per rollout, statistics of the rollout pass (partner counts, mask area, ...), which ``score``
+            adds to the rollout's ``reward_stats``.
+    """
+
+    features: FeaturesT
+    rollouts: tuple[Rollout, ...]
+    reward_inputs: tuple[RewardInputs, ...]
+    rollout_stats: tuple[Mapping[str, float], ...]
+
+    def __post_init__(self) -> None:
+        _check_rollouts("SampledStep", self.rollouts)
+        if not len(self.rollouts) == len(self.reward_inputs) == len(self.rollout_stats):
+            raise ValueError(f"SampledStep: {len(self.rollouts)} rollouts, {len(self.reward_inputs)} reward inputs and "
+                             f"{len(self.rollout_stats)} rollout stats; give one of each per rollout.")
+
+
+@dataclass(frozen=True)
+class ScoredStep(Generic[FeaturesT]):
+    """What ``score`` hands to ``compute_advantages``: the step's ``features`` and one ``Rollout`` per active loop
+    with ``rewards`` [B, G] (NaN where no reward applies) and ``reward_stats`` set."""
+
+    features: FeaturesT
+    rollouts: tuple[Rollout, ...]
+
+    def __post_init__(self) -> None:
+        _check_rollouts("ScoredStep", self.rollouts)
+
+
+@dataclass(frozen=True)
+class AdvantagedStep(Generic[FeaturesT]):
+    """What ``compute_advantages`` hands to ``minibatches``: the step's ``features`` and one ``Rollout`` per active
+    loop with ``advantages`` [N] set, ready for the loss."""
+
+    features: FeaturesT
+    rollouts: tuple[Rollout, ...]
+
+    def __post_init__(self) -> None:
+        _check_rollouts("AdvantagedStep", self.rollouts)
+        missing = [r.loop for r in self.rollouts if r.advantages is None]
+        if missing:
+            raise ValueError(f"AdvantagedStep: the {missing} rollouts have no advantages; set them with "
+                             "rollout.with_advantages(...) first.")

@@ -2,13 +2,17 @@
 
 The engine's ``GRPOLoop`` calls, per iteration::
 
-    features = algo.encode(batch)               # frozen encoders, once per image (StepFeatures)
-    rollouts = algo.rollout(features)           # one per active loop, no grad, partner and reference inside
-    algo.score(rollouts)                        # rewards [B, G] + per-loop reward stats
-    algo.compute_advantages(rollouts)           # group-normalised, in place
-    for mb in algo.minibatches(rollouts):       # num_iterations x chunks
+    features = algo.encode(batch)                   # frozen encoders, once per image (StepFeatures)
+    sampled = algo.rollout(features)                # SampledStep: one rollout per active loop, no grad, partner
+                                                    # and reference inside
+    scored = algo.score(sampled)                    # ScoredStep: rewards [B, G] + per-loop reward stats
+    advantaged = algo.compute_advantages(scored)    # AdvantagedStep: group-normalised advantages
+    for mb in algo.minibatches(advantaged):         # num_iterations x chunks
         runner.model.train_step({'grpo_batch': mb, 'algorithm': algo})   # -> algo.policy_loss(model, mb) in forward
     algo.after_optimizer_step()
+
+Each stage returns a new value and leaves its input alone (grpo/rollout.py); the algorithm keeps no state between
+stages, so a step's values can be scored and trained whatever else ran in between.
 
 The algorithm owns ``weights`` (policy / EMA partner / reference over ``model``); ``EMAPartnerHook`` updates the
 partner through them. Each loop has one name, ``mask_to_caption`` (loop 1) or ``caption_to_mask`` (loop 2): its
@@ -57,7 +61,7 @@ from .cycle import AnswerToMaskLoop, CaptionToMaskLoop, CycleContext, MaskToCapt
 from .features import StepFeatures, encode_step, loop_rows
 from .mask_policy import DETERMINISTIC_MASK, build_mask_policy
 from .passes import slice_rows
-from .rollout import Rollout
+from .rollout import AdvantagedStep, Rollout, SampledStep, ScoredStep
 
 # Loop classes in step order; a loop runs when its config weight (``<name>_weight``) is > 0.
 CYCLE_LOOPS = (MaskToCaptionLoop, CaptionToMaskLoop)
@@ -220,19 +224,14 @@ class CycleGRPO:
         if unused:
             raise ValueError(f"CycleGRPO: reward_weights names {unused}, which no active loop's reward has (they have "
                              f"{sorted(names)}); fix the names or drop them.")
-        self._features: StepFeatures | None = None
-        self._loop_features: dict[str, StepFeatures] = {}
-        self._pending: dict[int, tuple[Any, Any, dict]] = {}  # id(rollout) -> (loop, reward inputs, stats)
 
     # ---- the step ------------------------------------------------------------------------------------------
 
     def encode(self, batch: Sequence) -> StepFeatures:
         """Frozen ViT and SAM2 features of the batch, once per distinct image (``grpo.features``)."""
         keys = {loop.name for loop in self.loops}
-        self._features = encode_step(self.model, self.processor, batch, use_region_cells="mask_to_caption" in keys,
-                                     use_prompt_texts="caption_to_mask" in keys)
-        self._loop_features = self._split_by_loop(self._features)  # the minibatches' features follow the last encode
-        return self._features
+        return encode_step(self.model, self.processor, batch, use_region_cells="mask_to_caption" in keys,
+                           use_prompt_texts="caption_to_mask" in keys)
 
     def _split_by_loop(self, features: StepFeatures) -> dict[str, StepFeatures]:
         """Each loop's share of ``features``: the samples that carry what it needs (all of them with paired data)."""
@@ -241,38 +240,35 @@ class CycleGRPO:
     def _num_chunks(self, features: StepFeatures) -> int:
         return len(group_chunks(features.num_samples, self.config.num_generations, self.minibatch_size))
 
-    def rollout(self, features: StepFeatures) -> list[Rollout]:
+    def rollout(self, features: StepFeatures) -> SampledStep[StepFeatures]:
         """One rollout per active loop (loop 1 first), no grad; rewards stay NaN until ``score``. Each loop runs on
         the samples that carry what it needs (``loop_rows``: all of them with paired data)."""
         check_compute_dtype(self.model, "CycleGRPO.rollout")
-        self._features, self._pending = features, {}
-        self._loop_features = self._split_by_loop(features)
+        loop_features = self._split_by_loop(features)
         needs_old_logp = self.config.num_iterations > 1 or any(
-            self._num_chunks(f) > 1 for f in self._loop_features.values())
+            self._num_chunks(f) > 1 for f in loop_features.values())
+        outs = [loop.rollout(loop_features[loop.name], needs_old_logp=needs_old_logp) for loop in self.loops]
+        return SampledStep(features=features, rollouts=tuple(out.rollout for out in outs),
+                           reward_inputs=tuple(out.reward_inputs for out in outs),
+                           rollout_stats=tuple(out.stats for out in outs))
+
+    def score(self, sampled: SampledStep[StepFeatures]) -> ScoredStep[StepFeatures]:
+        """Copies of the rollouts with ``rewards [B, G]`` (NaN where no reward applies) and ``reward_stats`` set."""
         rollouts = []
-        for loop in self.loops:
-            out = loop.rollout(self._loop_features[loop.name], needs_old_logp=needs_old_logp)
-            self._pending[id(out.rollout)] = (loop, out.reward_inputs, out.stats)
-            rollouts.append(out.rollout)
-        return rollouts
+        for rollout, inputs, stats in zip(sampled.rollouts, sampled.reward_inputs, sampled.rollout_stats):
+            total, reward_stats = self._loop_of(rollout).composer.compute(inputs)  # [N]
+            rewards = total.reshape(rollout.rewards.shape).to(rollout.rewards.dtype)  # [B, G]
+            rollouts.append(rollout.with_rewards(rewards, {**reward_stats, **stats}))
+        return ScoredStep(features=sampled.features, rollouts=tuple(rollouts))
 
-    def score(self, rollouts: Sequence[Rollout]) -> None:
-        """Fill ``rewards [B, G]`` (NaN where no reward applies) and ``reward_stats`` of each rollout."""
-        for rollout in rollouts:
-            if id(rollout) not in self._pending:
-                raise ValueError("CycleGRPO.score: this rollout was not produced by the last CycleGRPO.rollout() call "
-                                 "(or was scored already); score the list rollout() returned, once.")
-            loop, inputs, stats = self._pending.pop(id(rollout))
-            total, reward_stats = loop.composer.compute(inputs)  # [N]
-            rollout.rewards = total.reshape(rollout.rewards.shape).to(rollout.rewards.dtype)  # [B, G]
-            rollout.reward_stats = {**reward_stats, **stats}
-
-    def compute_advantages(self, rollouts: list[Rollout]) -> None:
-        """Replace each rollout by its copy with group advantages (``config.scale_rewards``), on the loss device."""
-        for index, rollout in enumerate(rollouts):
+    def compute_advantages(self, scored: ScoredStep[StepFeatures]) -> AdvantagedStep[StepFeatures]:
+        """Copies of the rollouts with group advantages (``config.scale_rewards``), on the loss device."""
+        rollouts = []
+        for rollout in scored.rollouts:
             batch_std = std_from_moments(self.cross_rank_sum(reward_moments(rollout.rewards)))  # global batch
             advantages, _ = group_advantages(rollout.rewards, self.config.scale_rewards, batch_std=batch_std)  # [N]
-            rollouts[index] = rollout.with_advantages(advantages.to(rollout.action_mask.device))
+            rollouts.append(rollout.with_advantages(advantages.to(rollout.action_mask.device)))
+        return AdvantagedStep(features=scored.features, rollouts=tuple(rollouts))
 
     def _loop_of(self, rollout: Rollout):
         for loop in self.loops:
@@ -281,24 +277,24 @@ class CycleGRPO:
         raise ValueError(f"CycleGRPO: no active loop is named {rollout.loop!r} (active: "
                          f"{[loop.name for loop in self.loops]}); pass the rollouts rollout() returned.")
 
-    def minibatches(self, rollouts: Sequence[Rollout]) -> Iterator[PolicyMinibatch]:
+    def minibatches(self, advantaged: AdvantagedStep[StepFeatures]) -> Iterator[PolicyMinibatch]:
         """``num_iterations`` passes over the prompt chunks; each minibatch holds that chunk of every loop."""
-        if self._features is None:
-            raise ValueError("CycleGRPO.minibatches: call encode() and rollout() first.")
+        rollouts, features = advantaged.rollouts, advantaged.features
+        loop_features = self._split_by_loop(features)
         local = torch.tensor([[self._active_tokens(r), 1.0] for r in rollouts], dtype=torch.float64)  # [R, 2]
         counts = self.cross_rank_sum(local).tolist()  # per loop: [global active elements, world size]
         loops = []
         for rollout, (total, world) in zip(rollouts, counts):
             loop = self._loop_of(rollout)
-            features = self._loop_features.get(loop.name, self._features)
-            chunks = group_chunks(features.num_samples, self.config.num_generations, self.minibatch_size)
-            loops.append((loop, rollout, total / world / len(chunks), features, chunks))
+            share = loop_features[loop.name]
+            chunks = group_chunks(share.num_samples, self.config.num_generations, self.minibatch_size)
+            loops.append((loop, rollout, total / world / len(chunks), share, chunks))
         for iteration in range(self.config.num_iterations):
             # chunk k of every loop in minibatch k (loops with fewer prompts have fewer chunks)
             for k in range(max(len(chunks) for *_, chunks in loops)):
-                parts = [LoopBatch(loop, slice_groups(r, *chunks[k]), range(*chunks[k]), n, features)
-                         for loop, r, n, features, chunks in loops if k < len(chunks)]
-                yield PolicyMinibatch(features=self._features, parts=parts, iteration=iteration)
+                parts = [LoopBatch(loop, slice_groups(r, *chunks[k]), range(*chunks[k]), n, share)
+                         for loop, r, n, share, chunks in loops if k < len(chunks)]
+                yield PolicyMinibatch(features=features, parts=parts, iteration=iteration)
 
     def _active_tokens(self, rollout: Rollout) -> float:
         is_active = rollout.action_mask

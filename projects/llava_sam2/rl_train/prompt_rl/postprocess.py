@@ -1,10 +1,10 @@
 """Post-processing of mask *logits*: a threshold and one simple morphology step, tuned on train, tested held out.
 
-Sa2VA's released chain binarises at logit 0 (sigmoid 0.5) after upsampling, so tuning a threshold on its binary
-output is a no-op; here the threshold acts on the upsampled logits (``segment.upsample_logits``), then one operation
+Sa2VA's released chain binarises at logit 0 (sigmoid 0.5) after upsampling, so tuning a threshold on its binary output
+is a no-op; here the threshold acts on the upsampled logits (``model.network.grounding.upsample_logits``), then one operation
 from ``MORPHOLOGY`` is applied (scipy.ndimage, disk structuring elements). The grid is scored by mean Dice over the
-train images; the best setting and the untouched one (threshold 0, ``none``) are then compared on held-out images
-with a paired bootstrap CI. Both go through the same float16 cached logits, so the comparison is like for like.
+train images; the best setting and the untouched one (threshold 0, ``none``) are then compared on held-out images with
+a paired bootstrap CI. Both go through the same float16 cached logits, so the comparison is like for like.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from scipy import ndimage
 from ..evaluation.bootstrap import bootstrap_mean, paired_difference
 from ..rewards.mask_metrics import mask_metrics
 from .quality_data import QualityData
-from .segment import upsample_logits
+from ..model.network.grounding import upsample_logits
 
 THRESHOLDS = (-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0)  # logits; sigmoid 0.12 .. 0.88
 MORPHOLOGY = ("none", "open1", "close1", "open2", "close2", "largest", "fill", "largest+fill")

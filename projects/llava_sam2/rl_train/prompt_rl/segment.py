@@ -3,7 +3,7 @@
 For every row (image, question template, expression) the user turn is ``Sa2VAProcessor.segment_prompt`` and the
 assistant answer is teacher-forced to ``SEG_ANSWER`` ("Sure, [SEG].", one of Sa2VA's five RES answers, the same
 fixed answer as the GRPO caption->mask loop, grpo/cycle.py), through the shared model pipeline
-(``model.pipeline.shared``: ``encode_images``, ``prompt_embeds``, ``forced_seg_prompts``): the final-norm hidden state at
+(``model.pipeline.shared``: ``encode_images``, ``forced_answer_masks``): the final-norm hidden state at
 the answer's ``[SEG]`` goes through ``text_hidden_fcs`` and the SAM2 decoder (multimask, best by predicted IoU, as
 upstream). A forced
 answer means every row gets exactly one mask, so the quality data never has "missing" masks from a model that
@@ -17,12 +17,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from ..model.decoding.text_decoding import eval_mode
-from ..model.pipeline.shared import SEG_ANSWER, encode_images, forced_seg_prompts, prompt_embeds, seg_answer_ids
 from ..model.text.constants import SEG_TOKEN
+from ..model.decoding.text_decoding import eval_mode
+from ..model.network.grounding import upsample_logits
+from ..model.pipeline.shared import SEG_ANSWER, encode_images, forced_answer_masks, seg_answer_ids
 
 
 @dataclass
@@ -61,18 +61,6 @@ def answer_token_ids(tokenizer, answer: str = SEG_ANSWER) -> tuple[Tensor, int]:
     return ids, seg_index
 
 
-def upsample_logits(low_res_logits: Tensor, size: tuple[int, int], sam_image_size: int) -> Tensor:
-    """Released upsampling chain of mask logits ``[M, h, w]`` -> ``[M, H, W]`` (bilinear h->S_sam->(H, W)).
-
-    ``upsample_logits(x) > 0`` equals ``grounding.logits_to_masks`` (sigmoid > 0.5); thresholds other than 0 are
-    what post-processing tunes.
-    """
-    x = low_res_logits.float()[:, None]  # [M, 1, h, w]
-    x = F.interpolate(x, size=(sam_image_size, sam_image_size), mode="bilinear", align_corners=False)
-    x = F.interpolate(x, size=tuple(int(v) for v in size), mode="bilinear", align_corners=False)  # [M, 1, H, W]
-    return x[:, 0]
-
-
 def mean_tile_tokens(tiles: Tensor, n_tiles: Sequence[int]) -> Tensor:
     """Mean projected ViT token per image: tiles ``[sum n_i, t, D]`` -> ``[I, D]`` (the prompt policy's state)."""
     starts = np.cumsum([0] + list(n_tiles))
@@ -101,11 +89,8 @@ def segment_rows(model, processor, images: Sequence, rows: SegmentRows, *, answe
             prompts = [processor.segment_prompt(n_tiles[i], e, q) for i, e, q in
                        zip(idx, rows.expressions[r0:r0 + chunk_size], rows.questions[r0:r0 + chunk_size])]
             ids, attention = processor.tokenize_prompts(prompts)  # [n, L] left padded
-            embeds = prompt_embeds(model, encoded, tiles, ids.to(device), idx)  # [n, L, D]
-            forced = answer_ids.to(device)[None].expand(len(idx), -1)  # [n, A]
-            seg_prompt = forced_seg_prompts(model, embeds, attention.to(device), forced,
-                                            torch.full((len(idx),), seg_index, device=device))  # [n, C_sam]
-            out = model.decode_masks(seg_prompt, encoded.grounding, torch.tensor(idx, device=device))
+            out = forced_answer_masks(model, encoded, tiles, ids.to(device), attention.to(device), idx,
+                                      answer_ids.to(device), seg_index)
             logits.append(out.best_logits.float().cpu())  # [n, h, w]
             ious.append(out.iou_scores.gather(1, out.best_index[:, None])[:, 0].float().cpu())  # [n]
     low_res = torch.cat(logits)  # [N, h, w]

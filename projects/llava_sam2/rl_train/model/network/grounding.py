@@ -218,17 +218,22 @@ def _half_autocast(like: torch.Tensor):
     return contextlib.nullcontext()
 
 
+def upsample_logits(low_res_logits: torch.Tensor, size: tuple[int, int], sam_image_size: int) -> torch.Tensor:
+    """Released upsampling chain of M masks' logits of one output size: ``[M, h, w]`` → bilinear h → S_sam →
+    bilinear S_sam → (H, W) (align_corners False) → fp32 ``[M, H, W]``. ``> 0`` on it is the released binary mask; other
+    thresholds are what prompt_rl's post-processing tunes."""
+    x = low_res_logits.float()[:, None]  # [M, 1, h, w]
+    x = F.interpolate(x, size=(sam_image_size, sam_image_size), mode="bilinear", align_corners=False)
+    x = F.interpolate(x, size=tuple(int(v) for v in size), mode="bilinear", align_corners=False)  # [M, 1, H, W]
+    return x[:, 0]
+
+
 def logits_to_masks(best_logits: torch.Tensor, sizes: list[tuple[int, int]], sam_image_size: int) -> list[torch.Tensor]:
-    """Released chain: bilinear h→S_sam, bilinear S_sam→(H, W) (align_corners False), sigmoid > 0.5.
+    """Released chain: ``upsample_logits`` of each mask to its own size, sigmoid > 0.5.
 
     best_logits [M, h, w]; sizes: M pairs (H, W) → M bool masks [H, W].
     """
     if len(sizes) != best_logits.shape[0]:
         raise ValueError(f"logits_to_masks got {best_logits.shape[0]} logits but {len(sizes)} sizes")
-    masks = []
-    for logit, (H, W) in zip(best_logits.float(), sizes):
-        up = F.interpolate(logit[None, None], size=(sam_image_size, sam_image_size), mode="bilinear",
-                           align_corners=False)  # [1, 1, S_sam, S_sam]
-        up = F.interpolate(up, size=(int(H), int(W)), mode="bilinear", align_corners=False)  # [1, 1, H, W]
-        masks.append(up[0, 0].sigmoid() > 0.5)
-    return masks
+    return [upsample_logits(logit[None], size, sam_image_size)[0].sigmoid() > 0.5  # [H, W]
+            for logit, size in zip(best_logits.float(), sizes)]

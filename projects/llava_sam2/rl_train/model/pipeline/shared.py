@@ -8,8 +8,11 @@
       ├─ sample_text (decoding/text_decoding.py)  sampled or greedy token ids, cut at the stop words
       │    └─ completion_texts / answer_texts     prompt-ready text / upstream's ``prediction``
       ├─ greedy_answers                           greedy answer + one mask per fed-back [SEG] (PromptRow → Answer)
+      │    ├─ segment_texts                       the partner task "segment a text": RES prompt → answer + masks
+      │    └─ describe_masks                      the partner task "describe a mask": region prompt → caption
       ├─ generation.completion_logprobs           teacher-forced log-probs of given answers (the GRPO loss)
       └─ forced_seg_prompts                       teacher-forced fixed answer → its [SEG] state → SAM2 prompt
+           └─ forced_answer_seg_prompts / forced_answer_masks   from prompt ids, and on to the SAM2 decoder
 
 A ``[SEG]`` mask is always: the final-norm state of the ``[SEG]`` input position → ``text_hidden_fcs`` → SAM2
 mask decoder on the image's cached features (best of multimask by predicted IoU) → ``logits_to_masks`` at the
@@ -19,6 +22,10 @@ image size (bilinear h → S_sam → (H, W), sigmoid > 0.5), as upstream ``predi
 ``EncodedImages`` stops before it: each pass projects ``tile_embeds = model.project_vision(encoded.vit_tokens)``
 under the weights in effect and passes it in. Prompt rows name their image (``images`` / ``PromptRow.image``),
 so rows that share an image share its cached features.
+
+The two partner tasks of the cycle (``segment_texts``, ``describe_masks``) are written once here: the GRPO loops'
+EMA partner (grpo/passes.py) and the held-out evaluation's cycle tasks (evaluation/tasks.py) both run them, with one
+convention: an empty text gets no answer (no mask), and so does an empty mask (no caption).
 
 Every decode goes through ``decoding.sample_text`` (one call site of ``fast_generation.decode_completions``), and
 every greedy answer through :func:`greedy_answers`, which sees each row's image: rows about one image share its
@@ -36,7 +43,7 @@ from torch import Tensor
 from ..decoding.generation import Completions, SharedPrefix, completion_hidden
 from ..decoding.text_decoding import (
     TextDecoding, answer_texts, completion_texts, eval_mode, fed_back_seg_positions, sample_text)
-from ..network.grounding import GroundingFeatures
+from ..network.grounding import GroundingFeatures, MaskDecoderOutput
 
 SEG_ANSWER = "Sure, [SEG]."  # one of Sa2VA's five RES answers: the default teacher-forced answer
 
@@ -274,6 +281,57 @@ def greedy_answers(model, processor, encoded: EncodedImages, rows: Sequence[Prom
     return answers
 
 
+def segment_texts(model, processor, encoded: EncodedImages, texts: Sequence[str | None], images: Sequence[int], *,
+                  max_new_tokens: int, seg_masks: str, question: str | None = None,
+                  decoding: TextDecoding | None = None, tile_embeds: Tensor | None = None,
+                  chunk_size: int | None = None) -> list[Answer | None]:
+    """The partner task "segment a text": per text, the greedy answer to its RES prompt
+    (``processor.segment_prompt`` with ``question``) about image ``images[n]``, with one mask per kept fed-back
+    ``[SEG]`` (``seg_masks``, a key of ``SEG_MASK_RULES``); None for an empty text (nothing to ground). One
+    :func:`greedy_answers` call over the non-empty texts, in order (its other arguments as there)."""
+    kept = [n for n, text in enumerate(texts) if text]
+    rows = [PromptRow(images[n], processor.segment_prompt(encoded.n_tiles(images[n]), texts[n], question))
+            for n in kept]
+    answers: list[Answer | None] = [None] * len(texts)
+    for n, answer in zip(kept, greedy_answers(model, processor, encoded, rows, max_new_tokens=max_new_tokens,
+                                              decoding=decoding, seg_masks=seg_masks, tile_embeds=tile_embeds,
+                                              chunk_size=chunk_size)):
+        answers[n] = answer
+    return answers
+
+
+@dataclass
+class RegionAnswer:
+    """A greedy answer about a region: the ``answer`` and the bool ``[g, g]`` ``region_cells`` its prompt showed."""
+
+    answer: Answer
+    region_cells: Tensor
+
+
+def describe_masks(model, processor, encoded: EncodedImages, masks: Sequence, images: Sequence[int],
+                   sample_ids: Sequence[str], *, max_new_tokens: int, empty_region: str | None,
+                   question: str | None = None, decoding: TextDecoding | None = None,
+                   tile_embeds: Tensor | None = None, chunk_size: int | None = None) -> list[RegionAnswer | None]:
+    """The partner task "describe a mask": per bool ``[H, W]`` mask (tensor or array) of image ``images[n]``, its
+    region cells (``processor.region_cells`` at the image's size; ``empty_region`` for a mask that hits no grid point,
+    e.g. ``'dilate_to_one_cell'``: the one cell it covers most) and the greedy answer to the region-caption prompt
+    (``processor.caption_prompt`` with ``question``); None for a missing or all-False mask (no region to describe).
+    One :func:`greedy_answers` call over the non-empty masks, in order, without masks."""
+    kept = [n for n, mask in enumerate(masks) if mask is not None and bool(mask.any())]
+    rows = []
+    for n in kept:
+        image = images[n]
+        cells = processor.region_cells(masks[n], sample_id=sample_ids[n], size=encoded.image_sizes[image],
+                                       empty_region=empty_region)  # [g, g]
+        rows.append(PromptRow(image, processor.caption_prompt(encoded.n_tiles(image), cells, question), cells))
+    described: list[RegionAnswer | None] = [None] * len(masks)
+    for n, row, answer in zip(kept, rows, greedy_answers(model, processor, encoded, rows,
+                                                         max_new_tokens=max_new_tokens, decoding=decoding,
+                                                         tile_embeds=tile_embeds, chunk_size=chunk_size)):
+        described[n] = RegionAnswer(answer, row.region_cells)
+    return described
+
+
 def seg_answer_ids(tokenizer, answer: str, seg_token_id: int, where: str = "seg_answer") -> tuple[Tensor, int]:
     """``(ids [A] long, seg_index)``: a teacher-forced answer and the position of its single ``[SEG]``."""
     ids = tokenizer.encode(answer, add_special_tokens=False)
@@ -297,3 +355,26 @@ def forced_seg_prompts(model, embeds: Tensor, attention: Tensor, answer_ids: Ten
                                torch.ones_like(answer_ids, dtype=torch.bool))  # [n, A, D]
     rows = torch.arange(len(seg_index), device=hidden.device)  # [n]
     return model.seg_hidden_to_prompt(hidden[rows, seg_index])  # [n, C_sam]
+
+
+def forced_answer_seg_prompts(model, encoded: EncodedImages, tile_embeds: Tensor, prompt_ids: Tensor,
+                              attention: Tensor, images: Sequence[int], answer_ids: Tensor,
+                              seg_index: Tensor) -> Tensor:
+    """SAM2 prompts ``[n, C_sam]`` of n left-padded prompts ``[n, L]`` (rows about ``images``) answered with
+    ``answer_ids [n, A]`` (``[SEG]`` at ``seg_index [n]``): :func:`prompt_embeds` → :func:`forced_seg_prompts`."""
+    embeds = prompt_embeds(model, encoded, tile_embeds, prompt_ids, images)  # [n, L, D]
+    return forced_seg_prompts(model, embeds, attention, answer_ids, seg_index)  # [n, C_sam]
+
+
+def forced_answer_masks(model, encoded: EncodedImages, tile_embeds: Tensor, prompt_ids: Tensor, attention: Tensor,
+                        images: Sequence[int], answer_ids: Tensor, seg_index: int) -> MaskDecoderOutput:
+    """Forced answer → SAM2 mask: the decoder output (multimask, ``best_logits [n, h, w]`` by predicted IoU) of n
+    RES prompts ``[n, L]`` (left padded, on the model's device) all answered with the fixed ``answer_ids [A]`` (its
+    ``[SEG]`` at ``seg_index``), on the cached features of ``images``. Carries grad outside ``no_grad`` (through
+    LoRA, ``mlp1``, ``text_hidden_fcs`` and the decoder)."""
+    n = prompt_ids.shape[0]
+    prompts = forced_answer_seg_prompts(model, encoded, tile_embeds, prompt_ids, attention, images,
+                                        answer_ids[None].expand(n, -1),
+                                        torch.full((n,), seg_index, device=prompt_ids.device))  # [n, C_sam]
+    image_index = torch.tensor(list(images), dtype=torch.long, device=prompts.device)  # [n]
+    return model.decode_masks(prompts, encoded.grounding, image_index)
