@@ -11,6 +11,7 @@ import torch
 from grpo_tiny import build_tiny, one_thread
 from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
 from projects.llava_sam2.rl_train.model.decoding import fast_generation
+from projects.llava_sam2.rl_train.model.pipeline import shared
 from projects.llava_sam2.rl_train.model.decoding.generation import Completions, position_ids_from_attention
 from projects.llava_sam2.rl_train.model.decoding.text_decoding import (
     TextDecoding, answer_texts, clean_text, completion_texts, cut_at_stop_words, fed_back_seg_positions)
