@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from projects.llava_sam2.rl_train.demo.summary import REWARD_KEYS, reward_trend
-from tests.test_demo_pipeline import DOMAIN_DATA, RL_ITERS, WINDOW, short_demo
+from tests.demo_short import DOMAIN_DATA, RL_ITERS, WINDOW, short_demo
 
 KINDS = {"learn": [], "null": ["optim_wrapper.optimizer.lr=0.0"]}
 

@@ -1,7 +1,7 @@
 """The demo pipeline, shortened: GRPO from the committed pretrained tiny Sa2VA must raise the training reward by more
 than a noise margin measured at learning rate 0 (the demo's learning regression test): on the
-domain demo's unpaired target data (what `make demo` runs) loop 1's reward; on the same-domain paired data both
-loops' (their margins were measured there).
+domain demo's unpaired target data (what `make demo` runs) loop 1's reward here; on the same-domain paired data both
+loops' in tests/test_demo_pipeline_same_domain.py (a file of its own, so the two runs go to different test workers).
 
 The demo's own stages (demo/pipeline.py) run as ``make demo`` runs them: the shapes world written as COCO files
 (in-process), then ``sa2va-rl train`` of the demo GRPO config from ``assets/tiny_shapes_pretrained`` as a subprocess,
@@ -27,68 +27,13 @@ import json
 
 import pytest
 
-from projects.llava_sam2.rl_train.demo.pipeline import DemoSettings, run_demo
-from projects.llava_sam2.rl_train.demo.summary import REWARD_KEYS, reward_trend
-
-PROMPTS, RL_ITERS, WINDOW = 8, 24, 4
-# the knobs that make the run short (the demo's config otherwise)
-RL_OPTIONS = [f"train_dataloader.batch_size={PROMPTS}", "train_cfg.algorithm.config.num_generations=4",
-              "train_cfg.algorithm.config.max_completion_length=12", "optim_wrapper.optimizer.lr=3e-3",
-              "default_hooks.rollout_logging.interval=1000",
-              "train_cfg.algorithm.config.beta=0.0"]  # no reference pass: the run MARGINS were calibrated on
-MARGINS = dict(zip(REWARD_KEYS, (0.05, 0.04)))  # loop 1, loop 2: above every null rise of 6 seeds (docstring)
-# the data the margins were measured on: paired source-domain scenes (the same-domain demo; the domain-adaptation
-# default of `sa2va-rl demo` has no calibrated margins yet, docs/demo.md)
-CALIBRATED_DATA = dict(target_shift=0.0, rl_data="paired", eval_split="val")
-DOMAIN_DATA = dict(target_shift=1.0, rl_data="unpaired", eval_split="val")  # the default demo's data
-# the domain demo's margin (`demo_test_margins --domain --seeds 0 1 2 3 4 5`, docs/demo.md "The CI test"): loop 1's
-# learning rises +0.071..+0.086 against null rises -0.024..+0.031 -> 0.05; loop 2's learning rises (+0.026..+0.065)
-# overlap its null rises (-0.039..+0.055) in 24 iterations, so no honest margin exists for it on this data
-DOMAIN_MARGINS = {REWARD_KEYS[0]: 0.05}
-
-
-def short_demo(work_dir, seed: int = 0, options: list[str] = (), rl_iters: int = RL_ITERS,
-               data: dict | None = None) -> tuple[DemoSettings, dict]:
-    """data -> GRPO (+ export) of the shortened demo; the stage records (research/demo_test_margins.py
-    runs it too, ``data`` = DOMAIN_DATA for the domain demo's calibration)."""
-    settings = DemoSettings(work_dir, seed=seed, train_samples=PROMPTS, val_samples=4, rl_iters=rl_iters,
-                            text_scenes=0, rl_options=[*RL_OPTIONS, *options], **(data or CALIBRATED_DATA))
-    return settings, run_demo(settings, only={"data", "sft", "rl"})
-
-
-@pytest.fixture(scope="module")
-def demo_run(tmp_path_factory):
-    return short_demo(tmp_path_factory.mktemp("demo"))
+from demo_short import DOMAIN_DATA, DOMAIN_MARGINS, RL_ITERS, WINDOW, short_demo
+from projects.llava_sam2.rl_train.demo.summary import reward_trend
 
 
 @pytest.fixture(scope="module")
 def domain_run(tmp_path_factory):
     return short_demo(tmp_path_factory.mktemp("domain"), data=DOMAIN_DATA)
-
-
-def test_demo_stages_ran_through_the_project_cli_from_the_pretrained_model(demo_run):
-    settings, records = demo_run
-    assert set(records) == {"data", "sft", "rl"} and records["sft"]["outputs"]["skipped"]
-    train, export = records["rl"]["commands"]
-    assert "-m projects.llava_sam2.rl_train.cli train " in train["command"] and train["cpu_s"] > 0
-    assert (settings.path("rl", "hf", "config.json")).is_file(), "rl: no exported checkpoint"
-    assert f"model.pretrained_path={settings.start_checkpoint}" in train["command"]
-    assert settings.start_checkpoint.endswith("assets/tiny_shapes_pretrained")
-    annotations = settings.path("data/train/annotations.json")
-    assert len(json.loads(annotations.read_text())["annotations"]) == PROMPTS
-    assert f"train_dataloader.dataset.ann_file={annotations}" in train["command"]
-
-
-def test_grpo_raises_both_loops_training_reward_beyond_noise(demo_run):
-    settings, _ = demo_run
-    trend = reward_trend(settings.path("rl"), window=WINDOW)
-    for key in REWARD_KEYS:
-        assert trend[key]["n"] == RL_ITERS, f"{key}: {trend[key]['n']} logged iterations, expected {RL_ITERS}"
-        rise = trend[key]["last"] - trend[key]["first"]
-        assert rise > MARGINS[key], (
-            f"{key}: mean over the last {WINDOW} iterations {trend[key]['last']:.4f} - first {WINDOW} "
-            f"{trend[key]['first']:.4f} = {rise:+.4f}, not above the noise margin {MARGINS[key]}; the GRPO run did "
-            "not raise this loop's training reward")
 
 
 def test_domain_demo_grpo_raises_loop1_training_reward_beyond_noise(domain_run):

@@ -39,6 +39,7 @@ from collections import defaultdict
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
+from projects.llava_sam2.rl_train.model.checkpoints.dtypes import as_torch_dtype
 from projects.llava_sam2.rl_train.model.decoding.fast_generation import fast_sample_completions
 from projects.llava_sam2.rl_train.model.decoding.generation import completion_logprobs, sample_completions
 from projects.llava_sam2.rl_train.model.network.language import hf_llm_config
@@ -234,7 +235,7 @@ def run_benchmark(argv: list[str] | None = None) -> dict:
     device = torch.device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(args.cpu_threads)
-    dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
+    dtype = as_torch_dtype(args.dtype or ("bfloat16" if device.type == "cuda" else "float32"), "--dtype")
     modes = [m for m in args.modes.split(",") if not (m == "fast_eager" and device.type != "cuda")]
     lm = build_lm(args.lm, device, dtype, args.lora_r)
     embeds, attention = make_prompts(lm, args.batch, args.prompt_len, args.length_spread, seed=0)

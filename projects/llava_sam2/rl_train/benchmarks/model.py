@@ -22,6 +22,7 @@ import time
 import torch
 
 from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
+from projects.llava_sam2.rl_train.model.checkpoints.dtypes import as_torch_dtype
 from projects.llava_sam2.rl_train.model.network.lora import apply_lora, configure_trainable
 from projects.llava_sam2.rl_train.model.network.presets import build_preset
 from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    dtype = as_torch_dtype(args.dtype, "--dtype") if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     torch.manual_seed(0)
     start = time.perf_counter()
     model, processor = build(args.preset, device, dtype)

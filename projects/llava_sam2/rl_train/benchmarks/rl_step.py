@@ -67,6 +67,7 @@ from projects.llava_sam2.rl_train.grpo import cycle
 from projects.llava_sam2.rl_train.grpo.mask_policy import MASK_POLICIES
 from projects.llava_sam2.rl_train.grpo.trainer import CycleGRPO
 from projects.llava_sam2.rl_train.grpo.weights import WeightSets
+from projects.llava_sam2.rl_train.model.checkpoints.dtypes import as_torch_dtype
 from projects.llava_sam2.rl_train.model.decoding.fast_generation import DECODE_BACKENDS
 from projects.llava_sam2.rl_train.model.network.lora import adapter_compute_dtype, apply_lora, configure_trainable
 from projects.llava_sam2.rl_train.model.network.presets import build_preset
@@ -257,7 +258,7 @@ def sweep_point(text: str) -> dict:
 
 def amp_dtype(name: str) -> torch.dtype | None:
     """``--amp-dtype`` / sweep ``amp=`` value → the autocast dtype (None for ``none``)."""
-    return None if name == "none" else getattr(torch, name)
+    return None if name == "none" else as_torch_dtype(name, "--amp-dtype")
 
 
 def make_batch(size: int, width: int, height: int):
@@ -295,7 +296,7 @@ def run_benchmark(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     started = time.perf_counter()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    dtype = as_torch_dtype(args.dtype, "--dtype") if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     grad_ckpt = (args.grad_ckpt or ("on" if device.type == "cuda" else "off")) == "on"
     amp_name = args.amp_dtype or ("bfloat16" if device.type == "cuda" else "none")
     amp = amp_dtype(amp_name)

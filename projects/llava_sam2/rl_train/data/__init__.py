@@ -12,11 +12,11 @@ from .gar import GARRegionDataset
 from .refcoco import RefCocoRegionDataset
 from .rle import decode_rle, decode_segmentation, encode_mask
 from .shapes import ShapesWorld
-from .types import RegionSample
+from .types import RegionSample, VideoRegionSample
 
 __all__ = [
     "BadSampleError", "BadSampleLog", "CocoRegionDataset", "DLCRegionDataset", "GARRegionDataset",
-    "RefCocoRegionDataset", "RegionBatch", "RegionDataset", "RegionSample", "ShapesWorld",
+    "RefCocoRegionDataset", "RegionBatch", "RegionDataset", "RegionSample", "ShapesWorld", "VideoRegionSample",
     "SkippedSample", "count_skipped", "decode_rle", "decode_segmentation", "encode_mask",
     "region_collate",
 ]

@@ -30,3 +30,29 @@ class RegionSample:
     sample_id: str
     source: str
     category: str | None = None
+
+
+@dataclass
+class VideoRegionSample:
+    """One object of one clip (its masklet), with its text: the video counterpart of :class:`RegionSample`.
+
+    Attributes:
+        frames: RGB frames in time order, all of one size (converted at load time like ``RegionSample.image``).
+        gt_masks: bool ``[T, H, W]`` masklet, one mask per frame (all False where the object is absent or hidden);
+            None for a text-only sample of unpaired data.
+        captions: descriptions of the object (may be empty, e.g. for referring-segmentation data).
+        expressions: referring expressions of the object (may be empty, e.g. for masklets without text).
+        sample_id: ``"<dataset>/<video id>#<object or expression id>"``; every error message names it.
+        source: dataset name (the ``<dataset>`` part of ``sample_id``).
+        frame_names: each frame's name in the source (file stem or index), for error messages and per-frame output.
+        category: class name of the object when the data has one.
+    """
+
+    frames: list[PIL.Image.Image]
+    gt_masks: np.ndarray | None
+    captions: list[str]
+    expressions: list[str]
+    sample_id: str
+    source: str
+    frame_names: list[str]
+    category: str | None = None

@@ -171,7 +171,7 @@ def compare(results: dict[str, dict], rel: float, abs_tol: float = 1e-7) -> list
 
 
 def launch(out, nproc: int, args: list[str], log, env: dict[str, str], timeout_s: float = 600.0,
-           exit_grace_s: float = 30.0) -> int:
+           exit_grace_s: float = 10.0) -> int:
     """Run this module under torchrun with ``nproc`` processes, writing ``out``; returns torchrun's exit code, or 0
     when rank 0 wrote ``out`` and the launch then failed to end within ``exit_grace_s`` (it is killed).
 
