@@ -34,7 +34,7 @@ AGGREGATE_TOLERANCE = 1e-12
 
 
 def per_frame_mismatches() -> list[str]:
-    """Fixture cases whose per-frame J or F differ from DAVIS's, with the first differing values."""
+    """Fixture cases whose per-frame J or F differ from DAVIS's, with both series."""
     mismatches = []
     for case in REFERENCE["cases"]:
         gt, pred = build_case(case)
@@ -75,7 +75,8 @@ def semi_supervised_summary():
         if dropped is not None:
             pred_labels[pred_labels == dropped] = 0
         for label in range(1, len(recipes) + 1):
-            scores[f"{sequence}_{label}"] = score_masklet(gt_labels == label, pred_labels == label, semi_supervised=True)
+            scores[f"{sequence}_{label}"] = score_masklet(gt_labels == label, pred_labels == label,
+                                                          semi_supervised=True)
     return summarize_objects(scores)
 
 
@@ -126,7 +127,8 @@ def _empty_pair_scores_zero(gt_masks, pred_masks):
 PLAUSIBLE_BUGS = {
     "F without the distance tolerance": ("boundary_tolerance_pixels", lambda height, width, bound_th=0.008: 0),
     "tolerance from the longer side, not the diagonal":
-        ("boundary_tolerance_pixels", lambda height, width, bound_th=0.008: int(np.ceil(bound_th * max(height, width)))),
+        ("boundary_tolerance_pixels",
+         lambda height, width, bound_th=0.008: int(np.ceil(bound_th * max(height, width)))),
     "boundary from a 4-neighbour erosion": ("boundary_map", _four_neighbour_boundary),
     "J of two empty masks is 0": ("region_similarity", _empty_pair_scores_zero),
 }
