@@ -3,7 +3,7 @@ images are preprocessed later by the model processor)."""
 from __future__ import annotations
 
 from .bad_samples import SkippedSample
-from .types import RegionSample
+from .types import RegionSample, VideoRegionSample
 
 
 class RegionBatch(list):
@@ -32,9 +32,9 @@ def region_collate(samples: list) -> RegionBatch:
     for sample in flat:
         if isinstance(sample, SkippedSample):
             skipped.append(sample)
-        elif isinstance(sample, RegionSample):
+        elif isinstance(sample, (RegionSample, VideoRegionSample)):
             kept.append(sample)
         else:
-            raise TypeError(f"region_collate expects RegionSample or SkippedSample items, got "
+            raise TypeError(f"region_collate expects RegionSample, VideoRegionSample or SkippedSample items, got "
                             f"{type(sample).__name__}; use it only with the rl_train region datasets")
     return RegionBatch(kept, skipped)
