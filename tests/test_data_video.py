@@ -59,6 +59,11 @@ def test_mevis_unions_anno_ids_and_reads_null_frames(tmp_path):
     single, union = dataset[0].gt_masks, dataset[1].gt_masks  # [10] and [10, 11]
     assert (union >= single).all() and union.sum() > single.sum()
     assert dataset.bad_sample_counts == {}
+    # a frame entry may also be a list of RLEs (parts of one object): their union
+    halves = [expected[2].gt_masks[0].copy(), expected[2].gt_masks[0].copy()]
+    halves[0][:, :13], halves[1][:, 13:] = False, False
+    _edit_json(paths["mask_file"], lambda d: d["12"].__setitem__(0, [rle(halves[0]), rle(halves[1])]))
+    assert_clip(mevis(paths, num_frames=None)[2], expected[2])
 
 
 def test_revos_video_ids_are_paths_below_the_data_root(tmp_path):

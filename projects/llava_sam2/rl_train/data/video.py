@@ -164,12 +164,14 @@ def read_id_mask(path: str, obj_id: int, size: tuple[int, int], *, sample_id: st
 
 
 def union_rle_masks(rles: Sequence[object], size: tuple[int, int], *, file: str, sample_id: str) -> np.ndarray:
-    """Union of the RLEs of one frame (None: the object is absent there) at frame ``size`` (PIL ``(W, H)``)."""
+    """Union of the RLEs of one frame at frame ``size`` (PIL ``(W, H)``). An entry is an RLE dict, None (the object
+    is absent there) or a list of RLE dicts (an object stored in parts), read as their union."""
     width, height = size
     mask = np.zeros((height, width), dtype=bool)
-    for rle in rles:
-        if rle is not None:
-            mask |= decode_rle(rle, height, width, file=file, sample_id=sample_id)
+    for entry in rles:
+        for rle in (entry if isinstance(entry, list) else [entry]):
+            if rle is not None:
+                mask |= decode_rle(rle, height, width, file=file, sample_id=sample_id)
     return mask
 
 
