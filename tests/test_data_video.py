@@ -2,6 +2,7 @@
 every bad-input rule with the fault injected into a real-format fixture."""
 import json
 import os
+import pickle
 
 import numpy as np
 import PIL.Image
@@ -150,6 +151,8 @@ def test_video_samples_go_through_region_collate(tmp_path):
     batch = region_collate([dataset[0], skipped, dataset[2]])
     assert [s.sample_id for s in batch] == [expected[0].sample_id, expected[2].sample_id]
     assert batch.skipped == [skipped]
+    copy = pickle.loads(pickle.dumps(dataset))  # what a spawned DataLoader worker gets: the same draws
+    assert copy[2].frame_names == dataset[2].frame_names and np.array_equal(copy[2].gt_masks, dataset[2].gt_masks)
 
 
 # --------------------------------------------------------------------------- bad input

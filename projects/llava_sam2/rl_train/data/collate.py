@@ -7,7 +7,7 @@ from .types import RegionSample, VideoRegionSample
 
 
 class RegionBatch(list):
-    """``list[RegionSample]`` that also carries the samples skipped while building it.
+    """``list[RegionSample]`` (or of ``VideoRegionSample``) that also carries the samples skipped while building it.
 
     ``skipped`` travels with the batch out of DataLoader workers, so the main process can count
     bad samples (``bad_samples.count_skipped``) however many workers loaded them.

@@ -48,7 +48,8 @@ class RefYouTubeVOSDataset(VideoRegionDataset):
     def _read_objects(path: str) -> dict[str, dict[str, str | None]]:
         data = read_json(path, "YouTube-VOS meta file")
         if not isinstance(data, dict) or not isinstance(data.get("videos"), dict):
-            raise ValueError(f"{path}: expected {{'videos': {{video: {{'objects': {{obj_id: {{'category': ...}}}}}}}}}}")
+            raise ValueError(f"{path}: expected {{'videos': {{video: {{'objects': {{obj_id: "
+                             "{'category': ...}}}}}")
         objects = {}
         for video, record in data["videos"].items():
             entries = record.get("objects", {}) if isinstance(record, dict) else {}
