@@ -62,7 +62,9 @@ def test_mevis_unions_anno_ids_and_reads_null_frames(tmp_path):
     assert dataset.bad_sample_counts == {}
     # a frame entry may also be a list of RLEs (parts of one object): their union
     halves = [expected[2].gt_masks[0].copy(), expected[2].gt_masks[0].copy()]
-    halves[0][:, :13], halves[1][:, 13:] = False, False
+    middle = int(np.flatnonzero(halves[0].any(0)).mean()) + 1  # a column that cuts the box in two
+    halves[0][:, :middle], halves[1][:, middle:] = False, False
+    assert halves[0].any() and halves[1].any()
     _edit_json(paths["mask_file"], lambda d: d["12"].__setitem__(0, [rle(halves[0]), rle(halves[1])]))
     assert_clip(mevis(paths, num_frames=None)[2], expected[2])
 
