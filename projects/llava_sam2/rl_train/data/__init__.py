@@ -1,4 +1,4 @@
-"""Region datasets over real on-disk formats, the procedural shapes world, RLE utilities, collate.
+"""Region and video datasets over real on-disk formats, the procedural shapes world, RLE utilities, collate.
 
 Every dataset is a ``torch.utils.data.Dataset`` of ``RegionSample`` with ``on_bad_sample`` and
 ``bad_sample_counts`` (docs/architecture.md, docs/data.md).
@@ -13,9 +13,12 @@ from .refcoco import RefCocoRegionDataset
 from .rle import decode_rle, decode_segmentation, encode_mask
 from .shapes import ShapesWorld
 from .types import RegionSample, VideoRegionSample
+from .video import VideoRegionDataset
+from .video_formats import MeViSDataset, RefYouTubeVOSDataset, ReVOSDataset, SAVMaskletDataset
 
 __all__ = [
-    "BadSampleError", "BadSampleLog", "CocoRegionDataset", "DLCRegionDataset", "GARRegionDataset",
+    "BadSampleError", "BadSampleLog", "CocoRegionDataset", "DLCRegionDataset", "GARRegionDataset", "MeViSDataset",
+    "RefYouTubeVOSDataset", "ReVOSDataset", "SAVMaskletDataset", "VideoRegionDataset",
     "RefCocoRegionDataset", "RegionBatch", "RegionDataset", "RegionSample", "ShapesWorld", "VideoRegionSample",
     "SkippedSample", "count_skipped", "decode_rle", "decode_segmentation", "encode_mask",
     "region_collate",

@@ -34,6 +34,11 @@ PROBLEMS = {
     "bad_text": "text fields must be valid UTF-8 (no lone surrogates such as '\\udcff'); decode the source with its "
                 "real encoding and re-save the file",
     "image_too_small": "drop the sample or re-export the image at its real size",
+    "missing_frame": "check the frame root and the clip's frame names (or the video file), or remove the clip",
+    "missing_mask": "check the mask root: every listed frame needs its mask file, or remove the clip",
+    "unknown_object": "the expression names an object id (or annotation id) the clip's annotations do not have; fix "
+                      "the id or remove the expression",
+    "frame_size_mismatch": "all frames of a clip must have one size; re-extract the frames",
     "region_off_grid": "drop the region, or set model.processor_cfg.empty_region='dilate_to_one_cell' (or 'keep', "
                        "upstream's empty region prompt) and the same empty_region for this dataset's check",
 }

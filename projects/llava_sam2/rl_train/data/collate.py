@@ -3,11 +3,11 @@ images are preprocessed later by the model processor)."""
 from __future__ import annotations
 
 from .bad_samples import SkippedSample
-from .types import RegionSample
+from .types import RegionSample, VideoRegionSample
 
 
 class RegionBatch(list):
-    """``list[RegionSample]`` that also carries the samples skipped while building it.
+    """``list[RegionSample]`` (or of ``VideoRegionSample``) that also carries the samples skipped while building it.
 
     ``skipped`` travels with the batch out of DataLoader workers, so the main process can count
     bad samples (``bad_samples.count_skipped``) however many workers loaded them.
@@ -32,9 +32,9 @@ def region_collate(samples: list) -> RegionBatch:
     for sample in flat:
         if isinstance(sample, SkippedSample):
             skipped.append(sample)
-        elif isinstance(sample, RegionSample):
+        elif isinstance(sample, (RegionSample, VideoRegionSample)):
             kept.append(sample)
         else:
-            raise TypeError(f"region_collate expects RegionSample or SkippedSample items, got "
+            raise TypeError(f"region_collate expects RegionSample, VideoRegionSample or SkippedSample items, got "
                             f"{type(sample).__name__}; use it only with the rl_train region datasets")
     return RegionBatch(kept, skipped)
