@@ -1,7 +1,7 @@
-"""Region datasets over real on-disk formats, the procedural shapes world, RLE utilities, collate.
+"""Region datasets over real on-disk formats, the procedural shapes worlds (images and video), RLE utilities, collate.
 
-Every dataset is a ``torch.utils.data.Dataset`` of ``RegionSample`` with ``on_bad_sample`` and
-``bad_sample_counts`` (docs/architecture.md, docs/data.md).
+Every dataset is a ``torch.utils.data.Dataset`` of ``RegionSample`` (``ShapesVideoWorld``: ``VideoRegionSample``) with
+``on_bad_sample`` and ``bad_sample_counts`` (docs/architecture.md, docs/data.md).
 """
 from .bad_samples import BadSampleError, BadSampleLog, SkippedSample, count_skipped
 from .base import RegionDataset
@@ -12,11 +12,12 @@ from .gar import GARRegionDataset
 from .refcoco import RefCocoRegionDataset
 from .rle import decode_rle, decode_segmentation, encode_mask
 from .shapes import ShapesWorld
+from .shapes_video import ShapesVideoWorld, key_frame
 from .types import RegionSample, VideoRegionSample
 
 __all__ = [
     "BadSampleError", "BadSampleLog", "CocoRegionDataset", "DLCRegionDataset", "GARRegionDataset",
-    "RefCocoRegionDataset", "RegionBatch", "RegionDataset", "RegionSample", "ShapesWorld", "VideoRegionSample",
-    "SkippedSample", "count_skipped", "decode_rle", "decode_segmentation", "encode_mask",
-    "region_collate",
+    "RefCocoRegionDataset", "RegionBatch", "RegionDataset", "RegionSample", "ShapesVideoWorld", "ShapesWorld",
+    "SkippedSample", "VideoRegionSample", "count_skipped", "decode_rle", "decode_segmentation", "encode_mask",
+    "key_frame", "region_collate",
 ]
