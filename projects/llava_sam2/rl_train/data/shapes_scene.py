@@ -9,6 +9,10 @@ visible part. Sampling guarantees:
 * no two objects share (size, colour, shape, cell): the canonical caption names exactly one object;
 * with 2+ objects, the first distractor shares the target's colour or its shape (never both), so
   a caption must get its attributes right to pick the target.
+
+The video world (``shapes_video.py``) draws its clips with the same sampler and a moving layout
+(``sample_scene(place=...)``), the same objects (``draw_object``), occlusion (``occlude``) and referent rule
+(``matching_objects``), so both worlds share one vocabulary and one text generator.
 """
 from __future__ import annotations
 
