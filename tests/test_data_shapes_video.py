@@ -206,3 +206,27 @@ def test_video_strip_shows_the_key_frame(tmp_path, world):
     truth = plot_video_strip(sample, str(tmp_path / "truth.png"), max_frames=4)
     assert colours(both) == [True, True] and colours(truth) == [True, False]
     assert PIL.Image.open(both).size[1] > PIL.Image.open(truth).size[1]  # the prediction row
+
+
+def test_the_model_input_check_sees_the_key_frame():
+    """Loop 1 gives the model the key frame as an image region, so that frame is what the input check judges."""
+    from projects.llava_sam2.rl_train.data import BadSampleError
+
+    class Recorder:
+        def __init__(self, problem):
+            self.seen, self.problem_to_report = [], problem
+
+        def problem(self, image, gt_mask):
+            self.seen.append((image.tobytes(), gt_mask.copy()))
+            return self.problem_to_report
+
+    world = ShapesVideoWorld("test", 2, seed=4, image_size=SIDE, num_frames=FRAMES)
+    plain = world[1]
+    key = key_frame(plain.gt_masks)
+    world.set_input_check(Recorder(None))
+    world[1]
+    (image, gt_mask), = world.input_check.seen
+    assert image == plain.frames[key].tobytes() and np.array_equal(gt_mask, plain.gt_masks[key])
+    world.set_input_check(Recorder(("region_off_grid", "no grid point in the region")))
+    with pytest.raises(BadSampleError, match=rf"region_off_grid.*key frame {key}|key frame {key}.*region_off_grid"):
+        world[1]
