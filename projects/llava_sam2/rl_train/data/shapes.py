@@ -57,14 +57,24 @@ def render_background(rng: np.random.Generator, side: int) -> np.ndarray:
     return np.clip(np.rint(smooth), *BACKGROUND_RANGE).astype(np.uint8)
 
 
+def object_noise(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Per-pixel, per-channel object noise, int16 ``[*shape, 3]``."""
+    return rng.integers(-OBJECT_NOISE, OBJECT_NOISE + 1, size=(*shape, 3), dtype=np.int16)
+
+
+def paint_objects(image: np.ndarray, objects, visible: np.ndarray, noise: np.ndarray) -> np.ndarray:
+    """Paint each object's visible pixels (bool ``[n, *S]``) on uint8 ``image`` ``[*S, 3]`` in place, with its fill
+    plus ``noise`` ``[*S, 3]``; returns ``image``. ``S`` is ``(H, W)`` for an image, ``(T, H, W)`` for a clip."""
+    for obj, region in zip(objects, visible):
+        image[region] = np.clip(np.asarray(obj.fill, dtype=np.int16) + noise[region], 0, 255)
+    return image
+
+
 def render_scene(scene: Scene, rng: np.random.Generator) -> np.ndarray:
     """Background + objects (visible parts), uint8 ``[H, W, 3]``."""
     side = scene.visible.shape[1]
     image = render_background(rng, side)
-    noise = rng.integers(-OBJECT_NOISE, OBJECT_NOISE + 1, size=(side, side, 3), dtype=np.int16)
-    for obj, visible in zip(scene.objects, scene.visible):
-        image[visible] = np.clip(np.asarray(obj.fill, dtype=np.int16) + noise[visible], 0, 255)
-    return image
+    return paint_objects(image, scene.objects, scene.visible, object_noise(rng, (side, side)))
 
 
 @dataclass(frozen=True)

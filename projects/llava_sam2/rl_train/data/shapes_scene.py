@@ -9,6 +9,10 @@ visible part. Sampling guarantees:
 * no two objects share (size, colour, shape, cell): the canonical caption names exactly one object;
 * with 2+ objects, the first distractor shares the target's colour or its shape (never both), so
   a caption must get its attributes right to pick the target.
+
+The video world (``shapes_video.py``) draws its clips with the same sampler and a moving layout
+(``sample_scene(place=...)``), the same objects (``draw_object``), occlusion (``occlude``) and referent rule
+(``matching_objects``), so both worlds share one vocabulary and one text generator.
 """
 from __future__ import annotations
 
@@ -65,17 +69,32 @@ class Scene:
     attrs: list[dict[str, str]] = field(init=False)
 
     def __post_init__(self):
-        side = self.visible.shape[1]
-        self.attrs = []
-        for obj, visible in zip(self.objects, self.visible):
-            ys, xs = np.nonzero(visible)
-            cell = (min(int(ys.mean() * 3 / side), 2), min(int(xs.mean() * 3 / side), 2))
-            self.attrs.append({"size": obj.size, "colour": obj.colour, "shape": obj.shape,
-                               "cell": CELL_PHRASES[cell][0]})
+        self.attrs = [object_attributes(obj, cell_of(visible)) for obj, visible in zip(self.objects, self.visible)]
 
     def referents(self, attrs: dict[str, str]) -> list[int]:
         """Indices of the objects that ``attrs`` (any subset of ATTRIBUTES) describes."""
-        return [i for i, own in enumerate(self.attrs) if all(own[k] == v for k, v in attrs.items())]
+        return matching_objects(self.attrs, [{own["cell"]} for own in self.attrs], attrs)
+
+
+def cell_of(visible: np.ndarray) -> str:
+    """Name of the 3x3 grid cell holding the centroid of a non-empty bool ``[side, side]`` mask."""
+    side = visible.shape[0]
+    ys, xs = np.nonzero(visible)
+    return CELL_PHRASES[(min(int(ys.mean() * 3 / side), 2), min(int(xs.mean() * 3 / side), 2))][0]
+
+
+def object_attributes(obj: ShapeObject, cell: str) -> dict[str, str]:
+    """The attributes a caption states about ``obj`` (keys: ATTRIBUTES)."""
+    return {"size": obj.size, "colour": obj.colour, "shape": obj.shape, "cell": cell}
+
+
+def matching_objects(attrs: list[dict[str, str]], cells: list[set[str]], query: dict[str, str]) -> list[int]:
+    """Indices of the objects that ``query`` (any subset of ATTRIBUTES) describes: every stated attribute but the cell
+    equals the object's, and a stated cell is one the object occupies (``cells[i]``: its one cell in an image, every
+    cell it is seen in over a clip, so a phrase that fits another object in any frame does not pick one object)."""
+    rest = {k: v for k, v in query.items() if k != "cell"}
+    return [i for i, (own, occupied) in enumerate(zip(attrs, cells))
+            if all(own[k] == v for k, v in rest.items()) and ("cell" not in query or query["cell"] in occupied)]
 
 
 def shape_polygon(obj: ShapeObject) -> list[tuple[float, float]]:
@@ -118,7 +137,7 @@ def _other(options, value, rng: np.random.Generator):
     return rest[rng.integers(len(rest))]
 
 
-def _pick_attributes(rng: np.random.Generator, n_objects: int) -> list[tuple[str, str, str]]:
+def pick_attributes(rng: np.random.Generator, n_objects: int) -> list[tuple[str, str, str]]:
     """(shape, colour, size) per object; object 0 is the target, object 1 shares one attribute."""
     def draw(options):
         return list(options)[rng.integers(len(options))]
@@ -136,21 +155,30 @@ def _pick_attributes(rng: np.random.Generator, n_objects: int) -> list[tuple[str
     return picked
 
 
-def _place(rng: np.random.Generator, attrs: list[tuple[str, str, str]], side: int):
-    """Random geometry for the given attributes, in random paint order; None if a rule fails."""
-    order = rng.permutation(len(attrs))
-    objects = []
-    for shape, colour, size in (attrs[i] for i in order):
-        radius = rng.uniform(*SIZES[size]) * side
-        centre = tuple(rng.uniform(radius + 2, side - radius - 2, size=2))
-        jitter = rng.integers(-COLOUR_JITTER, COLOUR_JITTER + 1, size=3)
-        fill = tuple(int(v) for v in np.clip(np.array(COLOURS[colour]) + jitter, 0, 255))
-        objects.append(ShapeObject(shape, colour, size, centre, radius, rng.uniform(0, 2 * math.pi), fill))
-    full = np.stack([shape_mask(obj, side) for obj in objects])        # [n, H, W]
+def draw_object(rng: np.random.Generator, shape: str, colour: str, size: str, side: int) -> ShapeObject:
+    """An object of the given attributes with random radius, centre (wholly inside the image), fill and rotation."""
+    radius = rng.uniform(*SIZES[size]) * side
+    centre = tuple(rng.uniform(radius + 2, side - radius - 2, size=2))
+    jitter = rng.integers(-COLOUR_JITTER, COLOUR_JITTER + 1, size=3)
+    fill = tuple(int(v) for v in np.clip(np.array(COLOURS[colour]) + jitter, 0, 255))
+    return ShapeObject(shape, colour, size, centre, radius, rng.uniform(0, 2 * math.pi), fill)
+
+
+def occlude(full: np.ndarray) -> np.ndarray:
+    """Visible masks from full shape masks ``[n, ...]`` in paint order: later objects paint on top."""
     visible, covered = np.empty_like(full), np.zeros_like(full[0])
-    for i in range(len(objects) - 1, -1, -1):                           # later objects paint on top
+    for i in range(len(full) - 1, -1, -1):
         visible[i] = full[i] & ~covered
         covered |= full[i]
+    return visible
+
+
+def place_scene(rng: np.random.Generator, attrs: list[tuple[str, str, str]], side: int) -> Scene | None:
+    """Random geometry for the given attributes, in random paint order; None if a rule fails."""
+    order = rng.permutation(len(attrs))
+    objects = [draw_object(rng, *attrs[i], side) for i in order]
+    full = np.stack([shape_mask(obj, side) for obj in objects])        # [n, H, W]
+    visible = occlude(full)
     if (visible.sum(axis=(1, 2)) < MIN_VISIBLE * full.sum(axis=(1, 2))).any():
         return None
     scene = Scene(objects, visible, target=int(np.flatnonzero(order == 0)[0]))
@@ -159,13 +187,16 @@ def _place(rng: np.random.Generator, attrs: list[tuple[str, str, str]], side: in
 
 
 def sample_scene(rng: np.random.Generator, side: int, min_objects: int = 1,
-                 max_objects: int = 4, max_tries: int = 50) -> Scene:
-    """Draw a scene that satisfies the module's rules (fewer objects if placement keeps failing)."""
+                 max_objects: int = 4, max_tries: int = 50, place=place_scene):
+    """Draw a scene that satisfies the module's rules (fewer objects if placement keeps failing).
+
+    ``place(rng, attrs, side)`` lays out objects of the (shape, colour, size) triples ``attrs`` (the target first) and
+    returns the scene, or None when a rule fails; the default places one image, the video world passes a clip's."""
     n_objects = int(rng.integers(min_objects, max_objects + 1))
     while True:
-        attrs = _pick_attributes(rng, n_objects)
+        attrs = pick_attributes(rng, n_objects)
         for _ in range(max_tries):
-            scene = _place(rng, attrs, side)
+            scene = place(rng, attrs, side)
             if scene is not None:
                 return scene
         n_objects -= 1  # a single object always fits, so this terminates
@@ -183,9 +214,12 @@ def canonical_caption(attrs: dict[str, str]) -> str:
     return "a " + _noun_phrase(attrs, ATTRIBUTES)
 
 
-def referring_expressions(scene: Scene, index: int, max_short: int = 2) -> list[str]:
+def referring_expressions(scene, index: int, max_short: int = 2) -> list[str]:
     """Distinct phrasings that each pick out object ``index`` alone: the shortest identifying
-    attribute sets first (up to ``max_short``), then three paraphrases of the full description."""
+    attribute sets first (up to ``max_short``), then three paraphrases of the full description.
+
+    ``scene`` is anything with ``attrs`` and ``referents`` (a :class:`Scene`, or a clip of the video world); its
+    sampler guarantees that the full description picks out ``index`` alone."""
     attrs = scene.attrs[index]
     phrases = []
     for keys in _SHORT_SETS:

@@ -8,6 +8,8 @@
   and text, for a few held-out samples. Answers are shown without the chat template's stop tokens
   (``display_text``), and a prediction without a mask (no ``[SEG]``, or an empty mask) is labelled "no mask" on
   the image, so it cannot be mistaken for a mask too small to see.
+* :func:`plot_video_strip` — frames of one video sample (its masklet outlined, the key frame marked), with an
+  optional predicted masklet below.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from scipy.ndimage import binary_erosion
 from xtuner.utils import PROMPT_TEMPLATE
 
 from ..data.rle import decode_rle
+from ..data.shapes_video import key_frame
 from .metrics import PRIMARY, TASKS
 from .records import EvalRecord
 
@@ -252,3 +255,54 @@ def record_text_in(records: Mapping[str, Mapping[str, EvalRecord]], sample_id: s
         if record is not None and record.text_in:
             return record.text_in
     return None
+
+
+def strip_frames(masks: np.ndarray | None, num_frames: int, max_frames: int) -> list[int]:
+    """Up to ``max_frames`` frame indices spread evenly over the clip, always with the masklet's key frame (when it
+    has a pixel), in time order."""
+    if max_frames < 1:
+        raise ValueError(f"plot_video_strip: max_frames={max_frames}; use >= 1")
+    key = key_frame(masks) if masks is not None and masks.any() else None
+    spread = {int(v) for v in np.rint(np.linspace(0, num_frames - 1, min(max_frames, num_frames)))}
+    if key is not None and key not in spread:
+        spread.remove(min(spread, key=lambda t: abs(t - key)))  # the nearest spread frame gives way to the key frame
+        spread.add(key)
+    return sorted(spread)
+
+
+def plot_video_strip(sample, out_png: str, pred_masks: np.ndarray | None = None, max_frames: int = 8,
+                     title: str | None = None) -> str:
+    """One video sample as a strip: each shown frame with the ground-truth masklet outlined in cyan and the outside
+    dimmed, the key frame (the masklet's largest, :func:`key_frame`) marked in its label; ``pred_masks`` bool
+    ``[T, H, W]`` adds a row with the prediction in magenta over the ground-truth outline. The title is ``title`` or
+    the sample id with its first caption and expression.
+
+    Args:
+        sample: a ``VideoRegionSample`` (a text-only sample, ``gt_masks=None``, shows the plain frames).
+    """
+    gt_masks = None if sample.gt_masks is None else np.asarray(sample.gt_masks, dtype=bool)
+    shown = strip_frames(gt_masks, len(sample.frames), max_frames)
+    key = key_frame(gt_masks) if gt_masks is not None and gt_masks.any() else None
+    rows = 1 if pred_masks is None else 2
+    fig = Figure(figsize=(1.9 * len(shown), 2.1 * rows + 0.7), dpi=100, layout="constrained")
+    axes = fig.subplots(rows, len(shown), squeeze=False)
+    for column, t in enumerate(shown):
+        frame = np.asarray(sample.frames[t].convert("RGB"))
+        gt = None if gt_masks is None else gt_masks[t]
+        axes[0, column].imshow(frame if gt is None else overlay(frame, gt, GT_COLOUR), interpolation="nearest")
+        label = sample.frame_names[t] if t < len(sample.frame_names) else str(t)
+        axes[0, column].set_title(f"{label}{' (key)' if t == key else ''}", fontsize=8)
+        if pred_masks is not None:
+            axes[1, column].imshow(overlay(frame, np.asarray(pred_masks[t], dtype=bool), PRED_COLOUR, reference=gt),
+                                   interpolation="nearest")
+    for axis in axes.ravel():
+        axis.set_xticks([])
+        axis.set_yticks([])
+    axes[0, 0].set_ylabel("ground truth", fontsize=8)
+    if pred_masks is not None:
+        axes[1, 0].set_ylabel("prediction", fontsize=8)
+    texts = [f"“{t}”" for t in (sample.captions[:1] + sample.expressions[:1])]
+    fig.suptitle(title or _wrap(" · ".join([sample.sample_id, *texts]), width=40 * len(shown) // 2, lines=2),
+                 fontsize=9)
+    fig.savefig(out_png)
+    return out_png

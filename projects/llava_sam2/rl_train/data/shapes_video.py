@@ -1,0 +1,223 @@
+"""Shapes world on video: moving shapes, exact masklets, and the image world's captions and referring expressions.
+
+A clip comes from the image world's scene sampler (``shapes_scene.sample_scene``) with a clip layout in place of an
+image layout, so attributes, distractors, captions and expressions come from one generator and one vocabulary:
+
+* Every object is drawn as in an image (same radius, fill and rotation), at an anchor frame where it lies wholly
+  inside the frame, and then translates with its own velocity (speed 0.25-1 x ``max_speed_per_frame`` of the image
+  side per frame, any direction). With probability ``bounce`` it reflects off the frame's edges and stays wholly in
+  view; otherwise it moves straight on and may enter or leave (its mask is all False while out of view). Shapes
+  neither turn nor change size, so size and shape words stay true in every frame.
+* The depth order is fixed (the paint order); a mask is the object's visible part in each frame, after the objects
+  in front of it.
+* At its key frame (the frame where its visible mask is largest, :func:`key_frame`) every object is at least
+  ``MIN_VISIBLE`` visible, as in an image.
+* An object's clip attributes are its size, colour, shape and the cell of its key frame, the frame loop 1 describes.
+  A phrase describes an object when it is true of it in some frame where the object is seen: a stated cell matches
+  every cell the object occupies during the clip. A layout in which some object's full description also fits
+  another object is drawn again, so the canonical caption and every referring expression pick out one object over
+  the whole clip.
+
+Sample ``i`` of split ``s`` uses ``SeedSequence(seed, spawn_key=(VIDEO_STREAM, SPLIT_KEYS[s], i))``: random access,
+byte-identical for the same (split, seed, index), disjoint streams per split and none shared with the image world
+(whose spawn keys have two entries). The background is drawn once per clip (a still camera); object noise is drawn
+per frame. ``domain='target'`` applies the image world's ``DomainShift`` to every frame with the same draws (the same
+clutter, illumination field and sensor noise pattern in each frame), after the clip's pixels, so the source pixels,
+masks and texts do not change.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from functools import partial
+
+import numpy as np
+import PIL.Image
+
+from .bad_samples import BadSampleError
+from .base import RegionDataset
+from .shapes import DOMAINS, SPLIT_KEYS, apply_domain_shift, object_noise, paint_objects, render_background
+from .shapes_scene import (MIN_VISIBLE, ShapeObject, canonical_caption, cell_of, draw_object, matching_objects,
+                           object_attributes, occlude, referring_expressions, sample_scene, shape_mask)
+from .types import VideoRegionSample
+
+VIDEO_STREAM = 1  # first spawn-key entry of every clip's generator (the image world's keys have no such entry)
+MIN_SPEED_SHARE = 0.25  # slowest object speed, as a share of max_speed_per_frame
+
+
+def key_frame(masks: np.ndarray) -> int:
+    """Index of the frame where the masklet bool ``[T, H, W]`` has the most pixels (the earliest on a tie): the frame
+    loop 1 shows the policy as an image region. Raises ValueError for a masklet with no pixel in any frame."""
+    masks = np.asarray(masks)
+    if masks.ndim != 3:
+        raise ValueError(f"key_frame: masks must be [T, H, W], got shape {list(masks.shape)}")
+    areas = masks.reshape(len(masks), -1).sum(axis=1)  # [T]
+    if not areas.any():
+        raise ValueError("key_frame: the masklet is empty in every frame; a sample's object must be seen at least once")
+    return int(np.argmax(areas))
+
+
+@dataclass
+class Clip:
+    """One clip's objects in paint order (``centre`` = the anchor-frame position), their per-frame centres
+    ``[n, T, 2]`` (x, y pixels) and visible masks bool ``[n, T, H, W]``, and the target's index.
+
+    ``key_frames[i]``: object i's key frame; ``cells[i]``: every cell it is seen in; ``attrs[i]``: its clip attributes
+    (the cell of its key frame). ``referents`` follows the image world's ``Scene.referents`` with clip cells."""
+
+    objects: list[ShapeObject]
+    centres: np.ndarray
+    visible: np.ndarray
+    target: int
+    key_frames: list[int] = field(init=False)
+    cells: list[set[str]] = field(init=False)
+    attrs: list[dict[str, str]] = field(init=False)
+
+    def __post_init__(self):
+        self.key_frames = [key_frame(masks) for masks in self.visible]
+        self.cells = [{cell_of(frame) for frame in masks if frame.any()} for masks in self.visible]
+        self.attrs = [object_attributes(obj, cell_of(masks[key]))
+                      for obj, masks, key in zip(self.objects, self.visible, self.key_frames)]
+
+    def referents(self, attrs: dict[str, str]) -> list[int]:
+        """Indices of the objects that ``attrs`` (any subset of ATTRIBUTES) describes in some frame."""
+        return matching_objects(self.attrs, self.cells, attrs)
+
+    def object_at(self, index: int, frame: int) -> ShapeObject:
+        """Object ``index`` where it is in ``frame``."""
+        return replace(self.objects[index], centre=tuple(float(v) for v in self.centres[index, frame]))
+
+
+def reflect(coords: np.ndarray, low: float, high: float) -> np.ndarray:
+    """Positions of a point bouncing between ``low`` and ``high``, from its free-flight ``coords`` (a triangle wave)."""
+    span = high - low
+    folded = np.mod(coords - low, 2 * span)
+    return low + np.where(folded <= span, folded, 2 * span - folded)
+
+
+def trajectory(rng: np.random.Generator, obj: ShapeObject, side: int, num_frames: int, max_speed_per_frame: float,
+               bounce: float) -> tuple[int, np.ndarray]:
+    """(anchor frame, centres ``[T, 2]``): ``obj`` sits at ``obj.centre`` in the anchor frame and moves at a constant
+    velocity, reflecting off the edges (centre kept in ``[r + 2, side - r - 2]``) with probability ``bounce``."""
+    anchor = int(rng.integers(num_frames))
+    speed = rng.uniform(MIN_SPEED_SHARE, 1.0) * max_speed_per_frame * side
+    heading = rng.uniform(0, 2 * math.pi)
+    bounces = rng.random() < bounce
+    steps = np.arange(num_frames, dtype=np.float64) - anchor                                      # [T]
+    centres = np.asarray(obj.centre) + steps[:, None] * speed * np.array([math.cos(heading), math.sin(heading)])
+    if bounces:
+        centres = reflect(centres, obj.radius + 2, side - obj.radius - 2)                         # [T, 2]
+    return anchor, centres
+
+
+def place_clip(rng: np.random.Generator, attrs: list[tuple[str, str, str]], side: int, *, num_frames: int,
+               max_speed_per_frame: float, bounce: float) -> Clip | None:
+    """Random moving layout for the given attributes (target first), in random paint order; None if a rule fails."""
+    order = rng.permutation(len(attrs))
+    objects, anchors, centres = [], [], []
+    for i in order:
+        obj = draw_object(rng, *attrs[i], side)
+        anchor, path = trajectory(rng, obj, side, num_frames, max_speed_per_frame, bounce)
+        objects.append(obj)
+        anchors.append(anchor)
+        centres.append(path)
+    centres = np.stack(centres)                                                                   # [n, T, 2]
+    full = np.stack([[shape_mask(replace(obj, centre=tuple(c)), side) for c in path]
+                     for obj, path in zip(objects, centres)])                                     # [n, T, H, W]
+    visible = occlude(full)
+    whole = full[np.arange(len(objects)), anchors].sum(axis=(1, 2))                               # [n] wholly inside
+    if (visible.sum(axis=(2, 3)).max(axis=1) < MIN_VISIBLE * whole).any():
+        return None
+    clip = Clip(objects, centres, visible, target=int(np.flatnonzero(order == 0)[0]))
+    unique = all(clip.referents(own) == [i] for i, own in enumerate(clip.attrs))
+    return clip if unique else None
+
+
+def render_clip(clip: Clip, rng: np.random.Generator) -> np.ndarray:
+    """Still background + the objects' visible parts in each frame, uint8 ``[T, H, W, 3]``."""
+    _, num_frames, side, _ = clip.visible.shape
+    background = render_background(rng, side)
+    noise = object_noise(rng, (num_frames, side, side))                                           # [T, H, W, 3]
+    frames = np.repeat(background[None], num_frames, axis=0)                                      # [T, H, W, 3]
+    return paint_objects(frames, clip.objects, clip.visible, noise)
+
+
+class ShapesVideoWorld(RegionDataset):
+    """Seeded procedural video data: one clip per sample, the target object's masklet is the region.
+
+    Args:
+        split: ``'train'``, ``'val'`` or ``'test'`` (disjoint random streams).
+        num_samples: dataset length.
+        seed: base seed; same (split, seed, index) -> byte-identical sample.
+        image_size: side of the square frames.
+        num_frames: frames per clip.
+        min_objects / max_objects: objects per clip (1-4 by default).
+        max_speed_per_frame: fastest object speed, as a fraction of the image side per frame (0 = still objects).
+        bounce: probability that an object reflects off the frame's edges (stays in view) rather than moving straight
+            on (may enter or leave).
+        domain / shift / start: as in ``ShapesWorld`` (the target domain shifts every frame's pixels the same way).
+
+    ``captions`` = [canonical caption of the clip attributes], ``expressions`` = >= 3 distinct referring phrasings,
+    ``frame_names`` = ``'00000'``, ``'00001'``, ...; the model's input check (``set_input_check``) is applied to the
+    key frame, the image region loop 1 gives the model.
+    """
+
+    def __init__(self, split: str = "train", num_samples: int = 1000, seed: int = 0, *, image_size: int = 224,
+                 num_frames: int = 16, min_objects: int = 1, max_objects: int = 4, max_speed_per_frame: float = 0.04,
+                 bounce: float = 0.5, domain: str = "source", shift: float = 1.0, start: int = 0):
+        checks = [(split in SPLIT_KEYS, f"split={split!r} is not one of {tuple(SPLIT_KEYS)}"),
+                  (image_size >= 32, f"image_size={image_size} is too small; use >= 32 pixels"),
+                  (num_frames >= 1, f"num_frames={num_frames}; use >= 1"),
+                  (1 <= min_objects <= max_objects <= 4,
+                   f"need 1 <= min_objects <= max_objects <= 4, got {min_objects}, {max_objects}"),
+                  (min(num_samples, shift, start) >= 0, f"num_samples={num_samples}, shift={shift}, start={start} "
+                                                         "must be >= 0"),
+                  (max_speed_per_frame >= 0, f"max_speed_per_frame={max_speed_per_frame} must be >= 0"),
+                  (0 <= bounce <= 1, f"bounce={bounce} is a probability; use a value in [0, 1]"),
+                  (domain in DOMAINS, f"domain={domain!r} is not one of {DOMAINS}")]
+        problems = [message for passed, message in checks if not passed]
+        if problems:
+            raise ValueError("ShapesVideoWorld: " + "; ".join(problems))
+        super().__init__(f"shapes_video_{split}" if domain == "source" else f"shapes_video_{domain}_{split}")
+        self.split, self.num_samples, self.seed, self.start = split, int(num_samples), int(seed), int(start)
+        self.image_size, self.num_frames = image_size, num_frames
+        self.min_objects, self.max_objects = min_objects, max_objects
+        self.max_speed_per_frame, self.bounce = float(max_speed_per_frame), float(bounce)
+        self.domain, self.shift = domain, float(shift)
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def clip(self, index: int, *, render: bool = True) -> tuple[Clip, np.ndarray | None]:
+        """The clip of sample ``index`` and its uint8 ``[T, H, W, 3]`` frames (None with ``render=False``: the clip is
+        drawn before its pixels, so it is the same)."""
+        rng = np.random.default_rng(np.random.SeedSequence(
+            self.seed, spawn_key=(VIDEO_STREAM, SPLIT_KEYS[self.split], self.start + int(index))))
+        place = partial(place_clip, num_frames=self.num_frames, max_speed_per_frame=self.max_speed_per_frame,
+                        bounce=self.bounce)
+        clip = sample_scene(rng, self.image_size, self.min_objects, self.max_objects, place=place)
+        if not render:
+            return clip, None
+        frames = render_clip(clip, rng)
+        if self.domain == "target":
+            shift_seed = int(rng.integers(2 ** 63))  # one draw per clip: every frame gets the same clutter and fields
+            frames = np.stack([apply_domain_shift(frame, clip.visible[:, t].any(axis=0),
+                                                  np.random.default_rng(shift_seed), self.shift)
+                               for t, frame in enumerate(frames)])
+        return clip, frames
+
+    def load(self, index: int) -> VideoRegionSample:
+        clip, frames = self.clip(index)
+        attrs, masks = clip.attrs[clip.target], clip.visible[clip.target].copy()
+        position = self.start + index
+        sample = VideoRegionSample(frames=[PIL.Image.fromarray(frame) for frame in frames], gt_masks=masks,
+                                   captions=[canonical_caption(attrs)],
+                                   expressions=referring_expressions(clip, clip.target),
+                                   sample_id=f"{self.name}/{position}#{position}", source=self.name,
+                                   frame_names=[f"{t:05d}" for t in range(self.num_frames)], category=attrs["shape"])
+        key = clip.key_frames[clip.target]
+        problem = None if self.input_check is None else self.input_check.problem(sample.frames[key], masks[key])
+        if problem is not None:
+            raise BadSampleError(*problem, file=f"{self.name} (generated, seed {self.seed}, key frame {key})",
+                                 sample_id=sample.sample_id)
+        return sample
