@@ -52,6 +52,7 @@ setup(
         "pyarrow",
         "matplotlib",
         "scipy",
+        "opencv-python",  # mp4 frames of SA-V videos (data/video.py); MMEngine installs it too
         "tqdm",
     ],
     extras_require=EXTRAS,
