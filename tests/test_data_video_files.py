@@ -1,5 +1,5 @@
-"""ShapesVideoWorld written in the real video layouts (MeViS, SA-V) reads back through our loaders, and the model's
-input check judges every video dataset on its key frame through one shared function."""
+"""ShapesVideoWorld written in the real video layouts (MeViS, Ref-YouTube-VOS, SA-V) reads back through our loaders,
+and the model's input check judges every video dataset on its key frame through one shared function."""
 import json
 import os
 
@@ -79,6 +79,30 @@ def test_write_mevis_all_objects_annotates_every_object_of_a_clip(tmp_path):
     for i, (_, masks) in enumerate(expected):
         assert np.array_equal(loaded[i].gt_masks, masks)
     assert loaded[0].expressions == shapes[0].expressions  # the target comes first, with its own expressions
+
+
+def test_write_ref_youtube_vos_reads_back_through_its_loader(tmp_path):
+    shapes = world(min_objects=2)
+    paths = shapes.write_ref_youtube_vos(str(tmp_path))
+    loaded = RefYouTubeVOSDataset(**paths, name=shapes.name, num_frames=None)
+    assert len(loaded) == len(shapes) and loaded.bad_sample_counts == {}
+    for index in range(len(shapes)):
+        clip, _ = shapes.clip(index, render=False)
+        original, sample = shapes[index], loaded[index]
+        # the loader names an object by its PNG id (1 + paint-order index), not by the world's sample index
+        original.sample_id = f"{shapes.name}/{index}#{clip.target + 1}"
+        files = [os.path.join(paths["image_root"], str(index), f"{n}.jpg") for n in original.frame_names]
+        assert_same_clip(sample, original, files, original.frame_names)
+        assert sample.expressions == original.expressions and sample.category == original.category
+        with PIL.Image.open(os.path.join(paths["mask_root"], str(index), "00000.png")) as png:
+            assert png.mode == "P"  # an object-id map, as YouTube-VOS stores it
+    every = shapes.write_ref_youtube_vos(str(tmp_path / "all"), all_objects=True)
+    objects = RefYouTubeVOSDataset(**every, num_frames=None)
+    clip, _ = shapes.clip(0, render=False)
+    order = [clip.target] + [k for k in range(len(clip.objects)) if k != clip.target]
+    assert [objects.sample_id(i) for i in range(len(clip.objects))] == [f"ref_youtube_vos/0#{k + 1}" for k in order]
+    for i in range(len(clip.objects)):  # every object's masklet from the shared id map
+        assert np.array_equal(objects[i].gt_masks, clip.visible[int(objects.sample_id(i).split("#")[1]) - 1])
 
 
 def test_write_sav_reads_back_as_masklets_without_text(tmp_path):

@@ -47,7 +47,9 @@ from .video_formats.sav import SAV_FRAME_STRIDE
 
 VIDEO_STREAM = 1  # first spawn-key entry of every clip's generator (the image world's keys have no such entry)
 MIN_SPEED_SHARE = 0.25  # slowest object speed, as a share of max_speed_per_frame
-JPEG_QUALITY = 95  # frames written by write_mevis / write_sav; full-resolution colour (no chroma subsampling)
+JPEG_QUALITY = 95  # frames written by the write_* methods; full-resolution colour (no chroma subsampling)
+# palette of the object-id PNGs of write_ref_youtube_vos: black background, then one distinct colour per object id
+ID_PALETTE = [0, 0, 0, 230, 25, 75, 60, 180, 75, 255, 225, 25, 0, 130, 200] + [0] * (3 * 251)
 
 
 @dataclass
@@ -154,7 +156,8 @@ class ShapesVideoWorld(RegionDataset):
     ``frame_names`` = ``'00000'``, ``'00001'``, ...; the model's input check (``set_input_check``) is applied to the
     key frame, the image region loop 1 gives the model.
 
-    ``write_mevis`` and ``write_sav`` write the clips in the MeViS and SA-V on-disk layouts (``data/video_formats``).
+    ``write_mevis``, ``write_ref_youtube_vos`` and ``write_sav`` write the clips in the MeViS, Ref-YouTube-VOS and
+    SA-V on-disk layouts (``data/video_formats``).
     """
 
     def __init__(self, split: str = "train", num_samples: int = 1000, seed: int = 0, *, image_size: int = 224,
@@ -244,6 +247,49 @@ class ShapesVideoWorld(RegionDataset):
                      mask_file=os.path.join(out_dir, "mask_dict.json"), image_root=image_root)
         write_json(paths["expression_file"], {"videos": videos})
         write_json(paths["mask_file"], mask_dict)
+        return paths
+
+    def write_ref_youtube_vos(self, out_dir: str, *, all_objects: bool = False) -> dict[str, str]:
+        """Write the clips in Ref-YouTube-VOS's layout; returns the ``RefYouTubeVOSDataset`` arguments
+        (``expression_file``, ``image_root``, ``mask_root``, ``meta_file``).
+
+        ``<out_dir>/meta_expressions/train/meta_expressions.json`` holds one video per clip (video id = the clip's
+        index in the split's stream) with one ``exp`` per referring expression of the target (``all_objects``: of
+        every object); ``train/Annotations/<video>/<frame>.png`` is one palette PNG per frame holding every object of
+        the clip (pixel value = 1 + the object's paint-order index, 0 = background; visible masks never overlap, so
+        the id map is exact); ``train/meta.json`` names each object's category (its shape); frames are
+        ``train/JPEGImages/<video>/<frame>.jpg``. Sample ids are ``<name>/<video>#<object id>``; masklets,
+        expressions and categories read back equal, frames equal up to JPEG. The canonical caption is not written
+        (the format has no caption field).
+        """
+        paths = dict(expression_file=os.path.join(out_dir, "meta_expressions", "train", "meta_expressions.json"),
+                     image_root=os.path.join(out_dir, "train", "JPEGImages"),
+                     mask_root=os.path.join(out_dir, "train", "Annotations"),
+                     meta_file=os.path.join(out_dir, "train", "meta.json"))
+        videos, meta = {}, {}
+        for position in range(len(self)):
+            clip, frames = self.clip(position)
+            video, names = str(self.start + position), self.frame_names()
+            self.write_frames(frames, os.path.join(paths["image_root"], video), names)
+            ids = np.zeros(clip.visible.shape[1:], dtype=np.uint8)                                    # [T, H, W]
+            for k, masks in enumerate(clip.visible):
+                ids[masks] = k + 1
+            os.makedirs(os.path.join(paths["mask_root"], video), exist_ok=True)
+            for name, frame_ids in zip(names, ids):
+                png = PIL.Image.fromarray(frame_ids)  # "L"; the palette makes it "P" with the same pixel values
+                png.putpalette(ID_PALETTE)
+                png.save(os.path.join(paths["mask_root"], video, f"{name}.png"))
+            expressions = {}
+            for k in annotated_objects(clip, all_objects):
+                for text in referring_expressions(clip, k):
+                    expressions[str(len(expressions))] = {"exp": text, "obj_id": str(k + 1)}
+            videos[video] = {"frames": names, "expressions": expressions}
+            meta[video] = {"objects": {str(k + 1): {"category": clip.attrs[k]["shape"],
+                                                    "frames": [n for n, m in zip(names, masks) if m.any()]}
+                                       for k, masks in enumerate(clip.visible)}}
+        for path, data in ((paths["expression_file"], {"videos": videos}), (paths["meta_file"], {"videos": meta})):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            write_json(path, data)
         return paths
 
     def write_sav(self, out_dir: str, *, all_objects: bool = False) -> dict[str, str]:
