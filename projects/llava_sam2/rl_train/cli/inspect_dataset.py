@@ -1,4 +1,4 @@
-"""Check a region dataset before a long run: counts, bad samples, and a PNG grid of samples.
+"""Check a region or video dataset before a long run: counts, bad samples, and a PNG grid of samples.
 
 Usage::
 
