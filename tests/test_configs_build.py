@@ -161,3 +161,55 @@ def test_gpu_smoke_config_builds_on_the_meta_device_in_the_gpu_precision(path):
     assert trained == {torch.float32} and frozen == {torch.bfloat16}
     hooks = {name: HOOKS.build(dict(hook)) for name, hook in cfg.default_hooks.items()}
     assert {name: type(hooks[name]).__name__ for name in GRPO_HOOKS} == GRPO_HOOKS
+
+
+VIDEO_DATASETS = sorted((CONFIG_ROOT / "rl/_base_/datasets").glob("video_*.py"))
+
+
+@pytest.fixture(scope="module")
+def video_files(tmp_path_factory) -> dict[str, dict]:
+    """Per video dataset config, the --cfg-options pointing it at tiny files in its format (the shapes video world
+    written as MeViS and SA-V, the Ref-YouTube-VOS fixture), and the sample ids expected back."""
+    from projects.llava_sam2.rl_train.data import ShapesVideoWorld
+    from video_fixtures import make_ref_youtube_vos
+
+    root = tmp_path_factory.mktemp("video_inputs")
+    world = ShapesVideoWorld("train", 2, seed=0, image_size=32, num_frames=4)
+    mevis = world.write_mevis(str(root / "mevis"))
+    sav = world.write_sav(str(root / "sav"))
+    ytvos, expected = make_ref_youtube_vos(str(root / "ytvos"))
+    mine = [f"{world.name}/{i}#{i}" for i in range(2)]
+    return {
+        "video_mevis.py": ({**mevis, "name": world.name}, mine),
+        "video_revos.py": ({**mevis, "name": world.name}, mine),
+        "video_sav.py": ({**sav, "name": world.name}, mine),
+        "video_ref_youtube_vos.py": (ytvos, [e.sample_id for e in expected]),
+        "video_shapes.py": ({"num_samples": 2, "image_size": 32, "num_frames": 4}, mine),
+    }
+
+
+@pytest.mark.parametrize("path", VIDEO_DATASETS, ids=rel)
+def test_video_dataset_config_builds_and_loads(path, video_files):
+    """Each video dataset config builds from the registry as the trainer's dataloader builds it, takes the model's
+    input check, and yields video samples that region_collate batches."""
+    from mmengine.registry import DATASETS
+
+    from projects.llava_sam2.rl_train.data import VideoRegionSample, region_collate
+    from projects.llava_sam2.rl_train.model.text.input_check import UPSTREAM_REGION_GRID_SIZE, InputCheck
+
+    options, sample_ids = video_files[path.name]
+    cfg = Config.fromfile(str(path))
+    dataset_cfg = cfg.dataset
+    dataset_cfg.update(options)
+    dataset = DATASETS.build(dataset_cfg)
+    dataset.set_input_check(InputCheck(UPSTREAM_REGION_GRID_SIZE, "raise"))
+    assert [dataset[i].sample_id for i in range(len(dataset))] == sample_ids
+    batch = cfg.region_collate_fn["type"]([dataset[i] for i in range(len(dataset))])
+    assert cfg.region_collate_fn["type"] is region_collate and len(batch) == len(sample_ids)
+    expected_frames = dataset_cfg.get("num_frames", 5)
+    assert all(isinstance(s, VideoRegionSample) and len(s.frames) == expected_frames for s in batch)
+
+
+def test_every_video_format_has_a_dataset_config():
+    assert [p.name for p in VIDEO_DATASETS] == ["video_mevis.py", "video_ref_youtube_vos.py", "video_revos.py",
+                                                "video_sav.py", "video_shapes.py"]

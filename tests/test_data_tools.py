@@ -39,6 +39,40 @@ def test_inspect_dataset_on_the_shapes_world(tmp_path, capsys):
     assert out.exists()
 
 
+def test_inspect_dataset_on_a_video_dataset_draws_a_strip_per_sample(tmp_path, capsys):
+    """A video dataset config (MeViS layout written by the shapes video world) with one masklet cut down to a pixel
+    between the region-grid points on its key frame: the scan judges the key frame, counts that sample, and draws the
+    others as strips."""
+    import json
+
+    import numpy as np
+
+    from projects.llava_sam2.rl_train.data import ShapesVideoWorld
+    from projects.llava_sam2.rl_train.data.rle import encode_mask
+
+    world = ShapesVideoWorld("val", 3, seed=1, image_size=32, num_frames=4)
+    paths = world.write_mevis(str(tmp_path / "mevis"))
+    with open(paths["mask_file"]) as handle:
+        masks = json.load(handle)
+    dot = np.zeros((32, 32), dtype=bool)
+    dot[1, 1] = True  # the 16 x 16 grid samples even rows and columns of a 32-pixel frame
+    masks["1"] = [encode_mask(dot)] * 4
+    with open(paths["mask_file"], "w") as handle:
+        json.dump(masks, handle)
+    config = os.path.join(ROOT, "projects/llava_sam2/configs/rl/_base_/datasets/video_mevis.py")
+    out = tmp_path / "strips" / "mevis.png"
+    rc = inspect_dataset.main([config, "--cfg-options", *[f"dataset.{k}={v}" for k, v in paths.items()],
+                               f"dataset.name={world.name}", "--out", str(out), "--num", "4"])
+    printed = capsys.readouterr().out
+    assert rc == 0
+    assert "3 samples indexed, 3 scanned, 2 good, 2 videos" in printed and "frames per sample: mean 5.00" in printed
+    assert "  region_off_grid: 1" in printed and "key frame 0" in printed
+    strips = sorted(p.name for p in out.parent.iterdir())
+    assert strips == ["mevis_00.png", "mevis_01.png"]
+    with PIL.Image.open(out.parent / strips[0]) as strip:
+        assert strip.size[0] > 4 * 100  # five frames side by side
+
+
 def test_bench_loader_reports_throughput(tmp_path, capsys):
     rc = bench_loader.main(["--num-samples", "12", "--image-size", "64", "--workers", "0",
                             "--repeats", "1", "--out-dir", str(tmp_path)])

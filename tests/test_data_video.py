@@ -319,5 +319,3 @@ def test_unreadable_files_are_errors_in_both_modes(tmp_path):
         mevis(dict(paths, expression_file=str(tmp_path / "bad.json")))
     with pytest.raises(ValueError, match="no \\*_manual.json"):
         SAVMaskletDataset(str(tmp_path))
-    with pytest.raises(NotImplementedError, match="input check"):
-        mevis(paths).set_input_check(object())

@@ -1,4 +1,4 @@
-"""Check a region dataset before a long run: counts, bad samples, and a PNG grid of samples.
+"""Check a region or video dataset before a long run: counts, bad samples, and a PNG grid of samples.
 
 Usage::
 
@@ -12,6 +12,10 @@ with ``on_bad_sample='skip'`` so that every problem is listed instead of the fir
 the model's input check (the config's model and ``processor_cfg.empty_region``; the released checkpoints'
 16x16 region grid when no model config is found), so samples the model cannot take are listed too.
 ``--check N`` scans the first N samples (default: all) for the counts.
+
+A video dataset (``VideoRegionSample``: the ``video_*.py`` dataset configs) is judged the same way (the input check
+on each sample's key frame) and drawn as one PNG strip per sample (``evaluation.plots.plot_video_strip``):
+``--out work_dirs/x.png`` writes ``work_dirs/x_00.png``, ``work_dirs/x_01.png``, ...
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from collections import Counter
 import numpy as np
 
 from projects.llava_sam2.rl_train.data.bad_samples import SkippedSample
+from projects.llava_sam2.rl_train.data.types import VideoRegionSample
 from projects.llava_sam2.rl_train.engine.builders import input_check_from_config
 from projects.llava_sam2.rl_train.model.text.input_check import UPSTREAM_REGION_GRID_SIZE, InputCheck
 
@@ -91,7 +96,8 @@ def build_dataset(config: str, key: str | None, cfg_options: dict | None, keep_r
 def scan(dataset, limit: int | None) -> tuple[list[int], dict]:
     """Load the first ``limit`` samples; return the good indices and summary statistics."""
     good, stats = [], {"sources": Counter(), "categories": Counter(), "images": set(),
-                       "captions": [], "expressions": [], "area": [], "sizes": Counter()}
+                       "captions": [], "expressions": [], "area": [], "sizes": Counter(),
+                       "frames": [], "absent": []}  # the last two: video samples only
     for index in range(len(dataset) if limit is None else min(limit, len(dataset))):
         sample = dataset[index]
         if isinstance(sample, SkippedSample):
@@ -102,15 +108,22 @@ def scan(dataset, limit: int | None) -> tuple[list[int], dict]:
         stats["images"].add(sample.sample_id.split("#")[0])
         stats["captions"].append(len(sample.captions))
         stats["expressions"].append(len(sample.expressions))
-        stats["area"].append(float(sample.gt_mask.mean()))
-        stats["sizes"][sample.image.size] += 1
+        if isinstance(sample, VideoRegionSample):
+            stats["area"].append(float(sample.gt_masks.mean()))
+            stats["sizes"][sample.frames[0].size] += 1
+            stats["frames"].append(len(sample.frames))
+            stats["absent"].append(int((~sample.gt_masks.any(axis=(1, 2))).sum()))
+        else:
+            stats["area"].append(float(sample.gt_mask.mean()))
+            stats["sizes"][sample.image.size] += 1
     return good, stats
 
 
 def report(dataset, good: list[int], stats: dict, scanned: int) -> str:
     name = getattr(dataset, "name", type(dataset).__name__)
+    video = bool(stats["frames"])
     lines = [f"dataset {name} ({type(dataset).__name__}): {len(dataset)} samples indexed, "
-             f"{scanned} scanned, {len(good)} good, {len(stats['images'])} images"]
+             f"{scanned} scanned, {len(good)} good, {len(stats['images'])} {'videos' if video else 'images'}"]
     if getattr(dataset, "excluded", None):
         lines.append(f"left out while indexing (not single regions): {dataset.excluded}")
     if good:
@@ -119,11 +132,14 @@ def report(dataset, good: list[int], stats: dict, scanned: int) -> str:
         lines.append(f"expressions per sample: mean {np.mean(stats['expressions']):.2f}, "
                      f"without any: {sum(e == 0 for e in stats['expressions'])}")
         area = np.array(stats["area"])
-        lines.append(f"mask area / image: min {area.min():.4f} median {np.median(area):.4f} "
-                     f"max {area.max():.4f}")
+        lines.append(f"mask area / {'clip (all frames)' if video else 'image'}: min {area.min():.4f} "
+                     f"median {np.median(area):.4f} max {area.max():.4f}")
+        if video:
+            lines.append(f"frames per sample: mean {np.mean(stats['frames']):.2f}; frames without the object: "
+                         f"mean {np.mean(stats['absent']):.2f}, max {max(stats['absent'])}")
         lines.append(f"sources: {dict(stats['sources'].most_common(10))}")
         lines.append(f"categories (top 10): {dict(stats['categories'].most_common(10))}")
-        lines.append(f"image sizes (W, H) (top 5): {dict(stats['sizes'].most_common(5))}")
+        lines.append(f"{'frame' if video else 'image'} sizes (W, H) (top 5): {dict(stats['sizes'].most_common(5))}")
     log = getattr(dataset, "bad_samples", None)
     lines.append("bad samples: " + (log.report(name) if log is not None else "not tracked"))
     return "\n".join(lines)
@@ -158,6 +174,15 @@ def draw_grid(dataset, indices: list[int], out_path: str, columns: int = 4) -> N
     plt.close(fig)
 
 
+def draw_strips(dataset, indices: list[int], out_path: str) -> list[str]:
+    """One ``plot_video_strip`` PNG per video sample, ``<out_path without .png>_<k>.png``; returns the paths."""
+    from projects.llava_sam2.rl_train.evaluation.plots import plot_video_strip
+
+    stem = out_path[:-len(".png")] if out_path.endswith(".png") else out_path
+    os.makedirs(os.path.dirname(os.path.abspath(stem)), exist_ok=True)
+    return [plot_video_strip(dataset[index], f"{stem}_{k:02d}.png") for k, index in enumerate(indices)]
+
+
 def main(argv: list[str] | None = None) -> int:
     from mmengine.config import DictAction
 
@@ -166,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--key", default=None, help="config entry of the dataset, dotted (default: the first of "
                         + ", ".join(DATASET_KEYS) + " that the config has)")
     parser.add_argument("--cfg-options", nargs="+", action=DictAction, help="override entries, key=value")
-    parser.add_argument("--out", default="work_dirs/inspect_dataset.png", help="PNG grid path")
+    parser.add_argument("--out", default="work_dirs/inspect_dataset.png", help="PNG grid path (video: the strips' "
+                        "path stem, <out>_00.png, ...)")
     parser.add_argument("--num", type=int, default=16, help="samples in the grid")
     parser.add_argument("--check", type=int, default=None, help="scan only the first N samples")
     parser.add_argument("--keep-raise", action="store_true", help="keep on_bad_sample='raise'")
@@ -179,8 +205,13 @@ def main(argv: list[str] | None = None) -> int:
     print(report(dataset, good, stats, scanned))
     if good and args.num > 0:
         picks = [good[int(k)] for k in np.linspace(0, len(good) - 1, min(args.num, len(good)))]
-        draw_grid(dataset, list(dict.fromkeys(picks)), args.out)
-        print(f"grid of {len(set(picks))} samples written to {args.out}")
+        picks = list(dict.fromkeys(picks))
+        if stats["frames"]:
+            paths = draw_strips(dataset, picks, args.out)
+            print(f"strips of {len(paths)} video samples written to {paths[0]} ... {paths[-1]}")
+        else:
+            draw_grid(dataset, picks, args.out)
+            print(f"grid of {len(picks)} samples written to {args.out}")
     return 0
 
 

@@ -13,9 +13,9 @@ from .gar import GARRegionDataset
 from .refcoco import RefCocoRegionDataset
 from .rle import decode_rle, decode_segmentation, encode_mask
 from .shapes import ShapesWorld
-from .shapes_video import ShapesVideoWorld, key_frame
+from .shapes_video import ShapesVideoWorld
 from .types import RegionSample, VideoRegionSample
-from .video import VideoRegionDataset
+from .video import VideoRegionDataset, key_frame
 from .video_formats import MeViSDataset, RefYouTubeVOSDataset, ReVOSDataset, SAVMaskletDataset
 
 __all__ = [

@@ -27,34 +27,29 @@ masks and texts do not change.
 """
 from __future__ import annotations
 
+import json
 import math
+import os
 from dataclasses import dataclass, field, replace
 from functools import partial
 
 import numpy as np
 import PIL.Image
 
-from .bad_samples import BadSampleError
 from .base import RegionDataset
+from .rle import encode_mask
 from .shapes import DOMAINS, SPLIT_KEYS, apply_domain_shift, object_noise, paint_objects, render_background
 from .shapes_scene import (MIN_VISIBLE, ShapeObject, canonical_caption, cell_of, draw_object, matching_objects,
                            object_attributes, occlude, referring_expressions, sample_scene, shape_mask)
 from .types import VideoRegionSample
+from .video import check_key_frame_input, key_frame
+from .video_formats.sav import SAV_FRAME_STRIDE
 
 VIDEO_STREAM = 1  # first spawn-key entry of every clip's generator (the image world's keys have no such entry)
 MIN_SPEED_SHARE = 0.25  # slowest object speed, as a share of max_speed_per_frame
-
-
-def key_frame(masks: np.ndarray) -> int:
-    """Index of the frame where the masklet bool ``[T, H, W]`` has the most pixels (the earliest on a tie): the frame
-    loop 1 shows the policy as an image region. Raises ValueError for a masklet with no pixel in any frame."""
-    masks = np.asarray(masks)
-    if masks.ndim != 3:
-        raise ValueError(f"key_frame: masks must be [T, H, W], got shape {list(masks.shape)}")
-    areas = masks.reshape(len(masks), -1).sum(axis=1)  # [T]
-    if not areas.any():
-        raise ValueError("key_frame: the masklet is empty in every frame; a sample's object must be seen at least once")
-    return int(np.argmax(areas))
+JPEG_QUALITY = 95  # frames written by the write_* methods; full-resolution colour (no chroma subsampling)
+# palette of the object-id PNGs of write_ref_youtube_vos: black background, then one distinct colour per object id
+ID_PALETTE = [0, 0, 0, 230, 25, 75, 60, 180, 75, 255, 225, 25, 0, 130, 200] + [0] * (3 * 251)
 
 
 @dataclass
@@ -160,6 +155,9 @@ class ShapesVideoWorld(RegionDataset):
     ``captions`` = [canonical caption of the clip attributes], ``expressions`` = >= 3 distinct referring phrasings,
     ``frame_names`` = ``'00000'``, ``'00001'``, ...; the model's input check (``set_input_check``) is applied to the
     key frame, the image region loop 1 gives the model.
+
+    ``write_mevis``, ``write_ref_youtube_vos`` and ``write_sav`` write the clips in the MeViS, Ref-YouTube-VOS and
+    SA-V on-disk layouts (``data/video_formats``).
     """
 
     def __init__(self, split: str = "train", num_samples: int = 1000, seed: int = 0, *, image_size: int = 224,
@@ -214,10 +212,139 @@ class ShapesVideoWorld(RegionDataset):
                                    captions=[canonical_caption(attrs)],
                                    expressions=referring_expressions(clip, clip.target),
                                    sample_id=f"{self.name}/{position}#{position}", source=self.name,
-                                   frame_names=[f"{t:05d}" for t in range(self.num_frames)], category=attrs["shape"])
-        key = clip.key_frames[clip.target]
-        problem = None if self.input_check is None else self.input_check.problem(sample.frames[key], masks[key])
-        if problem is not None:
-            raise BadSampleError(*problem, file=f"{self.name} (generated, seed {self.seed}, key frame {key})",
-                                 sample_id=sample.sample_id)
+                                   frame_names=self.frame_names(), category=attrs["shape"])
+        check_key_frame_input(self.input_check, sample.frames, masks, frame_names=sample.frame_names,
+                              file=f"{self.name} (generated, seed {self.seed})", sample_id=sample.sample_id)
         return sample
+
+    def write_mevis(self, out_dir: str, *, all_objects: bool = False) -> dict[str, str]:
+        """Write the clips in MeViS's layout; returns the ``MeViSDataset`` arguments (``expression_file``,
+        ``mask_file``, ``image_root``).
+
+        ``<out_dir>/meta_expressions.json`` holds one video per clip (video id = the clip's index in the split's stream,
+        ``start`` + sample index; frames ``'00000'``, ``'00001'``, ...) with one ``exp`` per referring expression;
+        ``mask_dict.json`` the masklet of each annotated object (an RLE per frame, ``null`` where the object is out of
+        view); frames are ``JPEGImages/<video>/<frame>.jpg``. By default each clip annotates its target only, with
+        ``anno_id`` = the clip's index, so ``MeViSDataset(..., name=world.name, num_frames=None)`` yields the world's
+        samples: ids, masklets and expressions equal, frames equal up to JPEG. MeViS has no caption field, so the
+        canonical caption is not written (the loaded samples have ``captions == []``). ``all_objects`` annotates
+        every object of the clip (target first, ``anno_id = 4 * index + k`` for the k-th object in paint order).
+        """
+        image_root = os.path.join(out_dir, "JPEGImages")
+        videos, mask_dict = {}, {}
+        for position in range(len(self)):
+            clip, frames = self.clip(position)
+            index, names = self.start + position, self.frame_names()
+            self.write_frames(frames, os.path.join(image_root, str(index)), names)
+            expressions = {}
+            for k in annotated_objects(clip, all_objects):
+                anno_id = annotation_id(index, k, all_objects)
+                mask_dict[str(anno_id)] = [encode_mask(m) if m.any() else None for m in clip.visible[k]]
+                for text in referring_expressions(clip, k):
+                    expressions[str(len(expressions))] = {"exp": text, "obj_id": [k], "anno_id": [anno_id]}
+            videos[str(index)] = {"frames": names, "expressions": expressions}
+        paths = dict(expression_file=os.path.join(out_dir, "meta_expressions.json"),
+                     mask_file=os.path.join(out_dir, "mask_dict.json"), image_root=image_root)
+        write_json(paths["expression_file"], {"videos": videos})
+        write_json(paths["mask_file"], mask_dict)
+        return paths
+
+    def write_ref_youtube_vos(self, out_dir: str, *, all_objects: bool = False) -> dict[str, str]:
+        """Write the clips in Ref-YouTube-VOS's layout; returns the ``RefYouTubeVOSDataset`` arguments
+        (``expression_file``, ``image_root``, ``mask_root``, ``meta_file``).
+
+        ``<out_dir>/meta_expressions/train/meta_expressions.json`` holds one video per clip (video id = the clip's
+        index in the split's stream) with one ``exp`` per referring expression of the target (``all_objects``: of
+        every object); ``train/Annotations/<video>/<frame>.png`` is one palette PNG per frame holding every object of
+        the clip (pixel value = 1 + the object's paint-order index, 0 = background; visible masks never overlap, so
+        the id map is exact); ``train/meta.json`` names each object's category (its shape); frames are
+        ``train/JPEGImages/<video>/<frame>.jpg``. Sample ids are ``<name>/<video>#<object id>``; masklets,
+        expressions and categories read back equal, frames equal up to JPEG. The canonical caption is not written
+        (the format has no caption field).
+        """
+        paths = dict(expression_file=os.path.join(out_dir, "meta_expressions", "train", "meta_expressions.json"),
+                     image_root=os.path.join(out_dir, "train", "JPEGImages"),
+                     mask_root=os.path.join(out_dir, "train", "Annotations"),
+                     meta_file=os.path.join(out_dir, "train", "meta.json"))
+        videos, meta = {}, {}
+        for position in range(len(self)):
+            clip, frames = self.clip(position)
+            video, names = str(self.start + position), self.frame_names()
+            self.write_frames(frames, os.path.join(paths["image_root"], video), names)
+            ids = np.zeros(clip.visible.shape[1:], dtype=np.uint8)                                    # [T, H, W]
+            for k, masks in enumerate(clip.visible):
+                ids[masks] = k + 1
+            os.makedirs(os.path.join(paths["mask_root"], video), exist_ok=True)
+            for name, frame_ids in zip(names, ids):
+                png = PIL.Image.fromarray(frame_ids)  # "L"; the palette makes it "P" with the same pixel values
+                png.putpalette(ID_PALETTE)
+                png.save(os.path.join(paths["mask_root"], video, f"{name}.png"))
+            expressions = {}
+            for k in annotated_objects(clip, all_objects):
+                for text in referring_expressions(clip, k):
+                    expressions[str(len(expressions))] = {"exp": text, "obj_id": str(k + 1)}
+            videos[video] = {"frames": names, "expressions": expressions}
+            meta[video] = {"objects": {str(k + 1): {"category": clip.attrs[k]["shape"],
+                                                    "frames": [n for n, m in zip(names, masks) if m.any()]}
+                                       for k, masks in enumerate(clip.visible)}}
+        for path, data in ((paths["expression_file"], {"videos": videos}), (paths["meta_file"], {"videos": meta})):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            write_json(path, data)
+        return paths
+
+    def write_sav(self, out_dir: str, *, all_objects: bool = False) -> dict[str, str]:
+        """Write the clips as SA-V masklets without text (loop 1's unpaired data) in the extracted-JPEG layout;
+        returns the ``SAVMaskletDataset`` arguments (``annotation_root``, ``frames_root``).
+
+        ``<out_dir>/sav_train/<video_id>_manual.json`` per clip (video id = the clip's index in the split's stream):
+        ``masklet`` lists, per annotated frame, one RLE per object (an empty mask where it is out of view, as SA-V
+        stores it), ``masklet_id`` names the objects. Clip frame ``t`` is annotated frame ``t``, so it is written as
+        video frame ``4 t``: ``JPEGImages_24fps/<video_id>/<4 t:05d>.jpg``. No mp4 is written. By default the target
+        alone is annotated with ``masklet_id`` = the clip's index, so ``SAVMaskletDataset(annotation_root,
+        frames_root, name=world.name, num_frames=None)`` yields the world's masklets under the world's sample ids
+        (frame names ``'00000'``, ``'00004'``, ...); ``all_objects`` annotates every object (target first,
+        ``masklet_id = 4 * index + k``).
+        """
+        annotation_root, frames_root = os.path.join(out_dir, "sav_train"), os.path.join(out_dir, "JPEGImages_24fps")
+        os.makedirs(annotation_root, exist_ok=True)
+        for position in range(len(self)):
+            clip, frames = self.clip(position)
+            index = self.start + position
+            video_id = str(index)
+            self.write_frames(frames, os.path.join(frames_root, video_id),
+                              [f"{SAV_FRAME_STRIDE * t:05d}" for t in range(self.num_frames)])
+            order = annotated_objects(clip, all_objects)
+            ids = [annotation_id(index, k, all_objects) for k in order]
+            write_json(os.path.join(annotation_root, f"{video_id}_manual.json"), {
+                "video_id": video_id, "video_frame_count": float(SAV_FRAME_STRIDE * (self.num_frames - 1) + 1),
+                "video_height": float(self.image_size), "video_width": float(self.image_size),
+                "masklet": [[encode_mask(clip.visible[k, t]) for k in order] for t in range(self.num_frames)],
+                "masklet_id": ids, "masklet_num": len(ids), "masklet_type": ["manual"] * len(ids)})
+        return dict(annotation_root=annotation_root, frames_root=frames_root)
+
+    def frame_names(self) -> list[str]:
+        return [f"{t:05d}" for t in range(self.num_frames)]
+
+    @staticmethod
+    def write_frames(frames: np.ndarray, folder: str, names: list[str]) -> None:
+        """uint8 ``[T, H, W, 3]`` frames as ``<folder>/<name>.jpg``."""
+        os.makedirs(folder, exist_ok=True)
+        for frame, name in zip(frames, names):
+            PIL.Image.fromarray(frame).save(os.path.join(folder, f"{name}.jpg"), "JPEG", quality=JPEG_QUALITY,
+                                            subsampling=0)
+
+
+def write_json(path: str, data) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(data, handle)
+
+
+def annotated_objects(clip: Clip, all_objects: bool) -> list[int]:
+    """The objects a writer annotates: the target, then (``all_objects``) the others in paint order."""
+    return [clip.target] + ([k for k in range(len(clip.objects)) if k != clip.target] if all_objects else [])
+
+
+def annotation_id(index: int, k: int, all_objects: bool) -> int:
+    """Id of object ``k`` of clip ``index`` (its index in the split's stream) in written files: the index itself for
+    the target alone (so a loader's sample id is the world's), ``4 * index + k`` with ``all_objects``."""
+    return 4 * index + k if all_objects else index

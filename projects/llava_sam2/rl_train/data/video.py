@@ -10,6 +10,11 @@ drawn with replacement (so a frame can repeat). ``'random_or_contiguous'`` inste
 option). ``'uniform'`` is deterministic (evenly spaced frames, for evaluation), and ``num_frames=None`` keeps every
 frame. The random draws come from a generator seeded by ``(seed, epoch, index)``, so a sample's frames are the same in
 every process and every run, and change with ``set_epoch``.
+
+The model's input check (``set_input_check``) judges a video sample on its key frame (:func:`key_frame`, the drawn
+frame where the masklet is largest): loop 1 shows the model that frame as an image region, so the image rule (an
+image large enough, a region that hits the region grid) applies to it; the other frames go to SAM 2 as they are.
+Every video dataset, the loaders and ``ShapesVideoWorld``, applies it through :func:`check_key_frame_input`.
 """
 from __future__ import annotations
 
@@ -74,15 +79,35 @@ class VideoRegionDataset(RegionDataset):
         """Draw other frames from now on (the same ones for the same epoch)."""
         self.epoch = int(epoch)
 
-    def set_input_check(self, check) -> None:
-        # the model's input check is defined on one image and its region; a masklet is absent on some frames, so
-        # the image rule (a region must hit the region grid) does not carry over frame by frame
-        raise NotImplementedError(f"{type(self).__name__}: the model input check is not defined for video samples")
-
     def frame_indices(self, index: int, clip_len: int) -> list[int]:
         """The frames sample ``index`` is drawn on (see the module docstring)."""
         rng = np.random.default_rng((self.seed, self.epoch, index))
         return sample_frame_indices(clip_len, self.num_frames, self.frame_sampling, rng)
+
+
+def key_frame(masks: np.ndarray) -> int:
+    """Index of the frame where the masklet bool ``[T, H, W]`` has the most pixels (the earliest on a tie): the frame
+    loop 1 shows the policy as an image region. Raises ValueError for a masklet with no pixel in any frame."""
+    masks = np.asarray(masks)
+    if masks.ndim != 3:
+        raise ValueError(f"key_frame: masks must be [T, H, W], got shape {list(masks.shape)}")
+    areas = masks.reshape(len(masks), -1).sum(axis=1)  # [T]
+    if not areas.any():
+        raise ValueError("key_frame: the masklet is empty in every frame; a sample's object must be seen at least once")
+    return int(np.argmax(areas))
+
+
+def check_key_frame_input(input_check, frames: Sequence[PIL.Image.Image], gt_masks: np.ndarray, *,
+                          frame_names: Sequence[str], file: str, sample_id: str) -> None:
+    """Raise ``BadSampleError`` when ``input_check`` (``model.text.input_check.InputCheck`` or any object with its
+    ``problem(image, gt_mask)``; None: no check) rejects the key frame of the masklet ``gt_masks`` (non-empty)."""
+    if input_check is None:
+        return
+    key = key_frame(gt_masks)
+    problem = input_check.problem(frames[key], gt_masks[key])
+    if problem is not None:
+        raise BadSampleError(problem[0], f"on key frame {key} ({frame_names[key]!r}), the frame the model sees as "
+                             f"an image region: {problem[1]}", file=file, sample_id=sample_id)
 
 
 def load_frames(paths: Sequence[str], *, alpha: str, sample_id: str) -> list[PIL.Image.Image]:
@@ -177,9 +202,10 @@ def union_rle_masks(rles: Sequence[object], size: tuple[int, int], *, file: str,
 
 def finish_video_sample(frames: list[PIL.Image.Image], gt_masks: np.ndarray, *, frame_names: list[str],
                         captions: list[str], expressions: list[str], sample_id: str, source: str, file: str,
-                        category: str | None = None) -> VideoRegionSample:
-    """Last checks shared by the video loaders: texts are valid UTF-8, one mask per frame at the frames' size, and
-    the masklet has a pixel on at least one of the drawn frames."""
+                        category: str | None = None, input_check=None) -> VideoRegionSample:
+    """Last checks shared by the video loaders: texts are valid UTF-8, one mask per frame at the frames' size, the
+    masklet has a pixel on at least one of the drawn frames, and the model's ``input_check`` (when given) accepts
+    its key frame (:func:`check_key_frame_input`)."""
     for field, texts in (("caption", captions), ("expression", expressions)):
         for position, text in enumerate(texts):
             check_utf8(text, f"{field} {position}", file=file, sample_id=sample_id)
@@ -190,6 +216,7 @@ def finish_video_sample(frames: list[PIL.Image.Image], gt_masks: np.ndarray, *, 
     if not gt_masks.any():
         raise BadSampleError("empty_mask", f"the masklet has no pixel on the drawn frames {frame_names}", file=file,
                              sample_id=sample_id)
+    check_key_frame_input(input_check, frames, gt_masks, frame_names=frame_names, file=file, sample_id=sample_id)
     return VideoRegionSample(frames=frames, gt_masks=gt_masks.astype(bool, copy=False), captions=list(captions),
                              expressions=list(expressions), sample_id=sample_id, source=source,
                              frame_names=list(frame_names), category=category)

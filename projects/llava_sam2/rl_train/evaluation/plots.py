@@ -27,7 +27,7 @@ from scipy.ndimage import binary_erosion
 from xtuner.utils import PROMPT_TEMPLATE
 
 from ..data.rle import decode_rle
-from ..data.shapes_video import key_frame
+from ..data.video import key_frame
 from .metrics import PRIMARY, TASKS
 from .records import EvalRecord
 

@@ -85,7 +85,8 @@ class MeViSDataset(VideoRegionDataset):
         masks = np.stack([union_rle_masks([self._masks[a][i] for a in clip.target], frames[0].size,
                                           file=self.mask_file, sample_id=sample_id) for i in indices])
         return finish_video_sample(frames, masks, frame_names=names, captions=[], expressions=clip.expressions,
-                                   sample_id=sample_id, source=self.name, file=self.mask_file)
+                                   sample_id=sample_id, source=self.name, file=self.mask_file,
+                                   input_check=self.input_check)
 
 
 class ReVOSDataset(MeViSDataset):

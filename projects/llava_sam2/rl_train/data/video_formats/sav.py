@@ -106,4 +106,5 @@ class SAVMaskletDataset(VideoRegionDataset):
                                  alpha=self.alpha, sample_id=sample_id)
         masks = np.stack([union_rle_masks([masklet[i][record.position]], frames[0].size, **where) for i in indices])
         return finish_video_sample(frames, masks, frame_names=names, captions=[], expressions=[],
-                                   sample_id=sample_id, source=self.name, file=record.annotation_file)
+                                   sample_id=sample_id, source=self.name, file=record.annotation_file,
+                                   input_check=self.input_check)

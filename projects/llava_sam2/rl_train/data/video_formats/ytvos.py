@@ -86,4 +86,4 @@ class RefYouTubeVOSDataset(VideoRegionDataset):
         category = self._objects.get(clip.video, {}).get(str(obj_id)) if self._objects is not None else None
         return finish_video_sample(frames, np.stack([masks[n] for n in names]), frame_names=names, captions=[],
                                    expressions=clip.expressions, sample_id=sample_id, source=self.name,
-                                   file=self.expression_file, category=category)
+                                   file=self.expression_file, category=category, input_check=self.input_check)
