@@ -20,7 +20,7 @@ def meta_layout(config: Sa2VAConfig) -> dict[str, tuple[int, ...]]:
     return checkpoint_layout(model)
 
 
-@pytest.fixture(scope="module", params=["1b", "4b", "8b"])
+@pytest.fixture(scope="module", params=["1b", "4b", "8b", "in3_2b", "in3_8b", "in3_14b"])
 def release_layout(request):
     return request.param, meta_layout(build_preset(request.param))
 
