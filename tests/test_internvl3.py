@@ -79,6 +79,15 @@ def test_the_processor_follows_the_template_the_checkpoint_names(saved_replica, 
     config["template"] = "internlm2_chat"
     other = Sa2VAProcessor.from_config(tokenizer, Sa2VAConfig.from_dict(config))
     assert other.template_user_turn("hi") == PROMPT_TEMPLATE.internlm2_chat.INSTRUCTION.format(input="hi", round=1)
+    config["template"] = "internvl2_5"  # what the InternVL3 base model's config.json says
+    with pytest.raises(ValueError, match="InternVL base model's, not a Sa2VA checkpoint's"):
+        Sa2VAProcessor.from_config(tokenizer, Sa2VAConfig.from_dict(config))
+
+
+def test_the_rl_step_benchmark_offers_the_internvl3_presets():
+    from projects.llava_sam2.rl_train.benchmarks.rl_step import parse_args
+
+    assert parse_args(["--preset", "in3_8b"]).preset == "in3_8b"
 
 
 def test_saved_config_json_has_the_class_fields_upstream_v2_reads(tmp_path):
