@@ -29,6 +29,7 @@ from ..network.configuration import Sa2VAConfig
 from ..text.constants import SA2VA_SPECIAL_TOKENS
 from .deepspeed_zero import read_zero_checkpoint
 from .hf_config import SA2VA_AUTO_MAP
+
 # Upstream SAM2TrainRunner builds SAM 2.0 Hiera-L from this hydra config; no other size is known to us.
 SAM2_CFG_PATHS = ("sam2_hiera_l.yaml",)
 

@@ -2,7 +2,7 @@
 
 Real presets follow docs/sa2va_internals.md §1.3-§1.8 (InternViT-300M-448px-V2_5 + Qwen2.5-0.5B / Qwen2.5-3B /
 InternLM2.5-7B + SAM 2.0 Hiera-L) and §9 for the InternVL3 family (``in3_2b`` / ``in3_8b`` / ``in3_14b``: the same ViT
-+ Qwen2.5-1.5B / -7B / -14B). They are for shapes (layouts, memory plans, benchmarks with random
+with Qwen2.5-1.5B / -7B / -14B). They are for shapes (layouts, memory plans, benchmarks with random
 weights); a real checkpoint always brings its own config.json, which wins. Values not confirmed against
 a released config.json (rope_theta, rms_norm_eps, max_position_embeddings) are InternVL2.5 defaults
 [verify]. ``tiny`` is the CPU test model of /tmp/tiny_spec.md.
