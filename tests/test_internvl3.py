@@ -43,11 +43,15 @@ def saved_replica(tmp_path_factory):
     return model, path
 
 
-@pytest.mark.parametrize("name, D, layers", [("in3_2b", 1536, 28), ("in3_8b", 3584, 28), ("in3_14b", 5120, 48)])
-def test_internvl3_presets_pair_internvit_300m_with_qwen25_and_qwen_chat(name, D, layers):
+# Qwen2.5-1.5B / -7B / -14B: hidden, layers, heads, kv heads, FFN (docs/sa2va_internals.md §9.1)
+@pytest.mark.parametrize("name, dims", [("in3_2b", (1536, 28, 12, 2, 8960)), ("in3_8b", (3584, 28, 28, 4, 18944)),
+                                        ("in3_14b", (5120, 48, 40, 8, 13824))])
+def test_internvl3_presets_pair_internvit_300m_with_qwen25_and_qwen_chat(name, dims):
     config = build_preset(name)
-    assert (config.llm_architecture, config.llm_hidden_size, config.llm_config.num_hidden_layers) == (
-        "Qwen2ForCausalLM", D, layers)
+    llm = config.llm_config
+    assert config.llm_architecture == "Qwen2ForCausalLM"
+    assert (llm.hidden_size, llm.num_hidden_layers, llm.num_attention_heads, llm.num_key_value_heads,
+            llm.intermediate_size) == dims
     assert config.vit_hidden_size == 1024 and config.num_image_token == 256 and config.vocab_size == 151679
     assert config.template == "qwen_chat"
     assert config.llm_config.rope_scaling == {"factor": 2.0, "rope_type": "dynamic", "type": "dynamic"}
