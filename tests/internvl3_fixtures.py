@@ -1,9 +1,9 @@
 """A tiny Sa2VA-InternVL3 replica: tiny sizes in the config.json shape of upstream's codebase-v2 export for the
 InternVL3 family (docs/sa2va_internals.md §9), deterministic weights, one fixed input, and our model's outputs on it.
 
-tests/test_internvl3.py uses it, and so did the development run of upstream's own HF code that produced
-tests/data/internvl3_upstream_reference.safetensors (docs/upstream.md, "Parity with upstream's HF code"): both sides
-see the same weights and the same input, so the pinned outputs compare like for like.
+tests/test_internvl3.py uses it, and so does research/upstream_v2_parity.py, the run of upstream's own HF code that
+wrote tests/data/internvl3_upstream_*.{safetensors,json} (docs/upstream.md, "Parity with upstream's HF code"): both
+sides see the same weights and the same input, so the pinned outputs compare like for like.
 """
 from __future__ import annotations
 
