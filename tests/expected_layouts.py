@@ -1,4 +1,4 @@
-"""Expected HF Sa2VA checkpoint layouts, written from docs/sa2va_internals.md §1.3-§1.8 (not from
+"""Expected HF Sa2VA checkpoint layouts, written from docs/sa2va_internals.md §1.3-§1.8 and §9 (not from
 our model code), for tests/test_model_layout.py.
 
 Exact key sets are generated for the groups the reference spells out (InternViT, Qwen2, InternLM2,
@@ -35,6 +35,10 @@ RELEASES = {
     "1b": dict(D=896, layers=24, heads=14, kv=2, ffn=4864, vocab=151679, arch="Qwen2ForCausalLM"),
     "4b": dict(D=2048, layers=36, heads=16, kv=2, ffn=11008, vocab=151679, arch="Qwen2ForCausalLM"),
     "8b": dict(D=4096, layers=32, heads=32, kv=8, ffn=14336, vocab=92558, arch="InternLM2ForCausalLM"),
+    # Sa2VA-InternVL3 (reference §9): Qwen2.5-1.5B / -7B / -14B behind the same ViT
+    "in3_2b": dict(D=1536, layers=28, heads=12, kv=2, ffn=8960, vocab=151679, arch="Qwen2ForCausalLM"),
+    "in3_8b": dict(D=3584, layers=28, heads=28, kv=4, ffn=18944, vocab=151679, arch="Qwen2ForCausalLM"),
+    "in3_14b": dict(D=5120, layers=48, heads=40, kv=8, ffn=13824, vocab=151679, arch="Qwen2ForCausalLM"),
 }
 
 

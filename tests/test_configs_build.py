@@ -2,8 +2,8 @@
 
 CPU configs build the way `sa2va-rl train` builds them (MMEngine Runner: model, hooks by name, train loop with its
 dataloader and one batch, optimizer wrapper, schedulers, and for GRPO the algorithm with its rewards), on the tiny
-model and files written here. The released-size configs (1B/4B/8B) build their model and algorithm on the meta
-device (no weights: a preset of the same size stands in for the local checkpoint) plus every hook.
+model and files written here. The released-size configs (1B/4B/8B, InternVL3 2B/8B) build their model and algorithm on
+the meta device (no weights: a preset of the same size stands in for the local checkpoint) plus every hook.
 """
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ ALL_CONFIGS = sorted(CONFIG_ROOT.rglob("*.py"))
 # upstream_sft/ holds a config in upstream Sa2VA's schema: it builds only inside an upstream checkout (its classes), so
 # here it is loaded (test_config_loads) and read by engine/upstream_sft.py (test_upstream_sft.py), not built.
 RUNNABLE = [p for p in ALL_CONFIGS if "_base_" not in p.parts and "upstream_sft" not in p.parts]
-SIZED = {p: m.group(1) for p in RUNNABLE if (m := re.fullmatch(r"sa2va_(\d+b)_.*\.py", p.name))}
+# sa2va_<preset>_*.py: released sizes (1b, 4b, 8b) and the InternVL3 family (in3_2b, in3_8b)
+SIZED = {p: m.group(1) for p in RUNNABLE if (m := re.fullmatch(r"sa2va_((?:in3_)?\d+b)_.*\.py", p.name))}
 GPU_SMOKE = {p: m.group(1) for p in RUNNABLE if (m := re.fullmatch(r"gpu_smoke_(\d+b)\.py", p.name))}
 # check_tiny_cpu.py is tiny_grpo_cycle_cpu.py plus one reward; tests/test_check_gpu.py trains it end to end
 CPU = [p for p in RUNNABLE if p not in SIZED and p not in GPU_SMOKE and p.name != "check_tiny_cpu.py"]

@@ -1,6 +1,8 @@
 """Installing into a Sa2VA checkout: every import of the package is a declared requirement, and
-the plugin installs (wheel into a folder, and editable) beside upstream's ``projects/llava_sam2`` packages, both
-importable (PEP 420: no ``__init__.py`` in ``projects/`` or ``projects/llava_sam2/``). Offline: pip builds with
+the plugin installs (wheel into a folder, and editable) beside upstream's packages, both importable (PEP 420: no
+``__init__.py`` in ``projects/`` or ``projects/llava_sam2/``): the first release's ``projects/llava_sam2/{models,
+datasets}`` and codebase v2's ``projects/sa2va/{models,datasets}`` (which has no ``projects/llava_sam2/`` and no
+``__init__.py`` in ``projects/`` or ``projects/sa2va/``). Offline: pip builds with
 ``--no-index --no-build-isolation --no-deps``."""
 from __future__ import annotations
 
@@ -71,11 +73,16 @@ def test_every_import_is_a_declared_requirement():
     assert set(extras) == {"prompt_rl", "meteor_jar", "deepspeed", "logging"}
 
 
-def _fake_checkout(root: Path) -> Path:
-    """Upstream's layout: packages under projects/llava_sam2/, no __init__.py in projects/ or llava_sam2/."""
+# where each upstream codebase keeps its packages (no __init__.py in projects/ or in that folder)
+UPSTREAM_PROJECT = {"v1": "llava_sam2", "v2": "sa2va"}
+
+
+def _fake_checkout(root: Path, codebase: str) -> Path:
+    """Upstream's layout: packages models/ and datasets/ under projects/<UPSTREAM_PROJECT[codebase]>/."""
     for package in ("models", "datasets"):
-        (root / "projects/llava_sam2" / package).mkdir(parents=True)
-        (root / "projects/llava_sam2" / package / "__init__.py").write_text(f"NAME = 'upstream {package}'\n")
+        folder = root / "projects" / UPSTREAM_PROJECT[codebase] / package
+        folder.mkdir(parents=True)
+        (folder / "__init__.py").write_text(f"NAME = 'upstream {package}'\n")
     return root
 
 
@@ -96,15 +103,17 @@ def _pip(*args: str) -> None:
 
 
 IMPORT_BOTH = (
-    "import projects, projects.llava_sam2.models as m, projects.llava_sam2.datasets as d, "
+    "import projects, projects.{upstream}.models as m, projects.{upstream}.datasets as d, "
     "projects.llava_sam2.rl_train as r, projects.llava_sam2.rl_train.cli.convert as c; "
     "print(m.NAME, d.NAME, r.__version__, r.__file__, c.__file__, sep='|')"
 )
 
 
-@pytest.mark.parametrize("mode", ["wheel", "editable"])
-def test_installs_beside_upstream_packages(tmp_path, mode):
-    checkout = _fake_checkout(tmp_path / "Sa2VA")
+# both install modes in a first-release checkout; codebase v2 differs only in where upstream's packages sit, so one
+# mode covers it (each pip install costs seconds of `make test`)
+@pytest.mark.parametrize("mode, codebase", [("wheel", "v1"), ("editable", "v1"), ("editable", "v2")])
+def test_installs_beside_upstream_packages(tmp_path, mode, codebase):
+    checkout = _fake_checkout(tmp_path / "Sa2VA", codebase)
     source = _plugin_source(tmp_path / "sa2va-rl")
     if mode == "wheel":
         _pip("--target", str(tmp_path / "site"), str(source))
@@ -115,7 +124,8 @@ def test_installs_beside_upstream_packages(tmp_path, mode):
         site_dir = next((tmp_path / "prefix").glob("lib/python*/site-packages"))
         setup_site = f"import site; site.addsitedir({str(site_dir)!r})"
     # -S: no site-packages of this interpreter (whose own editable install of the repo must not answer)
-    result = subprocess.run([sys.executable, "-S", "-c", f"{setup_site}; {IMPORT_BOTH}"], cwd=checkout,
+    import_both = IMPORT_BOTH.format(upstream=UPSTREAM_PROJECT[codebase])
+    result = subprocess.run([sys.executable, "-S", "-c", f"{setup_site}; {import_both}"], cwd=checkout,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     models, datasets, version, plugin, cli = result.stdout.strip().split("|")

@@ -20,7 +20,8 @@ def meta_layout(config: Sa2VAConfig) -> dict[str, tuple[int, ...]]:
     return checkpoint_layout(model)
 
 
-@pytest.fixture(scope="module", params=["1b", "4b", "8b"])
+# in3_8b stands for the InternVL3 family (one more Qwen2 layout; test_internvl3.py checks every in3 size's dims)
+@pytest.fixture(scope="module", params=["1b", "4b", "8b", "in3_8b"])
 def release_layout(request):
     return request.param, meta_layout(build_preset(request.param))
 

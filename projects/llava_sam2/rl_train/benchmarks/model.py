@@ -24,7 +24,7 @@ import torch
 from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
 from projects.llava_sam2.rl_train.model.checkpoints.dtypes import as_torch_dtype
 from projects.llava_sam2.rl_train.model.network.lora import apply_lora, configure_trainable
-from projects.llava_sam2.rl_train.model.network.presets import build_preset
+from projects.llava_sam2.rl_train.model.network.presets import PRESETS, build_preset
 from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
 from projects.llava_sam2.rl_train.model.pipeline.inference import predict
 from projects.llava_sam2.rl_train.model.sft.sft_data import RegionSFTDataset
@@ -106,7 +106,7 @@ def bench_sft_step(model, processor, samples, device, dtype, lora_r: int) -> dic
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
-    parser.add_argument("--preset", default="tiny", choices=["tiny", "1b", "4b", "8b"])
+    parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
     parser.add_argument("--dtype", default=None, help="bfloat16 on CUDA, float32 on CPU by default")
     parser.add_argument("--image-size", type=int, default=None, help="square shapes-world image side")
     parser.add_argument("--new-tokens", type=int, default=64)

@@ -70,7 +70,7 @@ from projects.llava_sam2.rl_train.grpo.weights import WeightSets
 from projects.llava_sam2.rl_train.model.checkpoints.dtypes import as_torch_dtype
 from projects.llava_sam2.rl_train.model.decoding.fast_generation import DECODE_BACKENDS
 from projects.llava_sam2.rl_train.model.network.lora import adapter_compute_dtype, apply_lora, configure_trainable
-from projects.llava_sam2.rl_train.model.network.presets import build_preset
+from projects.llava_sam2.rl_train.model.network.presets import PRESETS, build_preset
 from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
 from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor
 from projects.llava_sam2.rl_train.model.text.tokenizer import load_tiny_tokenizer
@@ -176,7 +176,7 @@ def run_variant(algo, model, optimizer, params, batch, clock, warmup: int, iters
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
-    parser.add_argument("--preset", default="tiny", choices=["tiny", "1b", "4b", "8b"])
+    parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
     parser.add_argument("--dtype", default=None, help="bfloat16 on CUDA, float32 on CPU by default")
     parser.add_argument("--batch", type=int, default=8, help="B prompts per iteration")
     parser.add_argument("--num-generations", type=int, default=8, help="G rollouts per prompt and loop")

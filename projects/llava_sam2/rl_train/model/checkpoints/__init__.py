@@ -1,6 +1,7 @@
 """Weights in and out: the HF Sa2VA layout, upstream XTuner SFT runs and DeepSpeed ZeRO directories.
 
 * ``hf_checkpoint``: ``load_pretrained`` / ``save_pretrained`` in the HF Sa2VA layout (strict keys, LoRA merged);
+* ``hf_config``: the ``config.json`` class fields upstream's HF readers need (v1 and codebase v2);
 * ``dtypes``: dtype names ↔ torch dtypes, the one table every caller uses;
 * ``xtuner_keys``: upstream training-model key names ↔ HF checkpoint names;
 * ``xtuner_checkpoint``: an upstream SFT checkpoint into ``Sa2VAModel`` and back;

@@ -8,6 +8,8 @@ Module names differ from checkpoint names in exactly these places, all listed he
 * A peft-wrapped LLM (``base_model.model.`` prefix, ``.base_layer``, ``lora_*``, ``modules_to_save``) is
   written merged, W' = W + scale·B@A, without touching the live weights.
 * A model whose LM head was tied at load (checkpoint without ``lm_head``) is saved without it again.
+
+``config.json`` always carries the class fields upstream's codebase-v2 reader needs (``hf_config``).
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from ..network.configuration import Sa2VAConfig
 from ..network.language import LanguageKeyMap
 from ..network.sa2va import Sa2VAModel
 from .dtypes import as_torch_dtype, default_dtype
+from .hf_config import with_upstream_class_fields
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -293,6 +296,9 @@ def _shards(state: dict[str, torch.Tensor], limit: int) -> list[dict[str, torch.
 def save_pretrained(model: Sa2VAModel, path: str | os.PathLike, max_shard_size: int | str = "5GB") -> None:
     """Write config.json and the weights in checkpoint names (LoRA merged, copies on CPU).
 
+    config.json gains ``architectures`` / ``auto_map`` / ``vision_config.architectures`` when the config lacks them
+    (``hf_config``: upstream's v2 reader builds the wrong model without them).
+
     config.json's ``torch_dtype`` is the dtype of the first floating tensor written (the ViT's, as transformers
     records the first floating parameter), whatever the config held: a model built from a bf16 checkpoint's config
     but kept in fp32 says float32."""
@@ -322,7 +328,7 @@ def save_pretrained(model: Sa2VAModel, path: str | os.PathLike, max_shard_size: 
     if len(shards) > 1:
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (path / WEIGHTS_INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-    config = model.config.copy()
+    config = with_upstream_class_fields(model.config)
     first_float = next((t for t in state.values() if t.is_floating_point()), None)
     if first_float is not None:
         config.extra["torch_dtype"] = str(first_float.dtype).removeprefix("torch.")

@@ -28,12 +28,8 @@ import torch
 from ..network.configuration import Sa2VAConfig
 from ..text.constants import SA2VA_SPECIAL_TOKENS
 from .deepspeed_zero import read_zero_checkpoint
+from .hf_config import SA2VA_AUTO_MAP
 
-SA2VA_AUTO_MAP = {
-    "AutoConfig": "configuration_sa2va_chat.Sa2VAChatConfig",
-    "AutoModel": "modeling_sa2va_chat.Sa2VAChatModel",
-    "AutoModelForCausalLM": "modeling_sa2va_chat.Sa2VAChatModel",
-}
 # Upstream SAM2TrainRunner builds SAM 2.0 Hiera-L from this hydra config; no other size is known to us.
 SAM2_CFG_PATHS = ("sam2_hiera_l.yaml",)
 

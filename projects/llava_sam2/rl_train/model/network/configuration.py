@@ -21,6 +21,8 @@ SUPPORTED_LLM_ARCHITECTURES = (
     "Phi3ForCausalLM",
     "LlamaForCausalLM",
 )
+# Upstream codebase v2 also builds Qwen3 LLMs (Sa2VA-InternVL3 with Qwen3), which need transformers >= 4.56.
+NEEDS_NEWER_TRANSFORMERS = {"Qwen3ForCausalLM": "4.56"}
 SUPPORTED_PS_VERSIONS = ("v1", "v2")
 SUPPORTED_VIT_NORMS = ("layer_norm", "rms_norm")
 
@@ -167,6 +169,12 @@ class Sa2VAConfig:
             raise ValueError(
                 "config.json llm_config.architectures is missing or empty; expected one of "
                 f"{list(SUPPORTED_LLM_ARCHITECTURES)}"
+            )
+        if archs[0] in NEEDS_NEWER_TRANSFORMERS:
+            raise ValueError(
+                f"config.json llm_config.architectures[0]={archs[0]!r} needs transformers >= "
+                f"{NEEDS_NEWER_TRANSFORMERS[archs[0]]}, and this project runs on transformers 4.48 (docs/stack.md); "
+                f"supported here: {list(SUPPORTED_LLM_ARCHITECTURES)}"
             )
         if archs[0] not in SUPPORTED_LLM_ARCHITECTURES:
             raise ValueError(

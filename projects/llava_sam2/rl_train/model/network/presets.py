@@ -1,7 +1,8 @@
 """Size presets as data: ``build_preset(name, vocab_size=None) -> Sa2VAConfig``.
 
 Real presets follow docs/sa2va_internals.md §1.3-§1.8 (InternViT-300M-448px-V2_5 + Qwen2.5-0.5B / Qwen2.5-3B /
-InternLM2.5-7B + SAM 2.0 Hiera-L). They are for shapes (layouts, memory plans, benchmarks with random
+InternLM2.5-7B + SAM 2.0 Hiera-L) and §9 for the InternVL3 family (``in3_2b`` / ``in3_8b`` / ``in3_14b``: the same ViT
+with Qwen2.5-1.5B / -7B / -14B). They are for shapes (layouts, memory plans, benchmarks with random
 weights); a real checkpoint always brings its own config.json, which wins. Values not confirmed against
 a released config.json (rope_theta, rms_norm_eps, max_position_embeddings) are InternVL2.5 defaults
 [verify]. ``tiny`` is the CPU test model of /tmp/tiny_spec.md.
@@ -73,6 +74,12 @@ def _qwen2(hidden: int, layers: int, heads: int, kv_heads: int, ffn: int) -> dic
         "eos_token_id": 151645,
         "vocab_size": 151679,
     }
+
+
+def _internvl3_qwen2(hidden: int, layers: int, heads: int, kv_heads: int, ffn: int) -> dict[str, Any]:
+    """InternVL3's Qwen2.5 llm_config: dynamic NTK RoPE scaling (factor 2) on top of the plain Qwen2 fields."""
+    return {**_qwen2(hidden, layers, heads, kv_heads, ffn),
+            "rope_scaling": {"factor": 2.0, "rope_type": "dynamic", "type": "dynamic"}}
 
 
 _INTERNLM2_7B = {
@@ -148,6 +155,13 @@ PRESETS: dict[str, dict[str, Any]] = {
            "template": "phi3_chat", **_TOP_LEVEL_448},
     "8b": {"vision_config": _INTERNVIT_300M, "llm_config": _INTERNLM2_7B,
            "template": "internlm2_chat", **_TOP_LEVEL_448},
+    # Sa2VA-InternVL3 (codebase v2, docs/sa2va_internals.md §9): every size trains with qwen_chat.
+    "in3_2b": {"vision_config": _INTERNVIT_300M, "llm_config": _internvl3_qwen2(1536, 28, 12, 2, 8960),
+               "template": "qwen_chat", **_TOP_LEVEL_448},
+    "in3_8b": {"vision_config": _INTERNVIT_300M, "llm_config": _internvl3_qwen2(3584, 28, 28, 4, 18944),
+               "template": "qwen_chat", **_TOP_LEVEL_448},
+    "in3_14b": {"vision_config": _INTERNVIT_300M, "llm_config": _internvl3_qwen2(5120, 48, 40, 8, 13824),
+                "template": "qwen_chat", **_TOP_LEVEL_448},
 }
 
 

@@ -90,6 +90,10 @@ class Sa2VAProcessor:
                  use_thumbnail: bool = True, sam_image_size: int = 1024,
                  empty_region: str = "raise") -> None:
         name = str(template).replace("-", "_")  # upstream normalises config.template the same way
+        if name.startswith("internvl"):  # InternVL's own conversation names (internvl2_5 in InternVL3 configs)
+            raise ValueError(f"template={template!r} is an InternVL base model's, not a Sa2VA checkpoint's: point at "
+                             "the Sa2VA checkpoint, whose config.json names its SFT template (qwen_chat for the "
+                             "InternVL3 family, docs/sa2va_internals.md §9.2)")
         if name not in PROMPT_TEMPLATE:
             raise ValueError(f"template={template!r} is not in xtuner PROMPT_TEMPLATE; Sa2VA releases use "
                              "'qwen_chat', 'phi3_chat' or 'internlm2_chat' (read it from config.template)")

@@ -1,0 +1,17 @@
+# Dual-loop GRPO (cycle RL) of Sa2VA-InternVL3-8B (upstream codebase v2: InternViT-300M + Qwen2.5-7B, qwen_chat) on
+# describe-anything (DLC) regions (_base_/sa2va_grpo_cycle_dlc.py), launched like upstream SFT, then exported to the
+# HF layout upstream's v2 code reads:
+#
+#   DEEPSPEED=deepspeed_zero2 tools/dist_train.sh projects/llava_sam2/configs/rl/sa2va_in3_8b_grpo_cycle.py 8
+#   sa2va-rl export projects/llava_sam2/configs/rl/sa2va_in3_8b_grpo_cycle.py \
+#       work_dirs/sa2va_in3_8b_grpo_cycle/iter_2000.pth --save-path work_dirs/Sa2VA-InternVL3-8B-RL
+#
+# The released HF checkpoint is read from the local directory ./pretrained/Sa2VA-InternVL3-8B (edit to your copy).
+from mmengine.config import read_base
+
+with read_base():
+    from ._base_.sa2va_grpo_cycle_dlc import *  # noqa: F401,F403
+
+model.update(pretrained_path="./pretrained/Sa2VA-InternVL3-8B")  # noqa: F405
+# LoRA r 256 / alpha 512: upstream's v2 SFT setting for the 8B and 14B sizes (docs/sa2va_internals.md §9)
+model.update(lora=dict(r=256, lora_alpha=512, lora_dropout=0.05))  # noqa: F405
