@@ -145,3 +145,15 @@ def test_bad_video_inputs_name_the_problem(tiny, reference):
     video = encode_video(model, processor, frames)
     with pytest.raises(ValueError, match="num_cond_frames=3"):
         model.propagate_masklets(prompt, video.encoded.grounding, 3)
+
+
+def test_bf16_model_runs_the_video_path(tiny, reference):
+    """The memory steps mix the fp32 mask logits with bf16 features; a bf16 model must still run end to end."""
+    import copy
+
+    model, processor = tiny
+    half = copy.deepcopy(model).to(torch.bfloat16)
+    answer, logits, _ = predict_video_answer(half, processor, _frames(reference, 7), str(reference["text"]),
+                                             max_new_tokens=MAX_NEW_TOKENS)
+    assert answer.text == str(reference["prediction"])
+    assert logits.dtype == torch.float32 and logits.shape == (1, 7, 64, 64) and torch.isfinite(logits).all()

@@ -26,7 +26,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -133,4 +132,4 @@ def predict_video(
     answer, logits, video = predict_video_answer(model, processor, frames, text, max_new_tokens=max_new_tokens,
                                                  decode_backend=decode_backend, mllm_frames=mllm_frames)
     masks = [] if logits is None else [masklet_masks(model, m, video.size).cpu().numpy() for m in logits]
-    return {"prediction": answer.text, "prediction_masks": [np.asarray(m, dtype=bool) for m in masks]}
+    return {"prediction": answer.text, "prediction_masks": masks}
