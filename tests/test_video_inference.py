@@ -20,9 +20,10 @@ from projects.llava_sam2.rl_train.model.pipeline.video import (
 
 REFERENCE = Path(__file__).parent / "data" / "video_parity_tiny.npz"
 MAX_NEW_TOKENS = 12  # the reference run's budget; the answer ends earlier ("Sure, [SEG].<|im_end|>")
-# fp32 round-off between two implementations (LLM kernels, memory attention order): measured max 2.5e-5 on logits
-# of magnitude up to 36; upstream's bf16 roundings alone move them by up to 0.25
-LOGIT_ATOL = 5e-5
+# fp32 round-off between two implementations (LLM kernels, [SEG] state recomputed): measured max 2.5e-5 (2 threads)
+# and 2.9e-5 (1 thread) on logits of magnitude up to 36. The smallest real divergence tried, storing the memory in
+# bf16, moves them by 2.4e-4; upstream's two bf16 roundings together by 0.25.
+LOGIT_ATOL = 1e-4
 
 
 @pytest.fixture(scope="module")
