@@ -2,7 +2,7 @@
 
 Upstream's HF ``predict_forward(video=...)`` (magic-research/Sa2VA, ``projects/llava_sam2/hf/models``) is run on the
 weights of ``tests/video_parity_model.memory_stressed_model`` (``assets/tiny_shapes_pretrained`` with its SAM2 memory
-path made to matter), written with our ``save_pretrained`` (HF layout), for one seeded ShapesVideoWorld clip; the pinned test
+path made to matter), written with our ``save_pretrained`` (HF layout), for one seeded ShapesVideoWorld clip;
 ``tests/test_video_inference.py::test_masklet_logits_equal_upstream_predict_forward`` compares ours with it.
 Upstream's code is copied to a temporary folder and patched there, never into this repository:
 

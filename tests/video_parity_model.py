@@ -1,8 +1,8 @@
 """The model of the video parity reference (tests/test_video_inference.py, research/video_parity_upstream.py).
 
 ``assets/tiny_shapes_pretrained`` reads its text and answers "Sure, [SEG].", but its SAM2 memory path was never
-trained: its object pointers move a masklet by ~1e-5 (by ~0.3 after the edits) and every object score is positive, so a parity check on it
-could not see a wrong pointer or a wrong "object absent" branch. ``memory_stressed_model`` makes both matter, by
+trained: its object pointers move a masklet by ~1e-5 (by ~0.3 after the edits) and every object score is positive,
+so a parity check on it could not see a wrong pointer or a wrong "object absent" branch. ``memory_stressed_model`` makes both matter, by
 fixed edits of three SAM2 tensors: the pointer projection's output ×200, a seeded ``no_obj_ptr`` of scale 50, and the
 object-score bias lowered by 0.06 so that the conditioning frames' objects read as absent and later frames' as
 present on the parity clip.

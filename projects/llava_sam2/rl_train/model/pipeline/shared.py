@@ -287,8 +287,8 @@ def greedy_answers(model, processor, encoded: EncodedImages, rows: Sequence[Prom
             masks, prompts = ([[] for _ in chunk], [[] for _ in chunk]) if seg_masks is None else \
                 _answer_masks(model, encoded, images, embeds, attention, out, positions, seg_masks, prefix, image_masks)
             lengths = out.completion_mask.sum(-1).tolist()
-            answers += [Answer(text, plain, int(n), bool(truncated), len(p), m, q) for text, plain, n, truncated, p, m, q
-                        in zip(answer_texts(out, decoding), completion_texts(out, decoding), lengths,
+            answers += [Answer(text, plain, int(n), bool(truncated), len(p), m, q)
+                        for text, plain, n, truncated, p, m, q in zip(answer_texts(out, decoding), completion_texts(out, decoding), lengths,
                                out.is_truncated.tolist(), positions, masks, prompts)]
     return answers
 
