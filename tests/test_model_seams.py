@@ -1,5 +1,5 @@
-"""Canaries for the transformers and torch internals that layers below engine/ rely on (model/network/transformers_seams.py,
-model/network/torch_seams.py), and for the public replacement of torch's private dropout base class (grpo/trainer.py).
+"""Canaries for the transformers, torch and sam2 internals that layers below engine/ rely on
+(model/network/transformers_seams.py, model/network/torch_seams.py, model/network/sam2_seams.py), and for the public replacement of torch's private dropout base class (grpo/trainer.py).
 
 Each test names the installed version and what changed when an upgrade breaks an assumption.
 """
@@ -11,6 +11,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausa
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from projects.llava_sam2.rl_train.grpo.trainer import DROPOUT_TYPES, zero_dropout
+from projects.llava_sam2.rl_train.model.network.sam2_seams import (
+    ENCODE_MEMORY_METHOD, MEMORY_CONDITIONED_METHOD, SAM2_VERSION, encode_memory, memory_conditioned_embed)
 from projects.llava_sam2.rl_train.model.network.torch_seams import foreach_copy_, foreach_lerp_
 from projects.llava_sam2.rl_train.model.network.transformers_seams import (attention_implementation,
                                                                    has_input_require_grads_hook,
@@ -96,3 +98,36 @@ def test_dropout_types_are_every_dropout_module_of_torch_nn():
     model = nn.Sequential(*(cls(p=0.25) for cls in DROPOUT_TYPES), nn.Linear(2, 2))
     assert zero_dropout(model) == len(DROPOUT_TYPES)
     assert all(module.p == 0.0 for module in model if isinstance(module, DROPOUT_TYPES))
+
+
+def test_sam2_memory_steps_take_the_arguments_the_seam_passes_and_read_the_bank():
+    import inspect
+
+    from sam2.modeling.sam2_base import SAM2Base
+
+    from projects.llava_sam2.rl_train.model.network.grounding import build_sam2
+    from projects.llava_sam2.rl_train.model.network.presets import build_preset
+
+    expected = {MEMORY_CONDITIONED_METHOD: {"frame_idx", "is_init_cond_frame", "current_vision_feats",
+                                            "current_vision_pos_embeds", "feat_sizes", "output_dict", "num_frames"},
+                ENCODE_MEMORY_METHOD: {"current_vision_feats", "feat_sizes", "pred_masks_high_res",
+                                       "object_score_logits", "is_mask_from_pts"}}
+    for method, names in expected.items():
+        params = set(inspect.signature(getattr(SAM2Base, method)).parameters)
+        assert names <= params, (f"sam2 {SAM2_VERSION}: SAM2Base.{method} now takes {sorted(params)}; "
+                                 "model/network/sam2_seams.py must pass its new arguments.")
+    torch.manual_seed(0)
+    sam = build_sam2(build_preset("tiny", vocab_size=8).grounding).eval()
+    C, e, S = sam.hidden_dim, sam.image_size // sam.backbone_stride, sam.image_size
+    vision, position = torch.randn(e * e, 1, C), torch.randn(e * e, 1, C)
+    with torch.no_grad():
+        memory, memory_pos = encode_memory(sam, vision, (e, e), torch.randn(1, 1, S, S), torch.ones(1, 1), True)
+        assert memory.shape == (1, sam.mem_dim, e, e) and memory_pos[-1].shape == memory.shape
+        entry = {"maskmem_features": memory, "maskmem_pos_enc": memory_pos, "obj_ptr": torch.randn(1, C)}
+        fused = [memory_conditioned_embed(sam, 1, vision, position, (e, e),
+                                          {"cond_frame_outputs": {0: bank_entry}, "non_cond_frame_outputs": {}}, 2)
+                 for bank_entry in (entry, {**entry, "maskmem_features": -memory})]
+    assert fused[0].shape == (1, C, e, e)
+    assert not torch.allclose(fused[0], fused[1]), (
+        f"sam2 {SAM2_VERSION}: SAM2Base.{MEMORY_CONDITIONED_METHOD} no longer reads maskmem_features from "
+        "output_dict['cond_frame_outputs']; sam2_seams.memory_conditioned_embed must build the bank it reads.")

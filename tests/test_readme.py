@@ -38,6 +38,10 @@ def test_readme_python_examples_run_on_the_tiny_checkpoint(tmp_path, monkeypatch
         if "answer" in namespace:  # the inference example: a text answer and one mask per [SEG]
             assert isinstance(namespace["answer"]["prediction"], str)
             assert len(namespace["answer"]["prediction_masks"]) == namespace["answer"]["prediction"].count("[SEG]")
+        if "clip_answer" in namespace:  # the video example: one [T, H, W] masklet per fed-back [SEG]
+            clip, frames = namespace["clip_answer"], namespace["frames"]
+            assert all(m.shape == (len(frames), frames[0].height, frames[0].width) for m in clip["prediction_masks"])
+            assert len(clip["prediction_masks"]) <= clip["prediction"].count("[SEG]")
 
 
 def named_commands(text: str) -> set[tuple[str, str]]:

@@ -3,8 +3,10 @@
 ``GroundingEncoder.sam2_model`` is a ``SAM2Base`` with the SAM 2.0 Hiera-L flags Sa2VA builds from
 ``sam2_hiera_l.yaml`` (sizes from ``config.grounding``), so its state-dict keys match
 ``grounding_encoder.sam2_model.*`` of the HF checkpoints (``.gamma`` ↔ ``.g_weight`` aside, see
-checkpoints/hf_checkpoint.py). Only the single-frame path is used here: image encoder once per image, then the
-prompt encoder + mask decoder per ``[SEG]``; the memory modules are built so checkpoints load.
+checkpoints/hf_checkpoint.py). Image path: image encoder once per image, then the prompt encoder + mask decoder per
+``[SEG]`` (``decode``). Video path (``propagate``, docs/architecture.md "Video inference"): the ``[SEG]`` prompt on
+the conditioning frames (memory-free, as the image path), then SAM2's memory attention and memory encoder carry the
+object to every later frame (a masklet).
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from torch import nn
 from transformers.modeling_utils import no_init_weights
 
 from ..text.constants import IMAGENET_MEAN, IMAGENET_STD
-
+from .sam2_seams import encode_memory, memory_conditioned_embed
 
 
 @dataclass
@@ -35,10 +37,15 @@ class GroundingFeatures:
     image_embed: [B, C, e, e] level-2 FPN map + ``no_mem_embed`` (C = SAM2 hidden, e = S_sam / 16).
     high_res_feats: raw FPN levels 0 and 1, [B, C, 4e, 4e] and [B, C, 2e, 2e]; the trainable
         ``conv_s0`` / ``conv_s1`` skips are applied inside ``decode_masks``.
+    backbone_embed: the raw level-2 map [B, C, e, e] (without ``no_mem_embed``): what the memory encoder and the
+        memory attention read (video path); None unless encoded with ``keep_memory_inputs=True``.
+    backbone_pos: its sine position encoding [1, C, e, e] (the same for every frame), or None.
     """
 
     image_embed: torch.Tensor
     high_res_feats: list[torch.Tensor]
+    backbone_embed: torch.Tensor | None = None
+    backbone_pos: torch.Tensor | None = None
 
     @property
     def num_images(self) -> int:
@@ -52,6 +59,7 @@ class MaskDecoderOutput:
     low_res_logits: [M, 3, h, w] float32 (h = 4e); iou_scores: [M, 3] (sigmoid); best_index: [M]
     argmax of iou_scores; best_logits: [M, h, w] = low_res_logits[m, best_index[m]];
     object_score_logits: [M, 1] (computed, not used to blank masks, as in Sa2VA).
+    best_token: [M, C] the decoder's output token of the kept mask (the object pointer's input, video path).
     """
 
     low_res_logits: torch.Tensor
@@ -59,6 +67,7 @@ class MaskDecoderOutput:
     best_index: torch.Tensor
     best_logits: torch.Tensor
     object_score_logits: torch.Tensor
+    best_token: torch.Tensor | None = None
 
 
 def _sine(num_pos_feats: int) -> PositionEmbeddingSine:
@@ -159,7 +168,9 @@ class GroundingEncoder(nn.Module):
         return (x - mean) / std
 
     @torch.no_grad()
-    def encode(self, g_pixel_values: torch.Tensor) -> GroundingFeatures:
+    def encode(self, g_pixel_values: torch.Tensor, keep_memory_inputs: bool = False) -> GroundingFeatures:
+        """``keep_memory_inputs``: also keep the raw level-2 map and its position encoding (``propagate`` needs
+        them; the image path does not, so it does not hold the extra map)."""
         sam = self.sam2_model
         size = sam.image_size
         if g_pixel_values.ndim != 4 or tuple(g_pixel_values.shape[1:]) != (3, size, size):
@@ -171,7 +182,11 @@ class GroundingEncoder(nn.Module):
         fpn = [level.to(dtype) for level in fpn]  # the FPN top-down sum is upcast to fp32 inside sam2
         B, C = fpn[-1].shape[:2]
         image_embed = fpn[-1] + sam.no_mem_embed.view(1, C, 1, 1)  # [B, C, e, e]
-        return GroundingFeatures(image_embed=image_embed, high_res_feats=[fpn[0], fpn[1]])
+        if not keep_memory_inputs:
+            return GroundingFeatures(image_embed=image_embed, high_res_feats=[fpn[0], fpn[1]])
+        position = sam.image_encoder.neck.position_encoding(fpn[-1][:1]).to(dtype)  # [1, C, e, e]
+        return GroundingFeatures(image_embed=image_embed, high_res_feats=[fpn[0], fpn[1]], backbone_embed=fpn[-1],
+                                 backbone_pos=position)
 
     def decode(self, prompt: torch.Tensor, features: GroundingFeatures, image_index: torch.Tensor) -> MaskDecoderOutput:
         """Sparse prompt = [not_a_point, pad point, e] with e = the [SEG] prompt; dense = no_mask_embed."""
@@ -186,22 +201,83 @@ class GroundingEncoder(nn.Module):
             raise ValueError(f"image_index {image_index.tolist()} out of range for {features.num_images} images")
         if M == 0:  # no [SEG] in any rollout: empty outputs of the right shapes
             return _empty_output(sam, prompt.device)
+        return self._decode_heads(features.image_embed[image_index], features, image_index, prompt)
+
+    def _decode_heads(self, image_embed: torch.Tensor, features: GroundingFeatures, image_index: torch.Tensor,
+                      prompt: torch.Tensor | None) -> MaskDecoderOutput:
+        """The mask decoder on ``image_embed [M, C, e, e]`` with the skips of ``features[image_index]``; sparse
+        prompt = [not_a_point, pad point] (+ ``prompt [M, C]`` as a third token when given)."""
+        sam = self.sam2_model
+        M = image_embed.shape[0]
         decoder = sam.sam_mask_decoder
         s0 = decoder.conv_s0(features.high_res_feats[0])[image_index]  # [M, C/8, 4e, 4e]
         s1 = decoder.conv_s1(features.high_res_feats[1])[image_index]  # [M, C/4, 2e, 2e]
-        image_embed = features.image_embed[image_index]  # [M, C, e, e]
         sparse, dense = no_prompt_embeddings(sam, M)  # [M, 2, C], [M, C, e, e]
-        sparse = torch.cat([sparse, prompt[:, None].to(sparse.dtype)], dim=1)  # [M, 3, C]
+        if prompt is not None:
+            sparse = torch.cat([sparse, prompt[:, None].to(sparse.dtype)], dim=1)  # [M, 3, C]
         with _half_autocast(sparse):  # sam2 builds the Fourier PE grid in fp32 whatever the weights' dtype
             image_pe = sam.sam_prompt_encoder.get_dense_pe().to(sparse.dtype)  # [1, C, e, e]
-        logits, iou, _, obj = decoder(
+        logits, iou, tokens, obj = decoder(
             image_embeddings=image_embed, image_pe=image_pe, sparse_prompt_embeddings=sparse,
             dense_prompt_embeddings=dense, multimask_output=True, repeat_image=False, high_res_features=[s0, s1],
         )
         logits = logits.float()  # [M, 3, h, w]
         best = iou.argmax(dim=-1)  # [M]
-        best_logits = logits[torch.arange(M, device=logits.device), best]  # [M, h, w]
-        return MaskDecoderOutput(logits, iou, best, best_logits, obj)
+        rows = torch.arange(M, device=logits.device)
+        best_logits = logits[rows, best]  # [M, h, w]
+        return MaskDecoderOutput(logits, iou, best, best_logits, obj, best_token=tokens[rows, best])  # tokens [M, 3, C]
+
+    def object_pointer(self, best_token: torch.Tensor, object_score_logits: torch.Tensor) -> torch.Tensor:
+        """SAM2's object pointer ``[M, C]`` of a decoded mask: the projected output token of the kept mask, replaced
+        by the learned ``no_obj_ptr`` where the object score says "absent" (a hard switch, as SAM2 at inference)."""
+        sam = self.sam2_model
+        pointer = sam.obj_ptr_proj(best_token)  # [M, C]
+        present = (object_score_logits > 0).to(pointer.dtype)  # [M, 1]
+        return present * pointer + (1 - present) * sam.no_obj_ptr
+
+    def propagate(self, prompt: torch.Tensor, features: GroundingFeatures, num_cond_frames: int) -> torch.Tensor:
+        """Masklet logits ``[M, T, h, w]`` (fp32) of M ``[SEG]`` prompts ``[M, C]`` over the T frames of
+        ``features`` (encoded with ``keep_memory_inputs=True``), as Sa2VA's SAM2 video predictor.
+
+        Frames ``0 .. num_cond_frames - 1`` are conditioning frames: each is decoded with the prompt and no memory,
+        exactly as the image path (``decode``). Every later frame is decoded without a prompt from its features
+        fused with the memory bank (``sam2_seams.memory_conditioned_embed``). After each frame its best mask is
+        encoded into the bank (``sam2_seams.encode_memory``) with its object pointer. The M prompts are M objects
+        tracked side by side (batch rows; Sa2VA tracks each ``[SEG]`` in its own session, which is the same
+        computation). The SAM2 weights must be in eval mode (SAM2 reads its memory bank differently in training).
+        """
+        sam = self.sam2_model
+        T, M = features.num_images, prompt.shape[0]
+        if features.backbone_embed is None or features.backbone_pos is None:
+            raise ValueError("propagate needs the frames encoded with keep_memory_inputs=True")
+        if not 1 <= num_cond_frames <= T:
+            raise ValueError(f"num_cond_frames={num_cond_frames} must be in 1..{T} (the frames given)")
+        if prompt.ndim != 2 or prompt.shape[1] != sam.hidden_dim or M == 0:
+            raise ValueError(f"prompt must be [M >= 1, {sam.hidden_dim}], got {tuple(prompt.shape)}")
+        if sam.training:
+            raise ValueError("propagate runs SAM2 in eval mode (wrap the call in decoding.text_decoding.eval_mode)")
+        e = features.image_embed.shape[-2:]
+        position = features.backbone_pos.flatten(2).permute(2, 0, 1).expand(-1, M, -1)  # [e·e, M, C]
+        bank: dict[str, dict] = {"cond_frame_outputs": {}, "non_cond_frame_outputs": {}}
+        masklet = []
+        for t in range(T):
+            frame = torch.full((M,), t, dtype=torch.long, device=prompt.device)  # [M]
+            vision = features.backbone_embed[frame].flatten(2).permute(2, 0, 1)  # [e·e, M, C]
+            is_cond = t < num_cond_frames
+            if is_cond:
+                out = self._decode_heads(features.image_embed[frame], features, frame, prompt)
+            else:
+                fused = memory_conditioned_embed(sam, t, vision, position, tuple(e), bank, T)  # [M, C, e, e]
+                out = self._decode_heads(fused, features, frame, None)
+            masklet.append(out.best_logits)  # [M, h, w]
+            high_res = F.interpolate(out.best_logits[:, None], size=(sam.image_size, sam.image_size),
+                                     mode="bilinear", align_corners=False)  # [M, 1, S, S]
+            memory, memory_pos = encode_memory(sam, vision, tuple(e), high_res.to(vision.dtype),
+                                               out.object_score_logits, from_prompt=is_cond)
+            bank["cond_frame_outputs" if is_cond else "non_cond_frame_outputs"][t] = {
+                "maskmem_features": memory, "maskmem_pos_enc": memory_pos,
+                "obj_ptr": self.object_pointer(out.best_token, out.object_score_logits)}
+        return torch.stack(masklet, dim=1)  # [M, T, h, w]
 
 
 def _empty_output(sam: SAM2Base, device: torch.device) -> MaskDecoderOutput:

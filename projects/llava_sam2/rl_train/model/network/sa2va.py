@@ -143,9 +143,16 @@ class Sa2VAModel(nn.Module):
         """text_hidden_fcs: [SEG] final-norm hidden [M, D] → SAM2 prompt [M, C_sam]."""
         return self.text_hidden_fcs(seg_hidden.to(self.text_hidden_fcs[0].weight.dtype))
 
-    def encode_grounding(self, g_pixel_values: torch.Tensor) -> GroundingFeatures:
-        """g_pixel_values [B, 3, S_sam, S_sam] (0..255) → frozen SAM2 features (no grad)."""
-        return self.grounding_encoder.encode(g_pixel_values)
+    def encode_grounding(self, g_pixel_values: torch.Tensor, keep_memory_inputs: bool = False) -> GroundingFeatures:
+        """g_pixel_values [B, 3, S_sam, S_sam] (0..255) → frozen SAM2 features (no grad); ``keep_memory_inputs``
+        for frames that ``propagate_masklets`` will track."""
+        return self.grounding_encoder.encode(g_pixel_values, keep_memory_inputs)
+
+    def propagate_masklets(self, prompt: torch.Tensor, features: GroundingFeatures, num_cond_frames: int
+                           ) -> torch.Tensor:
+        """prompt [M, C_sam] over the T frames of ``features`` → masklet logits [M, T, h, w] (SAM2 memory
+        propagation; frames before ``num_cond_frames`` get the prompt)."""
+        return self.grounding_encoder.propagate(prompt, features, num_cond_frames)
 
     def decode_masks(self, prompt: torch.Tensor, features: GroundingFeatures, image_index: torch.Tensor
                      ) -> MaskDecoderOutput:

@@ -197,7 +197,9 @@ class Answer:
         is_truncated: no stop within ``max_new_tokens``.
         num_seg: fed-back ``[SEG]`` tokens (each can give one mask).
         seg_masks: bool ``[H, W]`` CPU masks of the kept ``[SEG]`` tokens (``SEG_MASK_RULES``), in answer order;
-            empty when masks were not asked for or no ``[SEG]`` was fed back.
+            empty when masks were not asked for, not decoded (``image_masks=False``) or no ``[SEG]`` was fed back.
+        seg_prompts: the SAM2 prompts ``[C_sam]`` (``text_hidden_fcs`` of the ``[SEG]`` states) of the same kept
+            ``[SEG]`` tokens, on the model's device (the video path propagates them over the frames).
     """
 
     text: str
@@ -206,16 +208,19 @@ class Answer:
     is_truncated: bool
     num_seg: int
     seg_masks: list[Tensor] = field(default_factory=list)
+    seg_prompts: list[Tensor] = field(default_factory=list)
 
 
 def _answer_masks(model, encoded: EncodedImages, images: Sequence[int], embeds: Tensor, attention: Tensor,
-                  out: Completions, positions: list[list[int]], rule: str,
-                  prefix: SharedPrefix | None = None) -> list[list[Tensor]]:
-    """Per row, one bool ``[H, W]`` mask per kept fed-back ``[SEG]``; the SAM2 decoder runs once for all of them."""
+                  out: Completions, positions: list[list[int]], rule: str, prefix: SharedPrefix | None = None,
+                  image_masks: bool = True) -> tuple[list[list[Tensor]], list[list[Tensor]]]:
+    """Per row, the SAM2 prompt ``[C_sam]`` and (``image_masks``) the bool ``[H, W]`` mask of each kept fed-back
+    ``[SEG]``; the SAM2 decoder runs once for all of them."""
     kept = [(row, t) for row, row_positions in enumerate(positions) for t in SEG_MASK_RULES[rule](row_positions)]
     masks: list[list[Tensor]] = [[] for _ in positions]
+    prompts: list[list[Tensor]] = [[] for _ in positions]
     if not kept:
-        return masks
+        return masks, prompts
     hidden = out.hidden  # [n, T, D]: the decode's own states of the fed-back tokens (upstream reads them from generate)
     if hidden is None:  # a decoder without states: one teacher-forced pass over prompt + answer
         if prefix is not None:
@@ -223,19 +228,24 @@ def _answer_masks(model, encoded: EncodedImages, images: Sequence[int], embeds: 
         hidden = completion_hidden(model.language_model, embeds, attention, out.ids, out.completion_mask)
     owner, t = (list(x) for x in zip(*kept))
     seg_prompt = model.seg_hidden_to_prompt(hidden[owner, t])  # [M, C_sam]
+    for row, prompt in zip(owner, seg_prompt):
+        prompts[row].append(prompt)
+    if not image_masks:
+        return masks, prompts
     image_index = torch.tensor([images[row] for row in owner], device=embeds.device)  # [M]
     best_logits = model.decode_masks(seg_prompt, encoded.grounding, image_index).best_logits  # [M, h, w]
     sizes = [encoded.image_sizes[images[row]] for row in owner]
     for row, pred_mask in zip(owner, model.logits_to_masks(best_logits, sizes)):
         masks[row].append(pred_mask.cpu())
-    return masks
+    return masks, prompts
 
 
 @torch.no_grad()
 def greedy_answers(model, processor, encoded: EncodedImages, rows: Sequence[PromptRow], *, max_new_tokens: int,
                    decoding: TextDecoding | None = None, seg_masks: str | None = None,
                    tile_embeds: Tensor | None = None, chunk_size: int | None = None,
-                   use_decoder_states: bool = True, prefill_by_image: bool = True) -> list[Answer]:
+                   use_decoder_states: bool = True, prefill_by_image: bool = True,
+                   image_masks: bool = True) -> list[Answer]:
     """Greedy answers of prompt rows about encoded images (upstream ``predict_forward`` per row), batched.
 
     Per chunk of at most ``chunk_size`` rows: each ``row.text`` → left-padded ids → :func:`prompt_embeds` → greedy
@@ -250,6 +260,8 @@ def greedy_answers(model, processor, encoded: EncodedImages, rows: Sequence[Prom
         prefill_by_image: rows about one image share its prefilled image block (:func:`image_prefix_prompts`;
             U·P + n·S prompt tokens instead of n·(P + S), equal up to float reordering); False prefills every row
             whole.
+        image_masks: with ``seg_masks``, also decode each kept ``[SEG]``'s mask on its row's image; False keeps only
+            their SAM2 prompts (``Answer.seg_prompts``: the video path decodes them over its frames instead).
     """
     if seg_masks is not None and seg_masks not in SEG_MASK_RULES:
         raise ValueError(f"greedy_answers: seg_masks={seg_masks!r}; expected None or one of {sorted(SEG_MASK_RULES)}")
@@ -272,12 +284,12 @@ def greedy_answers(model, processor, encoded: EncodedImages, rows: Sequence[Prom
             out = sample_text(model, embeds, attention, decoding, max_new_tokens=max_new_tokens, do_sample=False,
                               return_hidden=seg_masks is not None and use_decoder_states, prefix=prefix)
             positions = fed_back_seg_positions(out, model.seg_token_id)
-            masks = [[] for _ in chunk] if seg_masks is None else \
-                _answer_masks(model, encoded, images, embeds, attention, out, positions, seg_masks, prefix)
+            masks, prompts = ([[] for _ in chunk], [[] for _ in chunk]) if seg_masks is None else \
+                _answer_masks(model, encoded, images, embeds, attention, out, positions, seg_masks, prefix, image_masks)
             lengths = out.completion_mask.sum(-1).tolist()
-            answers += [Answer(text, plain, int(n), bool(truncated), len(p), m) for text, plain, n, truncated, p, m
-                        in zip(answer_texts(out, decoding), completion_texts(out, decoding), lengths,
-                               out.is_truncated.tolist(), positions, masks)]
+            answers += [Answer(text, plain, int(n), bool(truncated), len(p), m, q)
+                        for text, plain, n, truncated, p, m, q in zip(answer_texts(out, decoding), completion_texts(out, decoding), lengths,
+                               out.is_truncated.tolist(), positions, masks, prompts)]
     return answers
 
 

@@ -82,6 +82,31 @@ class ImageInputs:
     n_tiles: int
 
 
+@dataclass(frozen=True)
+class VideoInputs:
+    """One clip of T frames, preprocessed for both paths (upstream ``predict_forward(video=...)``).
+
+    pixel_values: float [n, 3, S, S], one ImageNet-normalised S×S tile per MLLM frame (the first n frames, each
+        resized whole: no dynamic tiling, no thumbnail).
+    g_pixel_values: float [T, 3, S_sam, S_sam], 0..255, every frame's SAM2 input.
+    size: (H, W) shared by all frames.
+    """
+
+    pixel_values: torch.Tensor
+    g_pixel_values: torch.Tensor
+    size: tuple[int, int]
+
+    @property
+    def num_frames(self) -> int:
+        """T."""
+        return self.g_pixel_values.shape[0]
+
+    @property
+    def num_mllm_frames(self) -> int:
+        """n, the frames the language model sees."""
+        return self.pixel_values.shape[0]
+
+
 class Sa2VAProcessor:
     """Prepares Sa2VA inputs; all template strings come from xtuner's ``PROMPT_TEMPLATE[template]``."""
 
@@ -154,6 +179,32 @@ class Sa2VAProcessor:
         return ImageInputs(pixel_values=normalise_tiles(tiles),
                            g_pixel_values=sam_pixel_values(image, self.sam_image_size),
                            size=(image.height, image.width), n_tiles=len(tiles))
+
+    def preprocess_video(self, frames: Sequence[Image.Image], mllm_frames: int, where: str = "video") -> VideoInputs:
+        """The first ``mllm_frames`` frames as one S×S tile each (bicubic resize of the whole frame) and every frame's
+        direct-resized SAM2 input. All frames must share one size (upstream asserts it)."""
+        if len(frames) == 0 or mllm_frames < 1:
+            raise ValueError(f"{where}: a video needs at least one frame and mllm_frames >= 1, got {len(frames)} "
+                             f"frames and mllm_frames={mllm_frames}")
+        one_tile = TilingSettings(self.tiling.image_size, 1, 1, False)  # the whole frame resized to S×S
+        for t, frame in enumerate(frames):
+            check_rgb_image(frame, f"{where} frame {t}")
+            if frame.size != frames[0].size:
+                raise ValueError(f"{where}: frame {t} is {frame.size[0]}x{frame.size[1]} (W x H) but frame 0 is "
+                                 f"{frames[0].size[0]}x{frames[0].size[1]}; all frames of a video share one size")
+        tiles = [tile for frame in frames[:mllm_frames] for tile in tile_image(frame, one_tile)]
+        return VideoInputs(pixel_values=normalise_tiles(tiles),
+                           g_pixel_values=torch.stack([sam_pixel_values(f, self.sam_image_size) for f in frames]),
+                           size=(frames[0].height, frames[0].width))
+
+    def expand_video(self, text: str, n_frames: int) -> str:
+        """Replace the single ``<image>`` by one single-tile image block per MLLM frame, joined by ``'\n'`` (the
+        video layout of ``predict_forward``; one frame gives the image path's one-tile block)."""
+        if text.count(IMAGE_PLACEHOLDER) != 1:
+            raise ValueError(f"user text must contain '<image>' exactly once, got "
+                             f"{text.count(IMAGE_PLACEHOLDER)} in {text[:80]!r}")
+        block = image_block(self.image_token_count(1))
+        return text.replace(IMAGE_PLACEHOLDER, "\n".join([block] * n_frames))
 
     def image_token_count(self, n_tiles: int) -> int:
         """<IMG_CONTEXT> tokens in the image block: n_tiles · tokens_per_tile."""
