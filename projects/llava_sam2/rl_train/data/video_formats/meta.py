@@ -10,6 +10,7 @@ from typing import Callable, NamedTuple
 
 from ..bad_samples import BadSampleError
 from ..coco import read_json
+from ..video import VideoRegionDataset
 
 
 class ClipTarget(NamedTuple):
@@ -62,3 +63,17 @@ def clip_targets(videos: dict, path: str, name: str, target_of: Callable[[str, d
         for target, texts in groups.items():
             clips.append(ClipTarget(video, tuple(sorted(frames)), target, key_of(target), texts))
     return clips
+
+
+class ClipTargetDataset(VideoRegionDataset):
+    """A dataset whose samples are ``self._clips`` (:class:`ClipTarget`), one per (video, target): the expression
+    datasets' common indexing."""
+
+    _clips: list[ClipTarget]
+
+    def __len__(self) -> int:
+        return len(self._clips)
+
+    def sample_id(self, index: int) -> str:
+        clip = self._clips[index]
+        return f"{self.name}/{clip.video}#{clip.target_key}"

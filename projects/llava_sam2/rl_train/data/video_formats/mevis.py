@@ -16,11 +16,11 @@ import numpy as np
 from ..bad_samples import BadSampleError
 from ..coco import read_json
 from ..types import VideoRegionSample
-from ..video import VideoRegionDataset, finish_video_sample, load_frames, union_rle_masks
-from .meta import clip_targets, read_meta_expressions
+from ..video import finish_video_sample, load_frames, union_rle_masks
+from .meta import ClipTargetDataset, clip_targets, read_meta_expressions
 
 
-class MeViSDataset(VideoRegionDataset):
+class MeViSDataset(ClipTargetDataset):
     """Masklets (unions over ``anno_id``) of MeViS expressions.
 
     Args:
@@ -68,13 +68,6 @@ class MeViSDataset(VideoRegionDataset):
         if all(rle is None for anno_id in target for rle in self._masks[anno_id]):
             raise BadSampleError("empty_mask", f"anno_id {list(target)} is null on every frame of {video}", **where)
         return target
-
-    def __len__(self) -> int:
-        return len(self._clips)
-
-    def sample_id(self, index: int) -> str:
-        clip = self._clips[index]
-        return f"{self.name}/{clip.video}#{clip.target_key}"
 
     def load(self, index: int) -> VideoRegionSample:
         clip, sample_id = self._clips[index], self.sample_id(index)

@@ -16,11 +16,11 @@ import numpy as np
 from ..bad_samples import BadSampleError
 from ..coco import read_json
 from ..types import VideoRegionSample
-from ..video import VideoRegionDataset, finish_video_sample, load_frames, read_id_mask
-from .meta import clip_targets, read_meta_expressions
+from ..video import finish_video_sample, load_frames, read_id_mask
+from .meta import ClipTargetDataset, clip_targets, read_meta_expressions
 
 
-class RefYouTubeVOSDataset(VideoRegionDataset):
+class RefYouTubeVOSDataset(ClipTargetDataset):
     """Masklets of Ref-YouTube-VOS objects with their referring expressions.
 
     Args:
@@ -67,13 +67,6 @@ class RefYouTubeVOSDataset(VideoRegionDataset):
             raise BadSampleError("unknown_object", f"obj_id {obj_id} is not an object of video {video} in "
                                  f"{self.meta_file} (objects {sorted(self._objects.get(video, {}))})", **where)
         return (obj_id,)
-
-    def __len__(self) -> int:
-        return len(self._clips)
-
-    def sample_id(self, index: int) -> str:
-        clip = self._clips[index]
-        return f"{self.name}/{clip.video}#{clip.target_key}"
 
     def load(self, index: int) -> VideoRegionSample:
         clip, sample_id = self._clips[index], self.sample_id(index)
