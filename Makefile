@@ -34,11 +34,13 @@ $(NLTK_DATA)/corpora/wordnet/lexnames: tools/setup/provision_wordnet.py | $(STAM
 	$(BIN)/python tools/setup/provision_wordnet.py --target $(NLTK_DATA)
 
 test: setup
-	$(BIN)/python -m pytest $(PYTEST_ARGS) tests
+	$(BIN)/python -m pytest $(PYTEST_ARGS) -m "not demo" tests
 
 # The embedded demo: shapes world + the committed pretrained tiny Sa2VA -> GRPO cycle RL -> held-out report.
 demo: setup
 	$(BIN)/sa2va-rl demo --work-dir work_dirs/demo
+	# the demo's longer learning check (same-domain paired data, both loops; tests marked `demo`)
+	$(BIN)/python -m pytest -q -m demo tests
 
 # On a GPU host: every launch path (1 GPU, DDP, ZeRO-2), parity and exact resume, with a table and JSON (docs/gpu.md).
 gpu-check: setup

@@ -7,6 +7,10 @@ os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "demo: a long demo pipeline check, run by `make demo` instead of `make test`")
+
+
 @pytest.fixture(autouse=True)
 def _seed_everything():
     import random

@@ -1,7 +1,7 @@
 """The demo pipeline, shortened: GRPO from the committed pretrained tiny Sa2VA must raise the training reward by more
 than a noise margin measured at learning rate 0 (the demo's learning regression test): on the
 domain demo's unpaired target data (what `make demo` runs) loop 1's reward here; on the same-domain paired data both
-loops' in tests/test_demo_pipeline_same_domain.py (a file of its own, so the two runs go to different test workers).
+loops' in tests/test_demo_pipeline_same_domain.py (run by `make demo`).
 
 The demo's own stages (demo/pipeline.py) run as ``make demo`` runs them: the shapes world written as COCO files
 (in-process), then ``sa2va-rl train`` of the demo GRPO config from ``assets/tiny_shapes_pretrained`` as a subprocess,

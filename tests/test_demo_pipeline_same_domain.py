@@ -1,6 +1,7 @@
 """The shortened demo on same-domain paired data (the setting the both-loop margins were calibrated on): GRPO raises
 both loops' training reward beyond their noise margins. Settings, margins and their calibration:
-tests/test_demo_pipeline.py and tests/demo_short.py."""
+tests/test_demo_pipeline.py and tests/demo_short.py. It runs in `make demo` (marker `demo`), not in `make test`: the
+default demo is the domain-adaptation one, which tests/test_demo_pipeline.py checks in `make test`."""
 from __future__ import annotations
 
 import json
@@ -9,6 +10,8 @@ import pytest
 
 from demo_short import MARGINS, PROMPTS, RL_ITERS, WINDOW, short_demo
 from projects.llava_sam2.rl_train.demo.summary import REWARD_KEYS, reward_trend
+
+pytestmark = pytest.mark.demo
 
 
 @pytest.fixture(scope="module")
