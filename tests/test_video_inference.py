@@ -158,3 +158,22 @@ def test_bf16_model_runs_the_video_path(tiny, reference):
                                              max_new_tokens=MAX_NEW_TOKENS)
     assert answer.text == str(reference["prediction"])
     assert logits.dtype == torch.float32 and logits.shape == (1, 7, 64, 64) and torch.isfinite(logits).all()
+
+
+def test_gradients_reach_the_prompt_and_the_mask_decoder_through_propagated_frames(tiny, reference):
+    """Video RES training needs d(masklet)/d([SEG] prompt) and d(masklet)/d(mask decoder) on frames decoded from
+    memory (t >= n), not only on the prompted ones: a loss on the propagated frames alone reaches both."""
+    model, processor = tiny
+    video = encode_video(model, processor, _frames(reference, 7))
+    prompt = torch.randn(1, model.grounding_encoder.sam2_model.hidden_dim, generator=torch.Generator().manual_seed(2),
+                         requires_grad=True)
+    decoder = model.grounding_encoder.sam2_model.sam_mask_decoder
+    decoder.zero_grad(set_to_none=True)
+    logits = video_masklet_logits(model, video, prompt)  # [1, 7, h, w]
+    propagated = logits[:, MLLM_FRAMES:]
+    assert propagated.shape[1] == 2 and propagated.requires_grad
+    propagated.sigmoid().mean().backward()
+    assert prompt.grad is not None and torch.isfinite(prompt.grad).all() and prompt.grad.abs().sum() > 0
+    grads = [p.grad for p in decoder.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads) and sum(g.abs().sum() for g in grads) > 0
+    decoder.zero_grad(set_to_none=True)
