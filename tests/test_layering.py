@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 import projects.llava_sam2.rl_train as rl_train
+from import_graph import import_statements, modules_under
 
 PACKAGE = rl_train.__name__  # projects.llava_sam2.rl_train
 ROOT = Path(rl_train.__file__).parent
@@ -56,11 +57,7 @@ def is_seams(path: Path) -> bool:
 
 def package_modules() -> list[tuple[str, Path]]:
     """(dotted module name, file) of every module of the package."""
-    modules = []
-    for path in sorted(ROOT.rglob("*.py")):
-        parts = path.relative_to(ROOT).with_suffix("").parts
-        modules.append((".".join((PACKAGE, *parts)).removesuffix(".__init__"), path))
-    return modules
+    return modules_under(ROOT, PACKAGE)
 
 
 def layer_of(module: str) -> str | None:
@@ -72,25 +69,19 @@ def layer_of(module: str) -> str | None:
 # ---- imports ------------------------------------------------------------------------------------------------------
 
 
-def imported_modules(module: str, tree: ast.AST, is_package: bool = False) -> list[str]:
+def imported_modules(module: str, source: str, is_package: bool = False) -> list[str]:
     """Absolute name of everything ``module`` imports (``from a import b`` gives ``a.b``: b may be a module)."""
-    package = module if is_package else module.rsplit(".", 1)[0]
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package if node.level else ""
-            target = ".".join(part for part in (base, node.module) if part)
-            found += [f"{target}.{alias.name}" for alias in node.names]
-    return found
+    names = []
+    for stmt in import_statements(module, source, is_package):
+        names += [f"{stmt.source}.{name}" for name in stmt.names] or [stmt.source]
+    return names
 
 
 def layer_violations(module: str, source: str, is_package: bool = False) -> list[str]:
     """What ``module`` imports against the layer map; empty when it keeps to it."""
     own = layer_of(module)
     problems = []
-    for name in imported_modules(module, ast.parse(source), is_package):
+    for name in imported_modules(module, source, is_package):
         if name.split(".")[0] == "mmengine" and own in NO_MMENGINE:
             problems.append(f"{module} imports {name}: {own}/ does not depend on MMEngine")
         elif name.startswith(PACKAGE + ".") and own is not None:
@@ -224,7 +215,7 @@ def test_modules_outside_model_import_without_a_circle():
     modules = dict(package_modules())
     edges = defaultdict(set)
     for module, path in modules.items():
-        for name in imported_modules(module, ast.parse(path.read_text()), path.name == "__init__.py"):
+        for name in imported_modules(module, path.read_text(), path.name == "__init__.py"):
             target = name if name in modules else name.rsplit(".", 1)[0]
             if target in modules and target != module and layer_of(module) != "model":
                 edges[module].add(target)

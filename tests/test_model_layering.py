@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import projects.llava_sam2.rl_train.model as model_pkg
+from import_graph import import_statements, modules_under
 
 MODEL_DIR = Path(model_pkg.__file__).parent
 PACKAGE = model_pkg.__name__  # projects.llava_sam2.rl_train.model
@@ -32,29 +33,11 @@ def allowed_imports() -> dict[str, set[str]]:
             for sub in SUBPACKAGES}
 
 
-def _type_checking_nodes(tree: ast.Module) -> set[int]:
-    inside = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            inside.update(id(child) for stmt in node.body for child in ast.walk(stmt))
-    return inside
-
-
 def imported_modules(module: str, source: str, is_package: bool = False) -> list[tuple[str, bool]]:
-    """(absolute module name, type_only) for every import in ``source`` of ``module``."""
-    tree = ast.parse(source)
-    type_only = _type_checking_nodes(tree)
-    package = module if is_package else module.rsplit(".", 1)[0]
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found += [(alias.name, id(node) in type_only) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
-            target = ".".join(part for part in (base, node.module) if part)
-            names = [f"{target}.{alias.name}" for alias in node.names] if node.module is None else [target]
-            found += [(name, id(node) in type_only) for name in names]
-    return found
+    """(absolute module name, type_only) for every import in ``source`` of ``module``: the module after ``from``,
+    or each module of a bare ``from . import x``."""
+    return [(name, stmt.type_only) for stmt in import_statements(module, source, is_package)
+            for name in ([f"{stmt.source}.{n}" for n in stmt.names] if stmt.bare else [stmt.source])]
 
 
 def violations(module: str, source: str, allowed: dict[str, set[str]], is_package: bool = False) -> list[str]:
@@ -78,11 +61,7 @@ def violations(module: str, source: str, allowed: dict[str, set[str]], is_packag
 
 
 def model_modules() -> list[tuple[str, Path]]:
-    modules = []
-    for path in sorted(MODEL_DIR.rglob("*.py")):
-        parts = path.relative_to(MODEL_DIR).with_suffix("").parts
-        modules.append((".".join((PACKAGE, *parts)).removesuffix(".__init__"), path))
-    return modules
+    return modules_under(MODEL_DIR, PACKAGE)
 
 
 def test_every_model_module_lives_in_a_subpackage():
