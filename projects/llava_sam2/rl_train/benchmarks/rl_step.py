@@ -42,8 +42,9 @@ ids before decoding (``id % len(tokenizer)``), so captions have realistic length
 Caption rewards: a token-overlap F1 stub (``--caption-reward stub``, default) or the configured METEOR + judge.
 
 ``--sweep 'G=4 G=16 T=64 tiles=13 G=16,T=64'`` then runs ours at each point (keys G, T, B, tiles ∈ {1, 5, 10, 13},
-backend = a decode backend, amp = an ``--amp-dtype``) on the same model, ``--sweep-warmup`` + ``--sweep-iters`` iterations each; a point that
-runs out of memory is recorded as such and the sweep goes on.
+backend = a decode backend, amp = an ``--amp-dtype``, logprob = a ``--logprob-head``) on the same model,
+``--sweep-warmup`` + ``--sweep-iters`` iterations each; a point that runs out of memory is recorded as such and the
+sweep goes on. ``--logprob-head`` applies to ours and to the ``generate`` baseline alike (only the decoder differs).
 """
 from __future__ import annotations
 
@@ -190,6 +191,8 @@ def parse_args(argv=None):
     parser.add_argument("--minibatch-size", type=int, default=None)
     parser.add_argument("--decode-backend", default="fast", choices=["fast", "fast_compiled", "fast_adapters"],
                         help="ours: the decoder of every rollout pass (GRPOConfig.decode_backend)")
+    parser.add_argument("--logprob-head", default="reference", choices=["reference", "fused"],
+                        help="ours: how the LM head scores tokens in every log-prob pass (GRPOConfig.logprob_head)")
     parser.add_argument("--storage", default="cuda", choices=["cuda", "cpu"],
                         help="where partner/reference/swap values live: beside the parameters, or pinned host memory")
     parser.add_argument("--caption-reward", default="stub", choices=["stub", "default"])
@@ -236,8 +239,8 @@ def parse_args(argv=None):
 
 # sweep keys -> argument names; tiles -> image (width, height) on the 448 px presets (1..12 tiles + thumbnail)
 SWEEP_KEYS = {"G": "num_generations", "T": "max_new_tokens", "B": "batch", "backend": "decode_backend",
-              "tiles": "tiles", "amp": "amp_dtype"}
-TEXT_KEYS = ("backend", "amp")
+              "tiles": "tiles", "amp": "amp_dtype", "logprob": "logprob_head"}
+TEXT_KEYS = ("backend", "amp", "logprob")
 TILE_IMAGES = {1: (448, 448), 5: (896, 896), 10: (1344, 1344), 13: (1792, 1344)}
 
 
@@ -275,7 +278,7 @@ def make_batch(size: int, width: int, height: int):
 def make_algo(model, processor, weights, args, decode_backend: str) -> CycleGRPO:
     config = dict(num_generations=args.num_generations, max_completion_length=args.max_new_tokens, beta=args.beta,
                   mask_policy=args.mask_policy, generation_chunk_size=args.generation_chunk_size,
-                  decode_backend=decode_backend)
+                  decode_backend=decode_backend, logprob_head=args.logprob_head)
     rewards = {"mask_to_caption": [dict(type="iou")]}
     if args.caption_reward == "stub":
         rewards["caption_to_mask"] = [StubCaptionReward()]
@@ -404,6 +407,7 @@ def run_sweep(args, model, processor, weights, optimizer, params, clock, out: di
                                   point_amp)
             out[label] = {**summary, "batch": settings.batch, "num_generations": settings.num_generations,
                           "max_new_tokens": settings.max_new_tokens, "decode_backend": settings.decode_backend,
+                          "logprob_head": settings.logprob_head,
                           "amp_dtype": str(point_amp).removeprefix("torch.") if point_amp else "none",
                           "caption_lengths": forced.caption_lengths if forced is not None else None,
                           "n_tiles": processor.preprocess_image(batch[0].image).n_tiles}

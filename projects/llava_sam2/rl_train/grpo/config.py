@@ -79,6 +79,12 @@ class GRPOConfig:
     sum (the whole mask's ratio); None (default) is sqrt, or TRL's mean when mask_importance_sampling_level is None.
     The clip bounds |sum_t log-ratio| by about nu(T) * epsilon per mask."""
 
+    logprob_head: str = "reference"
+    """How the LM head scores completion tokens in every log-prob pass (old_logp, ref_logp, the loss), a key of
+    model/decoding/generation.py LOGPROB_HEADS: reference (the head over every position, chunked by positions and
+    checkpointed) | fused (only the real tokens, the vocabulary padded to a multiple of 64 for the GEMMs, one autograd
+    Function that never holds [N, T, V] logits; equal to reference up to float order, docs/speed.md)."""
+
     # ---- rewards and advantages ----------------------------------------------------------------------------
     scale_rewards: str = "group"
     """Advantage divisor: group (std per prompt, GRPO) | batch (batch std, Lite PPO) | none (Dr. GRPO)."""
@@ -184,6 +190,11 @@ class GRPOConfig:
         _require(self.mask_length_norm in (*SEQUENCE_LENGTH_NORMS, None),
                  f"mask_length_norm={self.mask_length_norm!r} is not one of {sorted(SEQUENCE_LENGTH_NORMS)}; 'sqrt' is "
                  "the default, 'mean' is TRL's sequence level.")
+        from ..model.decoding.generation import LOGPROB_HEADS  # here: as DECODE_BACKENDS above
+
+        _require(self.logprob_head in LOGPROB_HEADS,
+                 f"logprob_head={self.logprob_head!r} is not one of {sorted(LOGPROB_HEADS)}; use 'reference' "
+                 "(default) or 'fused' (the head over real tokens only, docs/speed.md).")
 
     def _validate_rewards(self) -> None:
         _require(self.scale_rewards in SCALE_REWARDS,

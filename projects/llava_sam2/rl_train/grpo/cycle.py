@@ -135,13 +135,14 @@ def teacher_forced_seg_logits(model, features: StepFeatures, tile_embeds: Tensor
 
 
 def caption_logp(model, features: StepFeatures, tile_embeds: Tensor, replay: CaptionReplay, completion_mask: Tensor,
-                 samples: Sequence[int], group_size: int, temperature: float) -> Tensor:
+                 samples: Sequence[int], group_size: int, temperature: float, logprob_head: str) -> Tensor:
     """log pi(c_t | region prompt, c_<t) of stored caption tokens under the weights in effect: ``[n, T]``.
 
     The n = b * G rows hold b prompts repeated G times; the prompt embeddings are built for the b distinct prompts
     (image tokens + region tokens from ``tile_embeds``), and each prompt runs once for its G captions
     (``grouped_completion_logprobs``: b·L + n·T tokens, not n·(L + T), gradient through the shared prompt) at the
-    sampling temperature. ``old_logp``, ``ref_logp`` and the loss all score through here, so the first ratio is 1.
+    sampling temperature, the head scoring as ``logprob_head`` says (``GRPOConfig.logprob_head``). ``old_logp``,
+    ``ref_logp`` and the loss all score through here, so the first ratio is 1.
     """
     G = group_size
     cells = features.region_cells[list(samples)]  # [b, g, g]
@@ -149,7 +150,7 @@ def caption_logp(model, features: StepFeatures, tile_embeds: Tensor, replay: Cap
                            [features.image_of(s) for s in samples], list(cells))  # [b, L, D]
     return grouped_completion_logprobs(model.language_model, embeds, replay.prompt_attention[::G],
                                        replay.completion_ids, completion_mask, num_generations=G,
-                                       temperature=temperature)  # [n, T]
+                                       temperature=temperature, logprob_head=logprob_head)  # [n, T]
 
 
 class MaskToCaptionLoop:
@@ -166,7 +167,7 @@ class MaskToCaptionLoop:
                     samples: Sequence[int]) -> Tensor:
         """Caption-token log-probs ``[n, T]`` of a (sliced) loop-1 rollout; carries grad outside ``no_grad``."""
         return caption_logp(model, features, tile_embeds, rollout.replay, rollout.action_mask, samples,
-                            rollout.group_size, self.ctx.config.temperature)
+                            rollout.group_size, self.ctx.config.temperature, self.ctx.config.logprob_head)
 
     def loss_terms(self, model, features: StepFeatures, tile_embeds: Tensor, rollout: Rollout,
                    samples: Sequence[int], num_active_tokens: float | None) -> tuple[Tensor, dict[str, Tensor]]:
@@ -237,7 +238,7 @@ class MaskToCaptionLoop:
             def score(tile_embeds: Tensor) -> Callable[[int, int], Tensor]:
                 return lambda b0, b1: caption_logp(
                     model, features, tile_embeds, slice_rows(replay, b0 * G, b1 * G),
-                    completions.completion_mask[b0 * G:b1 * G], range(b0, b1), G, cfg.temperature)
+                    completions.completion_mask[b0 * G:b1 * G], range(b0, b1), G, cfg.temperature, cfg.logprob_head)
 
             # old_logp must equal the loss pass's values bit for bit (ratio 1): the loss scores through caption_logp too
             old_logp = cat_chunks(score(tiles), B, G, chunk) if needs_old_logp else None
@@ -406,7 +407,7 @@ class CaptionToMaskLoop:
 
 def answer_logp_and_seg_logits(model, features: StepFeatures, tile_embeds: Tensor, replay: AnswerReplay,
                                completion_mask: Tensor, samples: Sequence[int], group_size: int,
-                               temperature: float) -> tuple[Tensor, Tensor, Tensor]:
+                               temperature: float, logprob_head: str) -> tuple[Tensor, Tensor, Tensor]:
     """One teacher-forced pass over (RES prompt, sampled answer) of n = b * G rows under the weights in effect:
     ``(token_logp [n, T], rows [m], seg_logits [m, h, w])``, the answer tokens' log-probs (prompt run once per
     group) and the mask logits of the m rows whose answer feeds back a ``[SEG]`` (its state → ``text_hidden_fcs``
@@ -416,7 +417,8 @@ def answer_logp_and_seg_logits(model, features: StepFeatures, tile_embeds: Tenso
                            [features.image_of(s) for s in samples])  # [b, L, D]
     logp, hidden = grouped_completion_logprobs(model.language_model, embeds, replay.prompt_attention[::G],
                                                replay.completion_ids, completion_mask, num_generations=G,
-                                               temperature=temperature, return_hidden=True)  # [n, T], [n, T, D]
+                                               temperature=temperature, return_hidden=True,
+                                               logprob_head=logprob_head)  # [n, T], [n, T, D]
     rows = torch.nonzero(replay.seg_position >= 0).flatten()  # [m]
     seg_hidden = hidden[rows, replay.seg_position[rows]]  # [m, D]
     seg_logits = model.decode_masks(model.seg_hidden_to_prompt(seg_hidden), features.grounding,
@@ -446,7 +448,8 @@ class AnswerToMaskLoop:
 
     def _terms(self, model, features: StepFeatures, tile_embeds: Tensor, rollout: Rollout, samples: Sequence[int]):
         return answer_logp_and_seg_logits(model, features, tile_embeds, rollout.replay, rollout.action_mask, samples,
-                                          rollout.group_size, self.ctx.config.temperature)
+                                          rollout.group_size, self.ctx.config.temperature,
+                                          self.ctx.config.logprob_head)
 
     def action_logp(self, model, features: StepFeatures, tile_embeds: Tensor, rollout: Rollout,
                     samples: Sequence[int]) -> Tensor:
@@ -525,7 +528,7 @@ class AnswerToMaskLoop:
             def terms(tile_embeds: Tensor, b0: int, b1: int):
                 return answer_logp_and_seg_logits(model, features, tile_embeds, slice_rows(replay, b0 * G, b1 * G),
                                                   completions.completion_mask[b0 * G:b1 * G], range(b0, b1), G,
-                                                  cfg.temperature)
+                                                  cfg.temperature, cfg.logprob_head)
 
             logps, seg_masks, pred_masks = [], [], []
             for b0, b1 in group_chunks(B, G, chunk):

@@ -29,6 +29,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache, TopPLogitsWarper
 
+from .head_logprob import fused_token_logprobs
+
 
 @dataclass
 class Completions:
@@ -309,6 +311,28 @@ def token_logprobs(head: nn.Module, hidden: torch.Tensor, completion_ids: torch.
     return torch.cat(parts, dim=1)  # [N, T]
 
 
+def masked_token_logprobs(head: nn.Module, hidden: torch.Tensor, completion_ids: torch.Tensor,
+                          completion_mask: torch.Tensor, *, temperature: float = 1.0,
+                          max_logit_bytes: int | None = MAX_LOGIT_BYTES) -> torch.Tensor:
+    """:func:`token_logprobs` over every position, then 0 where ``completion_mask`` is False; ``[N, T]``."""
+    token_logp = token_logprobs(head, hidden, completion_ids, temperature=temperature, max_logit_bytes=max_logit_bytes)
+    return token_logp.masked_fill(~completion_mask.bool(), 0.0)  # [N, T]
+
+
+# How the LM head turns the states [N, T, D] into token_logp [N, T] (one signature; ``logprob_head`` picks one):
+# reference = the head over all N·T positions, chunked by positions and checkpointed; fused = head_logprob.py (only
+# the real tokens, vocabulary padded to 64 for the GEMMs, one autograd Function, frozen-head gradient in forward).
+LOGPROB_HEADS = {"reference": masked_token_logprobs, "fused": fused_token_logprobs}
+
+
+def logprob_head_function(logprob_head: str, where: str):
+    """``LOGPROB_HEADS[logprob_head]``, or a ValueError naming the choices."""
+    if logprob_head not in LOGPROB_HEADS:
+        raise ValueError(f"{where}: logprob_head={logprob_head!r} is not one of {sorted(LOGPROB_HEADS)}; "
+                         "'reference' is the default, 'fused' the fast path.")
+    return LOGPROB_HEADS[logprob_head]
+
+
 def completion_logprobs(
     lm: nn.Module,
     prompt_embeds: torch.Tensor,
@@ -319,6 +343,7 @@ def completion_logprobs(
     temperature: float = 1.0,
     return_hidden: bool = False,
     max_logit_bytes: int | None = MAX_LOGIT_BYTES,
+    logprob_head: str = "reference",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Teacher-forced ``log π(c_t | prompt, c_<t)`` for every completion token, in one forward.
 
@@ -334,6 +359,7 @@ def completion_logprobs(
         completion_ids: ``[N, T]`` long; completion_mask: ``[N, T]`` bool, True on a prefix.
         max_logit_bytes: bound on the fp32 logits of one head call; the head runs over T in chunks
             (:func:`token_logprobs`). None computes all ``[N, T, V]`` logits at once.
+        logprob_head: a key of ``LOGPROB_HEADS``, how the head scores the tokens (same values up to float order).
 
     Returns:
         ``token_logp [N, T]`` float32 (differentiable), and ``hidden [N, T, D]`` if ``return_hidden``.
@@ -341,12 +367,12 @@ def completion_logprobs(
     _check_completion(prompt_embeds, prompt_attention, completion_ids, completion_mask, "completion_logprobs")
     if temperature <= 0:
         raise ValueError(f"completion_logprobs: temperature must be > 0, got {temperature}.")
+    score = logprob_head_function(logprob_head, "completion_logprobs")
     _, head = decoder_and_head(lm)
     L, T = prompt_embeds.shape[1], completion_ids.shape[1]
     h = _teacher_forced_hidden(lm, prompt_embeds, prompt_attention, completion_ids, completion_mask)  # [N, L + T, D]
-    token_logp = token_logprobs(head, h[:, L - 1:L + T - 1], completion_ids, temperature=temperature,
-                                max_logit_bytes=max_logit_bytes)  # [N, T]
-    token_logp = token_logp.masked_fill(~completion_mask.bool(), 0.0)
+    token_logp = score(head, h[:, L - 1:L + T - 1], completion_ids, completion_mask, temperature=temperature,
+                       max_logit_bytes=max_logit_bytes)  # [N, T]
     if return_hidden:
         return token_logp, h[:, L:L + T]  # hidden [N, T, D]
     return token_logp

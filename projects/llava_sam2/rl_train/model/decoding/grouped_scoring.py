@@ -30,8 +30,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from .generation import MAX_LOGIT_BYTES, completion_logprobs, decoder_and_head, position_ids_from_attention, \
-    token_logprobs
+from .generation import MAX_LOGIT_BYTES, completion_logprobs, decoder_and_head, logprob_head_function, \
+    position_ids_from_attention
 from ..network.transformers_seams import attention_implementation
 
 SUPPORTED_ATTENTION = ("sdpa", "eager")  # implementations that take a 4-D additive mask
@@ -147,6 +147,7 @@ def grouped_completion_logprobs(
     temperature: float = 1.0,
     max_logit_bytes: int | None = MAX_LOGIT_BYTES,
     return_hidden: bool = False,
+    logprob_head: str = "reference",
 ) -> Tensor | tuple[Tensor, Tensor]:
     """``completion_logprobs`` of G completions per prompt, each prompt run once (module docstring); differentiable.
 
@@ -160,6 +161,7 @@ def grouped_completion_logprobs(
         return_hidden: also return ``hidden [N, T, D]``, the final-norm state at the position whose input is
             ``c_t`` (Sa2VA's ``[SEG]`` state where ``c_t`` is ``[SEG]``), as ``completion_logprobs``; the grouped
             path never feeds the last token, so ``hidden[:, T - 1]`` is 0 there.
+        logprob_head: a key of ``generation.LOGPROB_HEADS``, how the head scores the tokens.
 
     Returns:
         ``token_logp [N, T]`` float32 (and ``hidden`` when asked).
@@ -177,16 +179,18 @@ def grouped_completion_logprobs(
         )
     if temperature <= 0:
         raise ValueError(f"grouped_completion_logprobs: temperature must be > 0, got {temperature}.")
+    score = logprob_head_function(logprob_head, "grouped_completion_logprobs")
     T = completion_ids.shape[1]
     if not supports_grouping(lm, L + T):
         return completion_logprobs(lm, prompt_embeds.repeat_interleave(G, 0), prompt_attention.repeat_interleave(G, 0),
                                    completion_ids, completion_mask, temperature=temperature,
-                                   max_logit_bytes=max_logit_bytes, return_hidden=return_hidden)
+                                   max_logit_bytes=max_logit_bytes, return_hidden=return_hidden,
+                                   logprob_head=logprob_head)
     _, head = decoder_and_head(lm)
     last, continuation = grouped_hidden(lm, prompt_embeds, prompt_attention, completion_ids[:, :-1], completion_mask, G)
     hidden = torch.cat([last.repeat_interleave(G, 0)[:, None], continuation], dim=1)  # [N, T, D]
-    token_logp = token_logprobs(head, hidden, completion_ids, temperature=temperature, max_logit_bytes=max_logit_bytes)
-    token_logp = token_logp.masked_fill(~completion_mask.bool(), 0.0)  # [N, T]
+    token_logp = score(head, hidden, completion_ids, completion_mask, temperature=temperature,
+                       max_logit_bytes=max_logit_bytes)  # [N, T]
     if return_hidden:  # state at input c_t: the continuation's t-th state; c_{T-1} was never fed
         return token_logp, torch.cat([continuation, torch.zeros_like(continuation[:, :1])], dim=1)  # [N, T, D]
     return token_logp
