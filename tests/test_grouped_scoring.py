@@ -165,7 +165,7 @@ def test_loop1_loss_pass_on_tiny_sa2va_equals_the_repeated_prompt_pass():
                                    replay.completion_ids, rollout.action_mask, temperature=algo.config.temperature)
 
     new_logp, new_grads = grads_of(lambda tiles: caption_logp(model, features, tiles, replay, rollout.action_mask,
-                                                              samples, G, algo.config.temperature))
+                                                              samples, G, algo.config.temperature, "reference"))
     old_logp, old_grads = grads_of(repeated_prompt_pass)
     assert rollout.action_mask.sum() > 8
     torch.testing.assert_close(new_logp, old_logp, **TOL)
