@@ -23,7 +23,7 @@ def test_bench_rl_step_runs_ours_and_both_baselines_on_cpu(tmp_path):
     result = bench.run_benchmark(["--preset", "tiny", "--batch", "2", "--num-generations", "2",
                                   "--max-new-tokens", "4", "--warmup", "0", "--iters", "1", "--naive-samples", "1",
                                   "--storage", "cpu", "--force-seg", "--caption-lengths", "2,3",
-                                  "--baseline-warmup", "0", "--sweep", "G=4 amp=bfloat16 T=8", "--sweep-warmup", "0",
+                                  "--baseline-warmup", "0", "--sweep", "G=4 amp=bfloat16,logprob=fused T=8", "--sweep-warmup", "0",
                                   "--profile", str(prof), "--json", str(out)])
     assert {name: getattr(cycle, name) for name in before} == before and DECODE_BACKENDS == backends
     assert TokenChooser.__call__ is choose
@@ -37,8 +37,10 @@ def test_bench_rl_step_runs_ours_and_both_baselines_on_cpu(tmp_path):
     assert sweep["tokens_per_iteration"]["policy_caption_tokens"] <= 3 * 8
     # CPU default: no autocast; the amp point runs rollout and loss forward under bf16 autocast (GRPOLoop's AMP path)
     assert result["amp_dtype"] == "none" and sweep["amp_dtype"] == "none"
-    assert result["sweep"]["amp=bfloat16"]["amp_dtype"] == "bfloat16"
-    assert result["sweep"]["amp=bfloat16"]["rollouts_per_s"] > 0
+    # the fused LM-head log-prob path (GRPOConfig.logprob_head) runs the step under autocast too
+    fused = result["sweep"]["amp=bfloat16,logprob=fused"]
+    assert fused["amp_dtype"] == "bfloat16" and fused["logprob_head"] == "fused" and fused["rollouts_per_s"] > 0
+    assert result["logprob_head"] == sweep["logprob_head"] == "reference"
     # a T point scales the forced caption lengths with T (2-3 at T = 4 -> 4-6 at T = 8), then restores them
     longer = result["sweep"]["T=8"]
     assert longer["caption_lengths"] == (4, 6) and 4 * 4 <= longer["tokens_per_iteration"]["policy_caption_tokens"] <= 4 * 6
@@ -59,10 +61,13 @@ def test_bench_rl_step_runs_ours_and_both_baselines_on_cpu(tmp_path):
     assert {row["name"] for row in table["phases"]} >= {"encode", "rollout", "logprob_backward"}
 
 
-def test_sweep_point_rejects_an_unknown_amp_dtype():
+def test_sweep_point_rejects_an_unknown_amp_dtype_or_logprob_head():
     assert bench.sweep_point("amp=none,G=4") == {"amp_dtype": "none", "num_generations": 4}
+    assert bench.sweep_point("logprob=fused") == {"logprob_head": "fused"}
     with pytest.raises(ValueError, match="amp=int8"):
         bench.sweep_point("amp=int8")
+    with pytest.raises(ValueError, match="logprob=liger"):
+        bench.sweep_point("logprob=liger")
 
 
 def test_repeated_sweep_points_keep_every_result():

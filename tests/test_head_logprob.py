@@ -87,6 +87,26 @@ def test_the_comparison_catches_a_shifted_token_a_wrong_temperature_and_a_padded
         assert (wrong - ref)[completion_mask].abs().min() > 1e-4
 
 
+@pytest.mark.parametrize("train_head", [False, True], ids=["frozen_head", "trained_head"])
+def test_under_bf16_autocast_log_probs_are_bit_equal_and_gradients_within_bf16_rounding(train_head):
+    """The GPU training's arithmetic (bf16 autocast, fp32 master weights): both heads run the bf16 GEMM and the fp32
+    log-softmax on the same rows, so the log-probs are identical. The gradients differ by where they are rounded to
+    bf16 (frozen head: the unit gradient, then times the incoming scalar; reference: the product), within 2^-7 of the
+    largest entry (two roundings of 2^-8); a wrong factor such as a missed 1/temperature is 30 % off."""
+    head, hidden, ids, completion_mask = head_batch(train_head=train_head)
+    weights = torch.randn(ids.shape, generator=torch.Generator().manual_seed(1))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = scored("reference", head, hidden, ids, completion_mask, weights, temperature=0.7)
+        new = scored("fused", head, hidden, ids, completion_mask, weights, temperature=0.7)
+    assert torch.equal(new[0], ref[0])
+    for new_grad, ref_grad in zip(new[1:], ref[1:]):
+        if ref_grad is None:
+            assert new_grad is None
+            continue
+        assert new_grad.dtype == ref_grad.dtype == torch.float32
+        assert (new_grad - ref_grad).abs().max() <= 2 ** -7 * ref_grad.abs().max()
+
+
 def test_masked_tokens_are_never_scored_and_logits_stay_chunk_sized(monkeypatch):
     """Garbage (NaN states, out-of-range ids) at masked positions changes nothing; the head sees only the real
     tokens, at most 3 rows of logits per call; a frozen head's backward recomputes no logits, a trained one's does."""

@@ -70,6 +70,7 @@ from projects.llava_sam2.rl_train.grpo.trainer import CycleGRPO
 from projects.llava_sam2.rl_train.grpo.weights import WeightSets
 from projects.llava_sam2.rl_train.model.checkpoints.dtypes import as_torch_dtype
 from projects.llava_sam2.rl_train.model.decoding.fast_generation import DECODE_BACKENDS
+from projects.llava_sam2.rl_train.model.decoding.generation import LOGPROB_HEADS
 from projects.llava_sam2.rl_train.model.network.lora import adapter_compute_dtype, apply_lora, configure_trainable
 from projects.llava_sam2.rl_train.model.network.presets import PRESETS, build_preset
 from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
@@ -191,7 +192,7 @@ def parse_args(argv=None):
     parser.add_argument("--minibatch-size", type=int, default=None)
     parser.add_argument("--decode-backend", default="fast", choices=["fast", "fast_compiled", "fast_adapters"],
                         help="ours: the decoder of every rollout pass (GRPOConfig.decode_backend)")
-    parser.add_argument("--logprob-head", default="reference", choices=["reference", "fused"],
+    parser.add_argument("--logprob-head", default="reference", choices=sorted(LOGPROB_HEADS),
                         help="ours: how the LM head scores tokens in every log-prob pass (GRPOConfig.logprob_head)")
     parser.add_argument("--storage", default="cuda", choices=["cuda", "cpu"],
                         help="where partner/reference/swap values live: beside the parameters, or pinned host memory")
@@ -254,6 +255,8 @@ def sweep_point(text: str) -> dict:
         point[SWEEP_KEYS[key]] = value if key in TEXT_KEYS else int(value)
     if point.get("amp_dtype", "none") not in ("bfloat16", "float16", "none"):
         raise ValueError(f"--sweep: amp={point['amp_dtype']}; use bfloat16, float16 or none")
+    if point.get("logprob_head", "reference") not in LOGPROB_HEADS:
+        raise ValueError(f"--sweep: logprob={point['logprob_head']}; use one of {sorted(LOGPROB_HEADS)}")
     if point.get("tiles", 5) not in TILE_IMAGES:
         raise ValueError(f"--sweep: tiles={point['tiles']}; use one of {sorted(TILE_IMAGES)}")
     return point
