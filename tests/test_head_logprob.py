@@ -160,6 +160,10 @@ def test_bad_heads_and_names_are_rejected():
         fused_token_logprobs(nn.Linear(D, VOCAB), hidden, ids, completion_mask)
     with pytest.raises(ValueError, match="temperature"):
         fused_token_logprobs(head, hidden, ids, completion_mask, temperature=0.0)
+    partitioned = nn.Linear(D, VOCAB, bias=False)
+    partitioned.weight = nn.Parameter(torch.empty(0))  # what a ZeRO-3 rank holds outside the module's call
+    with pytest.raises(ValueError, match="partitioned"):
+        fused_token_logprobs(partitioned, hidden, ids, completion_mask)
     with pytest.raises(ValueError, match="logprob_head='chunked' is not one of"):
         GRPOConfig(logprob_head="chunked")
     lm_inputs = torch.randn(1, 2, D), torch.ones(1, 2), ids[:1], completion_mask[:1]

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-VOCAB_ALIGNMENT = 64  # rows of the padded head: 128-byte aligned logit rows in bf16 and fp32 alike
+VOCAB_ALIGNMENT = 64  # head rows padded to a multiple of this: logit rows start on 128-byte boundaries in bf16
 
 
 def padded_rows(weight: Tensor, multiple: int = VOCAB_ALIGNMENT) -> Tensor:
@@ -146,6 +146,10 @@ def fused_token_logprobs(head: nn.Module, hidden: Tensor, completion_ids: Tensor
                         f"{' with a bias' if isinstance(head, nn.Linear) else ''}; use logprob_head='reference'.")
     if temperature <= 0:
         raise ValueError(f"fused_token_logprobs: temperature must be > 0, got {temperature}.")
+    if head.weight.dim() != 2 or head.weight.shape[1] != hidden.shape[-1]:  # e.g. a DeepSpeed ZeRO-3 partition
+        raise ValueError(f"fused_token_logprobs: the head weight is {tuple(head.weight.shape)}, not [V, "
+                         f"{hidden.shape[-1]}] (a partitioned weight is read only through the module's own call); "
+                         "use logprob_head='reference'.")
     is_real = completion_mask.bool()  # [N, T]
     rows_hidden, targets = hidden[is_real], completion_ids[is_real]  # [M, D], [M]
     V, M = head.weight.shape[0], rows_hidden.shape[0]
