@@ -33,6 +33,7 @@ train_cfg = dict(
             beta=0.04,  # KL to the reference (SFT) policy; 0 skips the reference pass
             epsilon=0.2,
             num_iterations=1,  # optimisation passes over each batch of rollouts
+            logprob_head="reference",  # LM-head log-probs: reference | fused (real tokens only, docs/speed.md)
             # rewards
             scale_rewards="group",  # group | batch | none
             mask_to_caption_weight=1.0,  # loop 1 (mask -> caption -> mask', IoU); 0 switches it off
