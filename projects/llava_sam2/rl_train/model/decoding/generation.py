@@ -7,7 +7,8 @@ Two functions carry the RL policy's text side:
 * :func:`completion_logprobs` — one teacher-forced forward over ``prompt + completion`` that returns
   the per-token log-probabilities and, optionally, the final-norm hidden states that Sa2VA turns
   into ``[SEG]`` prompts (``docs/architecture.md``, docs/sa2va_internals.md §8.2). The head runs over the completion in
-  chunks of positions (:func:`token_logprobs`), so a pass never holds all ``[N, T, V]`` fp32 logits;
+  chunks of positions (:func:`token_logprobs`), or over its real tokens only (``logprob_head='fused'``,
+  head_logprob.py), so a pass never holds all ``[N, T, V]`` fp32 logits;
   :func:`completion_hidden` skips the head for passes that only need the ``[SEG]`` states.
 
 Both run the LM's decoder body and its output head separately, so logits are computed only where
