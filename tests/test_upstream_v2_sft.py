@@ -2,7 +2,8 @@
 v2-style run from ``model.checkpoints.tiny_upstream_run`` (``codebase='v2'``: peft LoRA with v2's
 ``modules_to_save=["embed_tokens", "lm_head"]``, a real DeepSpeed ZeRO-2 directory written by DeepSpeed).
 
-1. the key layout pinned from upstream's own modules (tests/data/upstream_v2_sft_keys.json, research/upstream_v2_keys.py);
+1. the key layout pinned from upstream's own modules (tests/data/upstream_v2_sft_keys.json, written by
+   research/upstream_v2_keys.py);
 2. load: ``.pth`` and DeepSpeed dir, LoRA kept or merged, to the SFT model's tensors; a v1 run still loads;
 3. errors that name the file and the key; the SFT start weights (v2's ``model.pretrained_pth``) as a layer;
 4. the v2 SFT config read without upstream classes, mapped onto RL's model built from the RL config (its GRPO loop
@@ -139,12 +140,32 @@ def test_v1_checkpoint_still_loads_and_says_its_layout(tmp_path, monkeypatch):
     assert torch.equal(logits(model), logits(v1.model))
 
 
+def test_to_hf_of_a_v2_run_copies_v2s_remote_code(run, source, expected, tmp_path):
+    """``convert to-hf`` with a v2 SFT config: the merged tensors (modules_to_save copies) and, as v2's
+    tools/convert_to_hf.py does, the remote code of projects/sa2va/hf/models."""
+    from safetensors.torch import load_file
+
+    from projects.llava_sam2.rl_train.cli import convert
+
+    remote = run.root / "projects/sa2va/hf/models"
+    remote.mkdir(parents=True, exist_ok=True)
+    (remote / "modeling_sa2va_chat.py").write_text("# upstream v2 remote code\n")
+    out = tmp_path / "hf"
+    assert convert.main(["to-hf", str(V2_SFT_CONFIG), V2_SFT_PTH, "--save-path", str(out), "--dtype", "float32"]) == 0
+    written = load_file(out / "model.safetensors")
+    assert written.keys() == expected.keys()
+    assert all(torch.allclose(written[k], v, atol=2e-6, rtol=0) for k, v in expected.items())
+    assert json.loads((out / "config.json").read_text())["template"] == "qwen_chat"
+    assert (out / "modeling_sa2va_chat.py").read_text() == "# upstream v2 remote code\n"
+
+
 # ---------------------------------------------------------------------------------------------- 3. errors, init
 def test_checkpoints_of_neither_layout_name_file_and_key(run, source, tmp_path):
     state = read_xtuner_checkpoint(run.path(V2_SFT_PTH))
     foreign = dict(state, **{"text_exist_fcs.0.weight": torch.zeros(2)})
     torch.save({"state_dict": foreign}, tmp_path / "foreign.pth")
-    with pytest.raises(ValueError, match=r"foreign\.pth: 1 keys match neither the codebase v1 nor the v2 layout"
+    with pytest.raises(ValueError, match=r"foreign\.pth: 1 keys do not map onto Sa2VA: they match neither the "
+                                         r"codebase v1 nor the v2 layout"
                                          r"(.|\n)*text_exist_fcs\.0\.weight"):
         load_upstream_sft(replace(source, pretrained_pth=str(tmp_path / "foreign.pth")))
     head = f"{LLM}lm_head.modules_to_save.default.weight"
@@ -156,7 +177,7 @@ def test_checkpoints_of_neither_layout_name_file_and_key(run, source, tmp_path):
     orphan = {k: v for k, v in state.items() if k != head}
     orphan[f"{LLM}lm_head.original_module.weight"] = state[head]  # a frozen copy without its trained one
     torch.save({"state_dict": orphan}, tmp_path / "orphan.pth")
-    with pytest.raises(ValueError, match=r"orphan\.pth: 1 keys match neither(.|\n)*lm_head\.original_module"):
+    with pytest.raises(ValueError, match=r"orphan\.pth: 1 keys do not map(.|\n)*lm_head\.original_module"):
         load_upstream_sft(replace(source, pretrained_pth=str(tmp_path / "orphan.pth")))
     (tmp_path / "corrupt.pth").write_bytes(b"\x80\x02not a checkpoint")
     with pytest.raises(ValueError, match=r"corrupt\.pth: cannot read this checkpoint"):

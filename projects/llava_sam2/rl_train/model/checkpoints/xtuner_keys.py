@@ -154,9 +154,10 @@ def parse_upstream_state(state: dict[str, torch.Tensor], where: str = "checkpoin
         more = f"\n    ... and {len(unmapped) - 30} more" if len(unmapped) > 30 else ""
         shown = "\n    ".join(unmapped[:30]) + more
         raise ValueError(
-            f"{where}: {len(unmapped)} keys match neither the codebase v1 nor the v2 layout of an upstream Sa2VA "
-            f"checkpoint (expected prefixes {MLLM}{{vision_model,mlp1,language_model}}., {SAM}, {FCS}; LoRA only on "
-            f"the LLM with peft adapter {ADAPTER!r}; v2 also peft modules_to_save copies):\n    {shown}\n"
+            f"{where}: {len(unmapped)} keys do not map onto Sa2VA: they match neither the codebase v1 nor the v2 "
+            f"layout of an upstream Sa2VA checkpoint (expected prefixes {MLLM}{{vision_model,mlp1,language_model}}., "
+            f"{SAM}, {FCS}; LoRA only on the LLM with peft adapter {ADAPTER!r}; v2 also peft modules_to_save "
+            f"copies):\n    {shown}\n"
             "Visual-encoder LoRA and the optional text_exist_fcs head have no place in the HF Sa2VA layout; drop "
             "those keys from the checkpoint (docs/upstream.md).")
     return out
