@@ -173,7 +173,7 @@ def sft_source(sft_model: Mapping, template: str, *, pretrained_pth: str | None 
         raise ValueError(f"SFT config: grounding_encoder cfg_path={cfg_path!r}; only {list(SAM2_CFG_PATHS)} (SAM 2.0 "
                          "Hiera-L, Sa2VA's) is known")
     flags = SFTTrainFlags(train_mask_decoder=not cfg.get("frozen_sam2_decoder", True), has_llm_lora=lora is not None,
-                          sft_trained_embeddings=codebase == "v1" or bool(lora and lora.modules_to_save))
+                          sft_trained_embeddings=lora is not None and (codebase == "v1" or bool(lora.modules_to_save)))
     return source, flags
 
 

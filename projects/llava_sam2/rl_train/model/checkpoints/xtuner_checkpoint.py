@@ -167,9 +167,9 @@ def _load_init(model: Sa2VAModel, source: UpstreamSFTSource, expected: dict, loa
         return set()
     where = os.fspath(source.init_checkpoint)
     state = _drop_ignored(read_xtuner_checkpoint(source.init_checkpoint))
-    adapter = [k for k in state if ".lora_" in k or ".modules_to_save." in k or ".original_module." in k]
+    adapter = {k for k in state if ".lora_" in k or ".modules_to_save." in k or ".original_module." in k}
     report.ignored_init_adapter = len(adapter)
-    init = parse_upstream_state({k: v for k, v in state.items() if k not in set(adapter)}, where)
+    init = parse_upstream_state({k: v for k, v in state.items() if k not in adapter}, where)
     _check_sft_weights(init.weights, expected, where, base_rows, vocab)
     todo = {k: v for k, v in init.weights.items() if k not in loaded}
     return _load_weights(model, todo, "init", report)
