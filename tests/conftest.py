@@ -31,6 +31,7 @@ def _seed_everything():
 LONGEST_FIRST = (
     "test_demo_pipeline.py", "test_check_gpu.py", "test_engine_launch.py", "test_demo_pipeline_same_domain.py",
     "test_engine_parity.py", "test_upstream_sft.py", "test_engine_fault_points.py", "test_prompt_filter.py",
+    "test_upstream_v2_sft.py",
 )
 
 

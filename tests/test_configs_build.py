@@ -107,10 +107,11 @@ def test_config_loads(path):
 
 @pytest.mark.parametrize("path", CPU, ids=rel)
 def test_cpu_config_builds_like_the_trainer(path, local_files, tmp_path, monkeypatch):
-    if rel(path) == "rl/tiny_grpo_from_upstream_sft_cpu.py":
+    codebase = {"rl/tiny_grpo_from_upstream_sft_cpu.py": "v1", "rl/tiny_grpo_from_upstream_v2_sft_cpu.py": "v2"}
+    if rel(path) in codebase:
         # its paths are those of an upstream checkout after the SFT run (./pretrained/..., ./work_dirs/...)
         from projects.llava_sam2.rl_train.model.checkpoints.tiny_upstream_run import make_tiny_sft_run
-        make_tiny_sft_run(tmp_path / "checkout", seed=0)
+        make_tiny_sft_run(tmp_path / "checkout", seed=0, codebase=codebase[rel(path)])
         monkeypatch.chdir(tmp_path / "checkout")
     cfg = Config.fromfile(str(path))
     cfg.work_dir, cfg.log_level = str(tmp_path), "WARNING"

@@ -8,7 +8,7 @@ upstream code (docs/upstream.md).
     convert to-xtuner --hf HF_DIR --sft-config SFT_CONFIG --save-path OUT.pth
         an RL result (or any HF Sa2VA directory) -> an XTuner .pth that upstream's SFT model loads
         (pretrained_pth=, convert_to_hf.py, evaluation after conversion)
-    convert make-tiny-sft --root DIR
+    convert make-tiny-sft --root DIR [--codebase v2]
         write a tiny upstream-style SFT run (base dir, SAM2 weights, .pth, optional DeepSpeed dir) to try the above
 """
 from __future__ import annotations
@@ -18,6 +18,8 @@ import os
 from pathlib import Path
 
 DEFAULT_REMOTE_CODE_DIR = "projects/llava_sam2/hf/models"  # upstream converter copies these files (checkout-relative)
+# codebase v2's converter (tools/convert_to_hf.py) copies its InternVL-family remote code from here instead
+REMOTE_CODE_DIRS = {"v1": DEFAULT_REMOTE_CODE_DIR, "v2": "projects/sa2va/hf/models"}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -33,7 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     hf.add_argument("--dtype", default="auto", help="'auto' as upstream (InternVL part in the base dtype, SAM2 and "
                     "text_hidden_fcs in float32) or one dtype for all: bfloat16, float16, float32")
     hf.add_argument("--remote-code-dir", default=None, help="folder of upstream's HF remote code to copy next to the "
-                    f"weights (default: {DEFAULT_REMOTE_CODE_DIR} when it exists under the working directory)")
+                    f"weights (default: {DEFAULT_REMOTE_CODE_DIR}, for a codebase-v2 SFT config "
+                    f"{REMOTE_CODE_DIRS['v2']}, when it exists under the working directory)")
     hf.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard, e.g. 5GB")
     hf.add_argument("--cfg-options", nargs="+", action=DictAction, help="key=value overrides of the SFT config")
     xt = sub.add_parser("to-xtuner", help="RL result or HF Sa2VA dir -> XTuner .pth for upstream's SFT model")
@@ -52,6 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     tiny.add_argument("--root", default=".", help="folder that plays the Sa2VA checkout root")
     tiny.add_argument("--seed", type=int, default=0, help="seed of the tiny weights")
     tiny.add_argument("--deepspeed-world-size", type=int, default=0, help="also write a DeepSpeed ZeRO-2 directory")
+    tiny.add_argument("--codebase", choices=("v1", "v2"), default="v1",
+                      help="whose run: v1 (projects/llava_sam2) or v2 (projects/sa2va, InternVL3-style)")
     return parser
 
 
@@ -61,14 +66,14 @@ def _to_hf(args) -> int:
 
     source, _ = load_sft_config(args.config, args.cfg_options)
     source = type(source)(**{**source.__dict__, "pretrained_pth": args.pth_model})
-    remote = args.remote_code_dir
-    if remote is None and Path(DEFAULT_REMOTE_CODE_DIR).is_dir():
-        remote = DEFAULT_REMOTE_CODE_DIR
+    remote, default_remote = args.remote_code_dir, REMOTE_CODE_DIRS[source.codebase]
+    if remote is None and Path(default_remote).is_dir():
+        remote = default_remote
     report = sft_to_hf(source, args.save_path, dtype=args.dtype, max_shard_size=args.max_shard_size,
                        remote_code_dir=remote)
     print(f"loaded {args.pth_model}: {report.summary()}")
     print(f"wrote the HF Sa2VA model and tokenizer to {args.save_path}"
-          + ("" if remote else f" (no remote code copied: {DEFAULT_REMOTE_CODE_DIR} not found; use "
+          + ("" if remote else f" (no remote code copied: {default_remote} not found; use "
              "--remote-code-dir for trust_remote_code loading)"))
     return 0
 
@@ -141,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..model.checkpoints.tiny_upstream_run import main as tiny_main
 
     return tiny_main(["--root", args.root, "--seed", str(args.seed),
-                      "--deepspeed-world-size", str(args.deepspeed_world_size)])
+                      "--deepspeed-world-size", str(args.deepspeed_world_size), "--codebase", args.codebase])
 
 
 if __name__ == "__main__":

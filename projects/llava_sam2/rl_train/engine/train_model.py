@@ -95,6 +95,9 @@ def _build_sa2va(pretrained_path, preset, upstream_sft, tokenizer, dtype):
                              "tokens); remove tokenizer=")
         sa2va, tokenizer, flags, report, _ = build_upstream_sft_model(upstream_sft, torch_dtype=dtype)
         print_log(f"Sa2VATrainModel: upstream SFT run loaded: {report.summary()}", logger="current")
+        if flags.sft_trained_embeddings:
+            print_log("Sa2VATrainModel: the SFT run trained the embeddings and LM head; their trained values are "
+                      "loaded, and RL trains them only with train_embeddings=True", logger="current")
         return sa2va, tokenizer, flags.train_mask_decoder
     tokenizer = build_tokenizer(tokenizer, pretrained_path, preset)
     if pretrained_path is not None:

@@ -11,6 +11,22 @@ The schema is upstream's ``projects/llava_sam2/configs/sa2va_4b.py`` (docs/upstr
                  grounding_encoder=dict(type=SAM2TrainRunner[, cfg_path=..., ckpt_path=...]),
                  pretrained_pth=pretrained_pth, ...)
 
+Codebase v2 (``projects/sa2va/configs/sa2va_in30_{2b,8b,14b}.py``, ``sa2va_finetune.py``) keeps these variables; its
+model dict differs in
+
+    model = dict(type=Sa2VAModel, training_bs=..., special_tokens=..., pretrained_pth=..., frozen_sam2_decoder=False,
+                 mllm=dict(type=InternVLMLLM, model_path=path, freeze_llm=True, freeze_visual_encoder=True,
+                           llm_lora=dict(type=LoraConfig, r=256, lora_alpha=512, lora_dropout=0.05, bias='none',
+                                         task_type='CAUSAL_LM', modules_to_save=["embed_tokens", "lm_head"])),
+                 tokenizer=..., grounding_encoder=dict(type=SAM2TrainRunner), ...)
+
+so: the special tokens live only in ``model.special_tokens``; LoRA is always applied (upstream calls its LoRA
+preparation unconditionally) and ``visual_encoder_lora`` is never applied; ``modules_to_save`` trains the
+embeddings and LM head in full; SAM2 weights are read from ``pretrained/sam2/<ckpt_path>``; and ``pretrained_pth``
+is the weights the SFT started from (loaded before the LoRA wrap), not a result. The codebase is told from the
+class the model dict names (``Sa2VAModel``: v2, ``VideoLLaVASAMModel*``: v1), which both codebases' configs import
+under those names.
+
 Only plain values are read; the lazy ``type=`` objects are never imported, so the upstream classes need not be
 importable (a config that imports them parses anywhere). An RL config embeds this dict as
 ``Sa2VATrainModel(upstream_sft=dict(sft_model=<the SFT model dict>, template=..., pretrained_pth=..., lora_mode=...))``.
@@ -28,10 +44,15 @@ from .mmengine_seams import stored_config_dict
 
 # upstream projects/llava_sam2/models/sam2_train.py: BASE_DIR and the ckpt_path / cfg_path defaults
 SAM2_BASE_DIR = "pretrained/"
+SAM2_BASE_DIR_V2 = "pretrained/sam2/"  # projects/sa2va/models/sam2_train.py moved it
+# the model class an SFT config's model dict names, per codebase
+V1_MODEL_CLASSES = ("VideoLLaVASAMModel", "VideoLLaVASAMModel_zero3")
+V2_MODEL_CLASSES = ("Sa2VAModel",)
 SAM2_DEFAULT_CKPT = "sam2_hiera_large.pt"
 SAM2_DEFAULT_CFG = "sam2_hiera_l.yaml"
 # peft LoraConfig defaults for keys an llm_lora dict leaves out
-PEFT_LORA_DEFAULTS = dict(r=8, lora_alpha=8, lora_dropout=0.0, target_modules=None, bias="none", use_rslora=False)
+PEFT_LORA_DEFAULTS = dict(r=8, lora_alpha=8, lora_dropout=0.0, target_modules=None, bias="none", use_rslora=False,
+                          modules_to_save=None)
 UPSTREAM_SFT_KEYS = ("sft_model", "template", "pretrained_pth", "lora_mode", "sam2_checkpoint")
 
 
@@ -41,6 +62,8 @@ class SFTTrainFlags:
 
     train_mask_decoder: bool  # not frozen_sam2_decoder
     has_llm_lora: bool
+    sft_trained_embeddings: bool = False  # the SFT trained the embeddings / LM head (v2: llm_lora modules_to_save);
+    # their trained values are loaded, and RL trains them only with its own train_embeddings=True
 
 
 def plain(value: Any) -> Any:
@@ -66,9 +89,33 @@ def _lora_spec(llm_lora: Any) -> LoraSpec | None:
         raise ValueError(f"SFT config llm_lora bias={values['bias']!r}: only bias='none' (upstream's) is supported")
     targets = values["target_modules"]
     targets = (targets,) if isinstance(targets, str) else (tuple(targets) if targets is not None else None)
+    saved = values["modules_to_save"] or ()
+    saved = (saved,) if isinstance(saved, str) else tuple(saved)
+    unknown = sorted(set(saved) - {"embed_tokens", "lm_head"})
+    if unknown:
+        raise ValueError(f"SFT config llm_lora modules_to_save {list(saved)}: only embed_tokens and lm_head (codebase "
+                         f"v2's) have a place in RL's model; unknown {unknown}")
     return LoraSpec(r=int(values["r"]), lora_alpha=float(values["lora_alpha"]),
                     lora_dropout=float(values["lora_dropout"]), target_modules=targets,
-                    use_rslora=bool(values["use_rslora"]))
+                    use_rslora=bool(values["use_rslora"]), modules_to_save=saved)
+
+
+def _class_name(value: Any) -> str:
+    """The class name a config's ``type=`` names: a lazy import (its ``str`` is the imported name), a class, or a
+    dotted string."""
+    name = value.__name__ if isinstance(value, type) else str(value)
+    return name.rsplit(".", 1)[-1]
+
+
+def sft_codebase(sft_model: Mapping) -> str:
+    """``'v1'`` or ``'v2'``: the upstream codebase whose model class the SFT ``model`` dict names."""
+    name = _class_name(_field(sft_model, "type", ""))
+    if name in V2_MODEL_CLASSES:
+        return "v2"
+    if name in V1_MODEL_CLASSES:
+        return "v1"
+    raise ValueError(f"SFT config: model type {name!r} is neither codebase v1's {list(V1_MODEL_CLASSES)} "
+                     f"(projects/llava_sam2) nor v2's {list(V2_MODEL_CLASSES)} (projects/sa2va)")
 
 
 def sft_source(sft_model: Mapping, template: str, *, pretrained_pth: str | None = None,
@@ -76,6 +123,7 @@ def sft_source(sft_model: Mapping, template: str, *, pretrained_pth: str | None 
     """The model description of an upstream SFT ``model`` dict (module docstring); ``pretrained_pth`` overrides the
     dict's own (an SFT config usually has None: the SFT *result* is what RL starts from)."""
     cfg = plain(sft_model)
+    codebase = sft_codebase(cfg)
     mllm = cfg.get("mllm") or {}
     if "model_path" not in mllm:
         raise ValueError("SFT config: model.mllm.model_path (the InternVL base directory, `path`) is missing; pass "
@@ -85,13 +133,21 @@ def sft_source(sft_model: Mapping, template: str, *, pretrained_pth: str | None 
                          "(XTuner checkpoint of VideoLLaVASAMModel) is supported")
     if cfg.get("arch_type", "intern_vl") != "intern_vl":
         raise ValueError(f"SFT config: arch_type={cfg['arch_type']!r}; only 'intern_vl' (InternVL + SAM2) is supported")
-    if not mllm.get("freeze_visual_encoder", False) or mllm.get("visual_encoder_lora") is not None:
+    # v2's InternVLMLLM never applies visual_encoder_lora (it passes None on and switches it off)
+    trains_vit_lora = codebase == "v1" and mllm.get("visual_encoder_lora") is not None
+    if not mllm.get("freeze_visual_encoder", False) or trains_vit_lora:
         raise ValueError("SFT config: the vision encoder was trained (freeze_visual_encoder=False or "
                          "visual_encoder_lora); RL keeps it frozen and upstream's checkpoints cannot hold it")
     lora = _lora_spec(mllm.get("llm_lora"))
+    if codebase == "v2" and lora is None:
+        raise ValueError("SFT config (codebase v2): model.mllm.llm_lora is None; v2's Sa2VAModel always wraps the LLM "
+                         "with it, so a v2 run cannot have trained without one")
     if lora is None and not mllm.get("freeze_llm", False):
         raise ValueError("SFT config: full LLM fine-tuning (freeze_llm=False without llm_lora) is not supported; "
                          "upstream's state_dict raises NotImplementedError for it too")
+    if codebase == "v2" and mllm.get("special_tokens") is not None:
+        raise ValueError("SFT config (codebase v2): model.mllm.special_tokens is set, but v2's InternVLMLLM takes no "
+                         "such argument (its tokens are model.special_tokens); is this a v1 config with a v2 model?")
     model_tokens, mllm_tokens = cfg.get("special_tokens"), mllm.get("special_tokens")
     if model_tokens and mllm_tokens and list(model_tokens) != list(mllm_tokens):
         raise ValueError(f"SFT config: model.special_tokens {list(model_tokens)} differ from model.mllm."
@@ -100,18 +156,24 @@ def sft_source(sft_model: Mapping, template: str, *, pretrained_pth: str | None 
     special = mllm_tokens or model_tokens or ["[SEG]"]  # upstream's default when neither is set
     tokenizer = cfg.get("tokenizer") or {}
     grounding = cfg.get("grounding_encoder") or {}
+    sam2_dir = SAM2_BASE_DIR_V2 if codebase == "v2" else SAM2_BASE_DIR
+    if codebase == "v2":  # the config's pretrained_pth is where the SFT started; the SFT result is given separately
+        result, init = pretrained_pth, cfg.get("pretrained_pth")
+    else:
+        result, init = (pretrained_pth if pretrained_pth is not None else cfg.get("pretrained_pth")), None
     source = UpstreamSFTSource(
-        base_path=os.fspath(mllm["model_path"]), template=template,
-        pretrained_pth=pretrained_pth if pretrained_pth is not None else cfg.get("pretrained_pth"),
-        sam2_checkpoint=sam2_checkpoint or os.path.join(SAM2_BASE_DIR, grounding.get("ckpt_path", SAM2_DEFAULT_CKPT)),
+        base_path=os.fspath(mllm["model_path"]), template=template, pretrained_pth=result,
+        sam2_checkpoint=sam2_checkpoint or os.path.join(sam2_dir, grounding.get("ckpt_path", SAM2_DEFAULT_CKPT)),
         special_tokens=tuple(special), lora=lora,
         tokenizer_path=tokenizer.get("pretrained_model_name_or_path"),
-        padding_side=tokenizer.get("padding_side", "right"))
+        padding_side=tokenizer.get("padding_side", "right"),
+        init_checkpoint=os.fspath(init) if init is not None else None, codebase=codebase)
     cfg_path = grounding.get("cfg_path", SAM2_DEFAULT_CFG)
     if cfg_path not in SAM2_CFG_PATHS and "grounding_config" not in read_base_config(source.base_path):
         raise ValueError(f"SFT config: grounding_encoder cfg_path={cfg_path!r}; only {list(SAM2_CFG_PATHS)} (SAM 2.0 "
                          "Hiera-L, Sa2VA's) is known")
-    flags = SFTTrainFlags(train_mask_decoder=not cfg.get("frozen_sam2_decoder", True), has_llm_lora=lora is not None)
+    flags = SFTTrainFlags(train_mask_decoder=not cfg.get("frozen_sam2_decoder", True), has_llm_lora=lora is not None,
+                          sft_trained_embeddings=lora is not None and (codebase == "v1" or bool(lora.modules_to_save)))
     return source, flags
 
 

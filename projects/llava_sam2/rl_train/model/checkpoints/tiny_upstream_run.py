@@ -12,6 +12,15 @@ It lays out, under ``root``, what an upstream checkout holds after ``bash tools/
                                      (``deepspeed=True``) the same model saved by DeepSpeed ZeRO-2 itself, as
                                      MMEngine's DeepSpeedStrategy does with ``save_optimizer=True``
 
+``codebase='v2'`` lays out a codebase-v2 run instead (``projects/sa2va``: ``Sa2VAModel`` + ``InternVLMLLM``):
+
+    pretrained/InternVL3-tiny/       base dir, template qwen_chat, Qwen2 LLM (the InternVL3 family's)
+    pretrained/sam2/sam2_tiny.pt     v2's SAM2TrainRunner reads pretrained/sam2/<ckpt_path>
+    work_dirs/sa2va_in30_tiny_sft/iter_2.pth, iter_2_zero2.pth/
+                                     LoRA with ``modules_to_save=["embed_tokens", "lm_head"]`` (v2's LoraConfig), so
+                                     peft wraps those two modules; the .pth keeps v2's ``Sa2VAModel.state_dict``
+                                     subset (``xtuner_keys.is_v2_checkpoint_key``)
+
 The "SFT" is emulated: the upstream module tree (``mllm.model.{vision_model, language_model, mlp1}``,
 ``grounding_encoder.sam2_model``, ``text_hidden_fcs``) is assembled from a seeded tiny ``Sa2VAModel``, the LLM is
 resized with transformers' ``resize_token_embeddings`` and wrapped by ``peft.get_peft_model`` with xtuner's target
@@ -40,13 +49,22 @@ from ..text.constants import SA2VA_SPECIAL_TOKENS
 from ..text.tokenizer import TINY_TOKENIZER_DIR, load_tiny_tokenizer
 from .deepspeed_zero import without_shm_comm_op
 from .hf_checkpoint import checkpoint_state_dict
-from .xtuner_keys import is_upstream_checkpoint_key
+from .xtuner_keys import is_upstream_checkpoint_key, is_v2_checkpoint_key
 
 BASE_DIR = "pretrained/InternVL2_5-tiny"
 SAM2_PT = "pretrained/sam2_tiny.pt"
 SFT_PTH = "work_dirs/sa2va_tiny_sft/iter_2.pth"
 SFT_DS_DIR = "work_dirs/sa2va_tiny_sft/iter_2_zero2.pth"
 TINY_SFT_LORA = dict(r=8, lora_alpha=16, lora_dropout=0.05)
+CODEBASES = ("v1", "v2")
+V2_BASE_DIR = "pretrained/InternVL3-tiny"
+V2_SAM2_PT = "pretrained/sam2/sam2_tiny.pt"
+V2_SFT_PTH = "work_dirs/sa2va_in30_tiny_sft/iter_2.pth"
+V2_SFT_DS_DIR = "work_dirs/sa2va_in30_tiny_sft/iter_2_zero2.pth"
+V2_MODULES_TO_SAVE = ["embed_tokens", "lm_head"]  # codebase v2's llm_lora
+# where each codebase's run keeps its files: base dir, SAM2 weights, SFT .pth, DeepSpeed dir
+RUN_PATHS = {"v1": (BASE_DIR, SAM2_PT, SFT_PTH, SFT_DS_DIR),
+             "v2": (V2_BASE_DIR, V2_SAM2_PT, V2_SFT_PTH, V2_SFT_DS_DIR)}
 _MODULE = "projects.llava_sam2.rl_train.model.checkpoints.tiny_upstream_run"
 
 
@@ -81,18 +99,25 @@ def _write_base_tokenizer(out: Path) -> int:
     return len(load_tiny_tokenizer()) - len(SA2VA_SPECIAL_TOKENS)
 
 
-def _internvl_config(model: Sa2VAModel, base_vocab: int) -> dict:
+def _internvl_config(model: Sa2VAModel, base_vocab: int, codebase: str = "v1") -> dict:
     """The base dir's config.json in InternVL's layout (an InternVL2.5 ``config.json`` has these top-level keys)."""
     data = model.config.to_dict()
     data["llm_config"]["vocab_size"] = base_vocab
     data.update(architectures=["InternVLChatModel"], model_type="internvl_chat", template="internvl2_5",
                 system_message=None, auto_map={"AutoConfig": "configuration_internvl_chat.InternVLChatConfig",
                                                "AutoModel": "modeling_internvl_chat.InternVLChatModel"})
+    if codebase == "v2":  # InternVL3 checkpoints ship the Qwen2 LLM's name under llm_config, as here
+        data["llm_config"]["_name_or_path"] = "./pretrained/Qwen2.5-tiny-Instruct"
     return data
 
 
-def build_sft_tree(seed: int = 0, base_vocab: int | None = None) -> tuple[nn.Module, Sa2VAModel, dict, dict]:
-    """(upstream module tree, the Sa2VAModel sharing its modules, base HF state, base SAM2 state), seeded."""
+def build_sft_tree(seed: int = 0, base_vocab: int | None = None,
+                   codebase: str = "v1") -> tuple[nn.Module, Sa2VAModel, dict, dict]:
+    """(upstream module tree, the Sa2VAModel sharing its modules, base HF state, base SAM2 state), seeded.
+    ``codebase='v2'`` adds v2's ``modules_to_save`` to the LoRA config (peft then trains copies of the embeddings
+    and LM head instead of the modules themselves)."""
+    if codebase not in CODEBASES:
+        raise ValueError(f"codebase={codebase!r}; use one of {CODEBASES}")
     torch.manual_seed(seed)
     base_vocab = base_vocab or len(load_tiny_tokenizer()) - len(SA2VA_SPECIAL_TOKENS)
     model = Sa2VAModel(build_preset("tiny", vocab_size=base_vocab))
@@ -104,7 +129,9 @@ def build_sft_tree(seed: int = 0, base_vocab: int | None = None) -> tuple[nn.Mod
     lm = model.language_model
     lm.resize_token_embeddings(base_vocab + len(SA2VA_SPECIAL_TOKENS))  # InternVL_Slowfast._add_special_tokens
     model.config.llm_config.vocab_size = lm.get_input_embeddings().weight.shape[0]
-    lora = LoraConfig(**TINY_SFT_LORA, bias="none", task_type="CAUSAL_LM", target_modules=xtuner_linear_targets(lm))
+    saved = V2_MODULES_TO_SAVE if codebase == "v2" else None
+    lora = LoraConfig(**TINY_SFT_LORA, bias="none", task_type="CAUSAL_LM", target_modules=xtuner_linear_targets(lm),
+                      modules_to_save=saved)
     model.language_model = get_peft_model(lm, lora)
     tree = nn.Module()
     tree.mllm = nn.Module()
@@ -115,7 +142,7 @@ def build_sft_tree(seed: int = 0, base_vocab: int | None = None) -> tuple[nn.Mod
     tree.grounding_encoder = nn.Module()
     tree.grounding_encoder.sam2_model = model.grounding_encoder.sam2_model
     tree.text_hidden_fcs = model.text_hidden_fcs
-    _set_upstream_trainable(tree)
+    _set_upstream_trainable(tree, codebase)
     with torch.no_grad():  # "SFT": seeded noise on every trained tensor
         for name, param in tree.named_parameters():
             if param.requires_grad:
@@ -123,38 +150,43 @@ def build_sft_tree(seed: int = 0, base_vocab: int | None = None) -> tuple[nn.Mod
     return tree, model, base, sam2
 
 
-def _set_upstream_trainable(tree: nn.Module) -> None:
-    """Upstream SFT's trainable set: LoRA, embeddings, LM head, mlp1, SAM2 mask decoder, text_hidden_fcs."""
+def _set_upstream_trainable(tree: nn.Module, codebase: str = "v1") -> None:
+    """Upstream SFT's trainable set: LoRA, embeddings, LM head (v2: their modules_to_save copies), mlp1, SAM2 mask
+    decoder, text_hidden_fcs."""
     tree.requires_grad_(False)
     lm = tree.mllm.model.language_model
     for name, param in lm.named_parameters():
-        param.requires_grad_("lora_" in name)
-    lm.get_input_embeddings().requires_grad_(True)
-    lm.get_output_embeddings().requires_grad_(True)
+        param.requires_grad_("lora_" in name or ".modules_to_save." in name)
+    if codebase == "v1":
+        lm.get_input_embeddings().requires_grad_(True)
+        lm.get_output_embeddings().requires_grad_(True)
     tree.mllm.model.mlp1.requires_grad_(True)
     tree.grounding_encoder.sam2_model.sam_mask_decoder.requires_grad_(True)
     tree.text_hidden_fcs.requires_grad_(True)
 
 
 def make_tiny_sft_run(root: str | os.PathLike, seed: int = 0, deepspeed: bool = False,
-                      world_size: int = 1) -> TinySFTRun:
-    """Write the layout of the module docstring under ``root``; ``deepspeed`` also writes the ZeRO-2 directory
-    (in ``world_size`` subprocesses, so no process group is left in this process)."""
+                      world_size: int = 1, codebase: str = "v1") -> TinySFTRun:
+    """Write the layout of the module docstring under ``root`` (``codebase``: whose run); ``deepspeed`` also
+    writes the ZeRO-2 directory (in ``world_size`` subprocesses, so no process group is left in this process)."""
     root = Path(root)
-    base_vocab = _write_base_tokenizer(root / BASE_DIR)
-    tree, model, base, sam2 = build_sft_tree(seed, base_vocab)
-    (root / BASE_DIR / "config.json").write_text(json.dumps(_internvl_config(model, base_vocab), indent=2,
+    base_dir, sam2_pt, sft_pth, _ = RUN_PATHS[codebase]
+    base_vocab = _write_base_tokenizer(root / base_dir)
+    tree, model, base, sam2 = build_sft_tree(seed, base_vocab, codebase)
+    (root / base_dir / "config.json").write_text(json.dumps(_internvl_config(model, base_vocab, codebase), indent=2,
                                                             sort_keys=True) + "\n")
-    save_file({k: v.contiguous() for k, v in base.items()}, str(root / BASE_DIR / "model.safetensors"),
+    save_file({k: v.contiguous() for k, v in base.items()}, str(root / base_dir / "model.safetensors"),
               metadata={"format": "pt"})
-    torch.save({"model": sam2}, root / SAM2_PT)
-    state = {k: v.detach().clone() for k, v in tree.state_dict().items() if is_upstream_checkpoint_key(k)}
-    (root / SFT_PTH).parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"state_dict": state, "meta": {"seed": seed, "note": "tiny upstream-style SFT (emulated)"}},
-               root / SFT_PTH)
+    (root / sam2_pt).parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": sam2}, root / sam2_pt)
+    keep = is_v2_checkpoint_key if codebase == "v2" else is_upstream_checkpoint_key
+    state = {k: v.detach().clone() for k, v in tree.state_dict().items() if keep(k)}
+    (root / sft_pth).parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"state_dict": state, "meta": {"seed": seed, "note": f"tiny upstream-style {codebase} SFT (emulated)"}},
+               root / sft_pth)
     if deepspeed:
         command = [sys.executable, "-m", _MODULE, "--root", str(root), "--seed", str(seed),
-                   "--deepspeed-world-size", str(world_size), "--deepspeed-only"]
+                   "--deepspeed-world-size", str(world_size), "--deepspeed-only", "--codebase", codebase]
         checkout = str(Path(__file__).resolve().parents[5])  # the folder holding projects/
         env = dict(os.environ, OMP_NUM_THREADS="1",
                    PYTHONPATH=os.pathsep.join(filter(None, [checkout, os.environ.get("PYTHONPATH")])))
@@ -167,18 +199,18 @@ def make_tiny_sft_run(root: str | os.PathLike, seed: int = 0, deepspeed: bool = 
 
 
 # ---------------------------------------------------------------------------------------------- DeepSpeed
-def _deepspeed_worker(rank: int, world_size: int, root: str, seed: int, port: int) -> None:
+def _deepspeed_worker(rank: int, world_size: int, root: str, seed: int, port: int, codebase: str = "v1") -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world_size))
     import deepspeed
 
-    tree, _, _, _ = build_sft_tree(seed)
+    tree, _, _, _ = build_sft_tree(seed, codebase=codebase)
     with without_shm_comm_op():  # the op plays no part in the checkpoint; its first build is a ~40 s compile
         deepspeed.init_distributed(dist_backend="gloo")
     optimizer = torch.optim.AdamW([p for p in tree.parameters() if p.requires_grad], lr=1e-4)
     config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2}, "bf16": {"enabled": False}}
     engine, *_ = deepspeed.initialize(model=tree, optimizer=optimizer, config=config)
-    directory = Path(root) / SFT_DS_DIR
+    directory = Path(root) / RUN_PATHS[codebase][3]
     engine.save_checkpoint(str(directory.parent), tag=directory.name, save_latest=False)
 
 
@@ -189,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the tiny weights")
     parser.add_argument("--deepspeed-world-size", type=int, default=0,
                         help="also write the DeepSpeed ZeRO-2 directory with this many ranks (0: no)")
+    parser.add_argument("--codebase", choices=CODEBASES, default="v1",
+                        help="whose run: v1 (projects/llava_sam2) or v2 (projects/sa2va, LoRA with modules_to_save)")
     parser.add_argument("--deepspeed-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.deepspeed_only:
@@ -197,12 +231,14 @@ def main(argv: list[str] | None = None) -> int:
         port = 29500 + os.getpid() % 1000
         # fork: the ranks inherit this process's imports (the model stack, ~9 s per cold interpreter under spawn);
         # nothing has run a torch op or started a thread here yet
-        mp.start_processes(_deepspeed_worker, args=(args.deepspeed_world_size, args.root, args.seed, port),
+        mp.start_processes(_deepspeed_worker, args=(args.deepspeed_world_size, args.root, args.seed, port,
+                                                    args.codebase),
                            nprocs=args.deepspeed_world_size, join=True, start_method="fork")
         return 0
     make_tiny_sft_run(args.root, seed=args.seed, deepspeed=args.deepspeed_world_size > 0,
-                      world_size=max(args.deepspeed_world_size, 1))
-    print(f"wrote {BASE_DIR}, {SAM2_PT}, {SFT_PTH}" + (f", {SFT_DS_DIR}" if args.deepspeed_world_size else "")
+                      world_size=max(args.deepspeed_world_size, 1), codebase=args.codebase)
+    base_dir, sam2_pt, sft_pth, ds_dir = RUN_PATHS[args.codebase]
+    print(f"wrote {base_dir}, {sam2_pt}, {sft_pth}" + (f", {ds_dir}" if args.deepspeed_world_size else "")
           + f" under {args.root}")
     return 0
 

@@ -44,6 +44,7 @@ class LoraSpec:
     lora_dropout: float = 0.0
     target_modules: tuple[str, ...] | None = None  # None: xtuner's default (every Linear but the head)
     use_rslora: bool = False
+    modules_to_save: tuple[str, ...] = ()  # peft copies trained in full (codebase v2: embed_tokens, lm_head)
 
     def __post_init__(self) -> None:
         if self.r < 1 or self.lora_alpha <= 0:
@@ -64,6 +65,10 @@ class UpstreamSFTSource:
     template: chat template name of the SFT config (e.g. ``phi3_chat``).
     grounding_config: SAM2 sizes (our extension, for tiny models); None: Hiera-L, or the base config.json's
         ``grounding_config`` key if present.
+    init_checkpoint: codebase v2 only: the SFT config's own ``model.pretrained_pth``, the weights the SFT run
+        started from (e.g. ``tools/convert_to_pth.py`` of a released Sa2VA), loaded by upstream *before* the LoRA
+        wrap; its tensors stand between the SFT checkpoint and the SAM2 / base weights. None: no such layer.
+    codebase: ``'v1'`` (``projects/llava_sam2``) or ``'v2'`` (``projects/sa2va``), told from the SFT config.
     """
 
     base_path: str
@@ -75,6 +80,8 @@ class UpstreamSFTSource:
     tokenizer_path: str | None = None
     padding_side: str = "right"
     grounding_config: dict | None = None
+    init_checkpoint: str | None = None
+    codebase: str = "v1"
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints

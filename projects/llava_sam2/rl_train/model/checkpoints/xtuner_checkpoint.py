@@ -2,8 +2,11 @@
 
 Load (``load_upstream_sft``): every tensor of the HF Sa2VA layout comes from exactly one source, in this order:
 
-1. the SFT checkpoint (``pretrained_pth``; key map in ``xtuner_keys``): a ``.pth`` holds the trained subset (LoRA,
-   mlp1, SAM2 mask decoder, text_hidden_fcs, LM head, embeddings), a DeepSpeed directory usually everything;
+1. the SFT checkpoint (``pretrained_pth``; key map in ``xtuner_keys``, codebase v1 or v2 layout told from its keys):
+   a ``.pth`` holds the trained subset (LoRA, mlp1, SAM2 mask decoder, text_hidden_fcs, LM head, embeddings), a
+   DeepSpeed directory usually everything;
+1b. codebase v2 only: the weights the SFT run started from (``init_checkpoint``, the SFT config's own
+   ``model.pretrained_pth``), minus adapter tensors (upstream loads it before the LoRA wrap);
 2. the SAM2 checkpoint, for the other ``grounding_encoder.sam2_model.*`` tensors (all of them must be there, as
    upstream loads it strictly);
 3. the base InternVL directory, for the other ``vision_model.*`` / ``language_model.*`` / ``mlp1.*`` tensors.
@@ -57,10 +60,15 @@ class LoadReport:
     initialized_rows: list[str] = field(default_factory=list)  # tensors whose new rows got the mean row
     head_adapter_merged: bool = False
     lm_head_tied: bool = False
+    layout: str = "v1"  # key layout of the SFT checkpoint (xtuner_keys.UpstreamState.layout)
+    ignored_init_adapter: int = 0  # LoRA / modules_to_save tensors of a v2 init checkpoint (upstream ignores them)
 
     def summary(self) -> str:
         parts = [f"{src}: {n} tensors" for src, n in self.counts.items()]
         parts.append(f"LoRA {self.lora_mode} ({self.lora_layers} layers)")
+        parts.append(f"checkpoint layout {self.layout}")
+        if self.ignored_init_adapter:
+            parts.append(f"{self.ignored_init_adapter} adapter tensors of the init checkpoint ignored (as upstream)")
         if self.vocab:
             parts.append(f"vocabulary {self.vocab[0]} -> {self.vocab[1]}")
         if self.initialized_rows:
@@ -92,12 +100,13 @@ def load_upstream_sft(source: UpstreamSFTSource, lora_mode: str = "keep",
     where = os.fspath(source.pretrained_pth) if source.pretrained_pth else "pretrained_pth"
     sft = parse_upstream_state(_drop_ignored(read_xtuner_checkpoint(source.pretrained_pth)), where) \
         if source.pretrained_pth else UpstreamState()
-    report = LoadReport(lora_mode=lora_mode if sft.lora_A else "none")
+    report = LoadReport(lora_mode=lora_mode if sft.lora_A else "none", layout=sft.layout)
     if vocab != base_rows:
         report.vocab = (base_rows, vocab)
     expected = checkpoint_layout(model)
     _check_sft_weights(sft.weights, expected, where, base_rows, vocab)
     loaded = _load_weights(model, sft.weights, "checkpoint", report)
+    loaded |= _load_init(model, source, expected, loaded, base_rows, vocab, report)
     loaded |= _load_sam2(model, source, expected, loaded, report)
     todo = [k for k in expected if k not in loaded and not k.startswith(SAM)]
     loaded |= _load_base(model, base_files, base_layout, todo, vocab, report)
@@ -147,6 +156,23 @@ def _load_weights(model: Sa2VAModel, weights: dict, source: str, report: LoadRep
         raise ValueError(f"{source}: keys not in the model: {result.unexpected_keys[:20]}")
     report.counts[source] = report.counts.get(source, 0) + len(weights)
     return set(weights)
+
+
+def _load_init(model: Sa2VAModel, source: UpstreamSFTSource, expected: dict, loaded: set[str], base_rows: int,
+               vocab: int, report: LoadReport) -> set[str]:
+    """Codebase v2's SFT start weights (``UpstreamSFTSource.init_checkpoint``), for tensors the SFT checkpoint lacks.
+    Upstream loads them into the model before wrapping the LLM with LoRA, non-strictly, so adapter tensors in
+    that file (an earlier run's ``iter_*.pth``) never reached the run: they are skipped and counted here."""
+    if source.init_checkpoint is None:
+        return set()
+    where = os.fspath(source.init_checkpoint)
+    state = _drop_ignored(read_xtuner_checkpoint(source.init_checkpoint))
+    adapter = {k for k in state if ".lora_" in k or ".modules_to_save." in k or ".original_module." in k}
+    report.ignored_init_adapter = len(adapter)
+    init = parse_upstream_state({k: v for k, v in state.items() if k not in adapter}, where)
+    _check_sft_weights(init.weights, expected, where, base_rows, vocab)
+    todo = {k: v for k, v in init.weights.items() if k not in loaded}
+    return _load_weights(model, todo, "init", report)
 
 
 def _load_sam2(model: Sa2VAModel, source: UpstreamSFTSource, expected: dict, loaded: set[str],

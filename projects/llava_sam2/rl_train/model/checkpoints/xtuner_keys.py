@@ -16,6 +16,12 @@ the last, after merging LoRA):
 
 HF names of the LLM are the checkpoint names (InternLM2 keeps ``wqkv``/``output``; ``language.LanguageKeyMap``
 maps them to our modules). Anything else (``text_exist_fcs``, visual-encoder LoRA) does not map and is reported.
+
+Codebase v2 (``projects/sa2va``, ``Sa2VAModel`` + ``InternVLMLLM``) keeps the same module tree and prefixes; its
+``llm_lora`` adds ``modules_to_save=["embed_tokens", "lm_head"]``, so peft wraps those two modules: the trained copy
+is ``<X>.modules_to_save.default.<p>`` and the frozen base copy ``<X>.original_module.<p>`` (only a DeepSpeed
+directory holds the latter). The trained copy is the module's weight (what peft's ``merge_and_unload`` keeps); the
+base copy is dropped. The layout is told from the keys: any ``modules_to_save`` / ``original_module`` key is v2.
 """
 from __future__ import annotations
 
@@ -33,6 +39,9 @@ PEFT_PREFIX = "base_model.model."
 SAM = "grounding_encoder.sam2_model."
 FCS = "text_hidden_fcs."
 ADAPTER = "default"  # peft's adapter name; xtuner saves only this one
+SAVED_COPY = f".modules_to_save.{ADAPTER}."  # peft ModulesToSaveWrapper: the trained copy of a wrapped module
+BASE_COPY = ".original_module."  # ... and its frozen original
+LAYOUT_V1, LAYOUT_V2 = "v1", "v2"
 
 # xtuner's default LoRA targets (``find_all_linear_names``: every nn.Linear leaf name of the LLM except
 # ``lm_head`` / ``output_layer``), written out per architecture. InternLM2's head is ``output``, so it is a target.
@@ -59,12 +68,18 @@ class UpstreamState:
     lora_A / lora_B: LLM layer (HF name relative to ``language_model.``, e.g. ``model.layers.0.self_attn.q_proj``)
         -> A [r, in] / B [out, r].
     is_llm_wrapped: the LLM keys carried peft's ``base_model.model.`` prefix.
+    layout: ``'v2'`` when peft ``modules_to_save`` wrappers appear (codebase v2's LoRA config), else ``'v1'``.
+    saved_modules: LLM modules (HF names relative to ``language_model.``) read from a ``modules_to_save`` copy.
+    dropped_base_copies: number of ``original_module`` tensors dropped (the frozen copies of those modules).
     """
 
     weights: dict[str, torch.Tensor] = field(default_factory=dict)
     lora_A: dict[str, torch.Tensor] = field(default_factory=dict)
     lora_B: dict[str, torch.Tensor] = field(default_factory=dict)
     is_llm_wrapped: bool = False
+    layout: str = LAYOUT_V1
+    saved_modules: set[str] = field(default_factory=set)
+    dropped_base_copies: int = 0
 
 
 def sam2_module_to_hf(key: str) -> str:
@@ -89,7 +104,8 @@ def _sam_to_upstream(rest: str) -> str:
 
 def parse_upstream_state(state: dict[str, torch.Tensor], where: str = "checkpoint") -> UpstreamState:
     """Split an upstream training state dict (see the module docstring); unmappable keys raise ValueError."""
-    out, unmapped = UpstreamState(), []
+    out, unmapped, conflicts, base_copies = UpstreamState(), [], [], []
+    plain_keys: dict[str, str] = {}  # HF name -> the checkpoint key it came from
     for key, tensor in state.items():
         key = key.removeprefix("module.")  # DeepSpeed/DDP wrappers, if any
         if key.startswith(UPSTREAM_LLM):
@@ -99,10 +115,18 @@ def parse_upstream_state(state: dict[str, torch.Tensor], where: str = "checkpoin
             lora = _LORA.match(rest)
             if lora and lora["adapter"] == ADAPTER:
                 (out.lora_A if lora["ab"] == "A" else out.lora_B)[lora["layer"]] = tensor
+            elif SAVED_COPY in rest and ".lora_" not in rest:
+                module, param = rest.split(SAVED_COPY)
+                out.saved_modules.add(module)
+                _put_llm_weight(out.weights, f"language_model.{module}.{param}", tensor, key, plain_keys, conflicts)
+            elif BASE_COPY in rest and ".lora_" not in rest:
+                out.dropped_base_copies += 1
+                base_copies.append(rest.split(BASE_COPY)[0])
             elif ".lora_" in rest or ".modules_to_save." in rest or lora:
                 unmapped.append(key)  # other adapters, DoRA, LoRA bias/embedding variants
             else:
-                out.weights["language_model." + rest.replace(".base_layer.", ".")] = tensor
+                _put_llm_weight(out.weights, "language_model." + rest.replace(".base_layer.", "."), tensor, key,
+                                plain_keys, conflicts)
         elif key.startswith(MLLM + "vision_model.base_model.") or (key.startswith(MLLM + "vision_model.")
                                                                    and ".lora_" in key):
             unmapped.append(key)  # visual-encoder LoRA: upstream's own state_dict raises NotImplementedError
@@ -114,6 +138,14 @@ def parse_upstream_state(state: dict[str, torch.Tensor], where: str = "checkpoin
             out.weights[key] = tensor
         else:
             unmapped.append(key)
+    orphans = sorted(set(base_copies) - out.saved_modules)
+    if orphans:
+        unmapped += [f"{UPSTREAM_LLM}{PEFT_PREFIX}{m}{BASE_COPY}* (no {SAVED_COPY.strip('.')} copy)" for m in orphans]
+    if out.saved_modules or base_copies:
+        out.layout = LAYOUT_V2
+    if conflicts:
+        raise ValueError(f"{where}: tensors given twice, once plain (codebase v1 layout) and once as a peft "
+                         f"modules_to_save copy (v2 layout); the checkpoint mixes the two layouts: {conflicts[:10]}")
     missing_pairs = sorted(set(out.lora_A) ^ set(out.lora_B))
     if missing_pairs:
         raise ValueError(f"{where}: LoRA layers with only one of lora_A / lora_B: {missing_pairs[:10]}; the "
@@ -122,11 +154,24 @@ def parse_upstream_state(state: dict[str, torch.Tensor], where: str = "checkpoin
         more = f"\n    ... and {len(unmapped) - 30} more" if len(unmapped) > 30 else ""
         shown = "\n    ".join(unmapped[:30]) + more
         raise ValueError(
-            f"{where}: {len(unmapped)} keys do not map onto Sa2VA (expected prefixes {MLLM}{{vision_model,mlp1,"
-            f"language_model}}., {SAM}, {FCS}; LoRA only on the LLM with peft adapter {ADAPTER!r}):\n    {shown}\n"
+            f"{where}: {len(unmapped)} keys do not map onto Sa2VA: they match neither the codebase v1 nor the v2 "
+            f"layout of an upstream Sa2VA checkpoint (expected prefixes {MLLM}{{vision_model,mlp1,language_model}}., "
+            f"{SAM}, {FCS}; LoRA only on the LLM with peft adapter {ADAPTER!r}; v2 also peft modules_to_save "
+            f"copies):\n    {shown}\n"
             "Visual-encoder LoRA and the optional text_exist_fcs head have no place in the HF Sa2VA layout; drop "
             "those keys from the checkpoint (docs/upstream.md).")
     return out
+
+
+def _put_llm_weight(weights: dict, hf_key: str, tensor: torch.Tensor, key: str, plain_keys: dict,
+                    conflicts: list) -> None:
+    """One LLM tensor under its HF name; a second source for the same name (a plain weight beside a
+    modules_to_save copy) is a conflict, not an override."""
+    if hf_key in plain_keys:
+        conflicts.append(f"{plain_keys[hf_key]} and {key}")
+        return
+    plain_keys[hf_key] = key
+    weights[hf_key] = tensor
 
 
 # ---------------------------------------------------------------------------------------------- HF -> upstream
@@ -163,6 +208,16 @@ def is_upstream_checkpoint_key(key: str) -> bool:
     return ("mlp1." in key or "mask_decoder" in key or "text_hidden_fcs." in key or "lm_head.weight" in key
             or ("output" in key and "sam2_model" not in key) or "embed_tokens.weight" in key
             or "tok_embeddings" in key)
+
+
+def is_v2_checkpoint_key(key: str) -> bool:
+    """The name filter of codebase v2's ``Sa2VAModel.state_dict`` (``projects/sa2va/models/sa2va.py``) over the
+    ``InternVLMLLM`` one (xtuner ``InternVL_V1_5.state_dict`` with a frozen ViT and LoRA on the LLM): what a v2
+    ``iter_*.pth`` keeps — LoRA tensors of the adapter, the ``modules_to_save`` copies, ``mlp1``, the SAM2 mask
+    decoder and ``text_hidden_fcs``."""
+    if key.startswith(UPSTREAM_LLM):
+        return ("lora_" in key and ADAPTER in key) or SAVED_COPY in key
+    return key.startswith(MLLM + "mlp1.") or key.startswith(SAM + "sam_mask_decoder") or key.startswith(FCS)
 
 
 # ---------------------------------------------------------------------------------------------- LoRA layers
