@@ -58,7 +58,7 @@ from ..rewards import RewardComposer
 from .advantages import group_advantages, reward_moments, std_from_moments
 from .config import GRPOConfig
 from .cycle import AnswerToMaskLoop, CaptionToMaskLoop, CycleContext, MaskToCaptionLoop
-from .features import StepFeatures, encode_step, loop_rows
+from .features import StepFeatures, encode_step, loop_features
 from .mask_policy import DETERMINISTIC_MASK, build_mask_policy
 from .passes import slice_rows
 from .rollout import AdvantagedStep, Rollout, SampledStep, ScoredStep
@@ -228,14 +228,15 @@ class CycleGRPO:
     # ---- the step ------------------------------------------------------------------------------------------
 
     def encode(self, batch: Sequence) -> StepFeatures:
-        """Frozen ViT and SAM2 features of the batch, once per distinct image (``grpo.features``)."""
+        """Frozen ViT and SAM2 features of the batch, once per distinct image or clip (``grpo.features``)."""
         keys = {loop.name for loop in self.loops}
         return encode_step(self.model, self.processor, batch, use_region_cells="mask_to_caption" in keys,
-                           use_prompt_texts="caption_to_mask" in keys)
+                           use_prompt_texts="caption_to_mask" in keys, mllm_frames=self.config.video_mllm_frames)
 
     def _split_by_loop(self, features: StepFeatures) -> dict[str, StepFeatures]:
-        """Each loop's share of ``features``: the samples that carry what it needs (all of them with paired data)."""
-        return {loop.name: features.select(loop_rows(features, loop.name)) for loop in self.loops}
+        """Each loop's share of ``features``: the samples that carry what it needs (all of them with paired data;
+        a video step's loop 1 sees their key frames, ``grpo.features.loop_features``)."""
+        return {loop.name: loop_features(features, loop.name) for loop in self.loops}
 
     def _num_chunks(self, features: StepFeatures) -> int:
         return len(group_chunks(features.num_samples, self.config.num_generations, self.minibatch_size))
