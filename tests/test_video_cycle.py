@@ -81,6 +81,7 @@ def test_video_old_logp_equals_the_loss_pass_bit_for_bit(video_step):
     """The loss pass (train mode, with grad) re-scores both loops' actions to the stored old_logp exactly."""
     model, _, algo, _, step = video_step
     minibatch = next(algo.minibatches(step))
+    was_training = model.training
     model.train()
     try:
         tiles = model.project_vision(minibatch.features.vit_tokens)
@@ -88,7 +89,7 @@ def test_video_old_logp_equals_the_loss_pass_bit_for_bit(video_step):
             logp = part.loop.action_logp(model, part.features, tiles, part.rollout, part.samples)
             assert logp.requires_grad and torch.equal(logp.detach(), part.rollout.old_logp), part.loop.name
     finally:
-        model.eval()
+        model.train(was_training)
 
 
 @pytest.mark.parametrize("loop", ["mask_to_caption", "caption_to_mask"])
