@@ -193,3 +193,60 @@ def test_a_one_frame_clip_is_the_image_step():
     assert all(torch.equal(v[0], s) for v, s in zip(video.reward_inputs[0].pred_masks, still.reward_inputs[0].pred_masks))
     assert video.reward_inputs[1].pred_captions == still.reward_inputs[1].pred_captions
     assert torch.allclose(video_scored.rollouts[0].rewards, still_scored.rollouts[0].rewards, atol=1e-12)
+
+
+def test_encoders_run_once_per_clip_and_the_loss_pass_never_propagates(monkeypatch):
+    """ViT once on the MLLM frames (+ the key frame of loop 1 only where it is not one of them), SAM2 once on every
+    frame; the SAM2 propagation runs only in the no-grad rollout (the partner's masklets and the policy_jf stat)."""
+    model, processor = build_tiny()
+    algo, _ = make_algo(model, processor, rewards(), **BOTH)
+    first, second = clips(2)
+    late = np.zeros_like(first.gt_masks)
+    late[2] = first.gt_masks.any(0)  # the object only on the last frame: key frame 2, not an MLLM frame
+    first = dataclasses.replace(first, gt_masks=late)
+    early = np.zeros_like(second.gt_masks)
+    early[0] = second.gt_masks.any(0)  # key frame 0, an MLLM frame: its tokens are reused
+    second = dataclasses.replace(second, gt_masks=early)
+    calls = {"vision": [], "grounding": [], "propagate": []}
+    encode_vision, encode_grounding, propagate = model.encode_vision, model.encode_grounding, model.propagate_masklets
+    monkeypatch.setattr(model, "encode_vision", lambda x: calls["vision"].append(len(x)) or encode_vision(x))
+    monkeypatch.setattr(model, "encode_grounding",
+                        lambda x, **kw: calls["grounding"].append(len(x)) or encode_grounding(x, **kw))
+    monkeypatch.setattr(model, "propagate_masklets", lambda prompt, *a: calls["propagate"].append(
+        torch.is_grad_enabled()) or propagate(prompt, *a))
+    step = run_rollout(algo, [first, second])
+    assert step.features.video.key_frames == [2, 0]
+    assert calls["vision"] == [2 + 2 + 1] and calls["grounding"] == [3 + 3]
+    assert calls["propagate"] and not any(calls["propagate"]), "a propagation ran with grad"
+    rollout_calls = len(calls["propagate"])
+    out = step_loss(algo, model, step)
+    assert torch.isfinite(out["loss"]) and len(calls["propagate"]) == rollout_calls, "the loss pass propagated"
+    assert calls["vision"] == [5] and calls["grounding"] == [6], "the loss pass re-encoded"
+
+
+def test_loop2_acts_on_the_mllm_frame_where_the_policys_mask_is_largest():
+    """The key frame of loop 2 is the argmax over the MLLM frames of the pixel area of the policy's deterministic
+    mask, each frame decoded on its own through the image path (``decode_masks`` + ``logits_to_masks``)."""
+    model, processor = build_tiny()
+    algo, _ = make_algo(model, processor, rewards(), **dict(BOTH, mask_to_caption_weight=0.0, video_mllm_frames=3))
+    batch = clips(2, num_frames=4, seed=5)
+    step = algo.rollout(algo.encode(batch))
+    features, replay = step.features, step.rollouts[0].replay
+    G = algo.config.num_generations
+    from projects.llava_sam2.rl_train.model.pipeline.shared import forced_answer_seg_prompts
+    with torch.no_grad():
+        tiles = model.project_vision(features.vit_tokens)
+        prompts = forced_answer_seg_prompts(model, features, tiles, replay.prompt_ids[::G],
+                                            replay.prompt_attention[::G], [0, 1], replay.answer_ids[::G],
+                                            replay.seg_index[::G])
+        chosen = []
+        for b in range(2):
+            start = features.video.encoded.frame_start[features.video.clip_index[b]]
+            areas = []
+            for t in range(3):
+                logits = model.decode_masks(prompts[b:b + 1], features.grounding,
+                                            torch.tensor([start + t])).best_logits
+                areas.append(int(model.logits_to_masks(logits, [features.image_sizes[b]])[0].sum()))
+            assert int(replay.grounding_index[b * G]) == start + int(np.argmax(areas)), areas
+            chosen.append(int(np.argmax(areas)))
+    assert any(k > 0 for k in chosen), "the fixture does not tell the choice from 'always the first frame'"
