@@ -250,3 +250,21 @@ def test_loop2_acts_on_the_mllm_frame_where_the_policys_mask_is_largest():
             assert int(replay.grounding_index[b * G]) == start + int(np.argmax(areas)), areas
             chosen.append(int(np.argmax(areas)))
     assert any(k > 0 for k in chosen), "the fixture does not tell the choice from 'always the first frame'"
+
+
+def test_unsupported_video_settings_and_bad_masklets_raise_naming_the_sample():
+    model, processor = build_tiny()
+    clip = clips(1)[0]
+    empty = dataclasses.replace(clip, gt_masks=np.zeros_like(clip.gt_masks))
+    algo, _ = make_algo(model, processor, rewards(), **BOTH)
+    with pytest.raises(ValueError, match=r"shapes_video_train/0#0.*empty in every frame"):
+        algo.encode([empty])
+    with pytest.raises(ValueError, match=r"gt_masks has shape \(3, 64, 32\)"):
+        algo.encode([dataclasses.replace(clip, gt_masks=clip.gt_masks[:, :, :32])])
+    dense, _ = make_algo(model, processor, rewards(), mask_to_caption_dense_weight=0.5, **BOTH)
+    with pytest.raises(ValueError, match="mask_to_caption_dense_weight=0.5 is not supported on video"):
+        dense.rollout(dense.encode([clip]))
+    greedy, _ = make_algo(model, processor, {"caption_to_mask": [MaskAreaReward()]}, mask_policy="deterministic",
+                          **dict(BOTH, mask_to_caption_weight=0.0))
+    with pytest.raises(ValueError, match="mask_policy='deterministic' is not supported on video"):
+        greedy.rollout(greedy.encode([clip]))
