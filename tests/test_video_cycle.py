@@ -197,7 +197,7 @@ def test_a_one_frame_clip_is_the_image_step():
 
 def test_encoders_run_once_per_clip_and_the_loss_pass_never_propagates(monkeypatch):
     """ViT once on the MLLM frames (+ the key frame of loop 1 only where it is not one of them), SAM2 once on every
-    frame; the SAM2 propagation runs only in the no-grad rollout (the partner's masklets and the policy_jf stat)."""
+    frame (one call per clip); the SAM2 propagation runs only in the no-grad rollout (the partner's masklets and the policy_jf stat)."""
     model, processor = build_tiny()
     algo, _ = make_algo(model, processor, rewards(), **BOTH)
     first, second = clips(2)
@@ -216,12 +216,12 @@ def test_encoders_run_once_per_clip_and_the_loss_pass_never_propagates(monkeypat
         torch.is_grad_enabled()) or propagate(prompt, *a))
     step = run_rollout(algo, [first, second])
     assert step.features.video.key_frames == [2, 0]
-    assert calls["vision"] == [2 + 2 + 1] and calls["grounding"] == [3 + 3]
+    assert calls["vision"] == [2 + 2 + 1] and calls["grounding"] == [3, 3]
     assert calls["propagate"] and not any(calls["propagate"]), "a propagation ran with grad"
     rollout_calls = len(calls["propagate"])
     out = step_loss(algo, model, step)
     assert torch.isfinite(out["loss"]) and len(calls["propagate"]) == rollout_calls, "the loss pass propagated"
-    assert calls["vision"] == [5] and calls["grounding"] == [6], "the loss pass re-encoded"
+    assert calls["vision"] == [5] and calls["grounding"] == [3, 3], "the loss pass re-encoded"
 
 
 def test_loop2_acts_on_the_mllm_frame_where_the_policys_mask_is_largest():

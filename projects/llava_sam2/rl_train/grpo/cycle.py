@@ -20,6 +20,18 @@ preambles rather than by the mask policy. With a fixed answer the ``[SEG]`` stat
 (image, caption) per prompt, computed on B rows and shared by the group's G samples, and the mask policy is the
 only source of randomness.
 
+On a video step (``StepFeatures.video`` set; grpo/features.py) the same two classes run on clips. Loop 1's policy pass
+is the image one on the sample's key frame (the frame where its gt masklet is largest, shown as a one-tile image);
+the partner grounds each caption in the whole clip (video RES prompt over the MLLM frames, SAM2 propagation) and
+the reward compares masklets (``video_jf``): a caption written from one frame must identify the object across the
+clip. Loop 2's policy grounds the text with the video RES prompt; its action is the mask sampled on ONE frame, the
+MLLM frame where the policy's deterministic mask is largest (chosen at rollout time without grad, kept in
+``MaskReplay.grounding_index``), and the partner describes that mask on that frame. The action is that one frame's
+mask, not a masklet, because the partner only ever sees that frame: log-probability spent on the other frames'
+masks would be credited with a reward it cannot affect. The policy's propagated masklet is scored against the gt
+masklet as a statistic (``video/policy_jf``). No loss pass propagates, so a video step's loss costs what an image
+step's does with n-tile prompts.
+
 Each loop's ``action_logp`` is the single function that scores a given action (CleanRL's
 ``get_action_and_value``): the rollout calls it (no grad) for ``old_logp`` and, inside ``WeightSets.reference``,
 for ``ref_logp``; the loss calls it with grad (through the loop's own ``loss_fn``). The sampling pass builds the same

@@ -217,9 +217,10 @@ class EncodedClips:
 @torch.no_grad()
 def encode_clips(model, processor, clips: Sequence[Sequence], where: Sequence[str],
                  still_frames: Sequence[tuple[int, int]] = (), mllm_frames: int = MLLM_FRAMES) -> EncodedClips:
-    """Both frozen encoders once per clip, one batched call each: InternViT on the first ``mllm_frames`` frames of
+    """Both frozen encoders once per frame: InternViT in one batched call on the first ``mllm_frames`` frames of
     every clip and on each still frame ``(clip, t)`` that is not one of them (a still frame that is an MLLM frame
-    reuses that frame's tokens), SAM2 on every frame (with the memory inputs).
+    reuses that frame's tokens); SAM2 on every frame (with the memory inputs), one call per clip, so that the
+    encoder's transient memory is that of T frames, not of all the step's frames at once.
 
     Args:
         clips: C lists of PIL frames (one size within a clip); where: one name per clip for error messages.
@@ -242,8 +243,12 @@ def encode_clips(model, processor, clips: Sequence[Sequence], where: Sequence[st
     device = model.device
     with eval_mode(model):
         vit_tokens = model.encode_vision(torch.cat([x.pixel_values for x in inputs] + extra_pixels).to(device))
-        grounding = model.encode_grounding(torch.cat([x.g_pixel_values for x in inputs]).to(device),
-                                           keep_memory_inputs=True)  # every frame of every clip
+        per_clip = [model.encode_grounding(x.g_pixel_values.to(device), keep_memory_inputs=True) for x in inputs]
+    grounding = GroundingFeatures(  # every frame of every clip, clip after clip
+        image_embed=torch.cat([g.image_embed for g in per_clip]),
+        high_res_feats=[torch.cat(level) for level in zip(*(g.high_res_feats for g in per_clip))],
+        backbone_embed=torch.cat([g.backbone_embed for g in per_clip]), backbone_pos=per_clip[0].backbone_pos)
+    del per_clip
     frame_start = np.cumsum([0] + [len(frames) for frames in clips]).tolist()
     sizes = [tuple(x.size) for x in inputs]
     stills = None
