@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from grpo_tiny import CaptionParityReward, build_tiny, make_algo, one_thread, run_rollout, step_loss
+from grpo_tiny import CaptionParityReward, build_tiny, make_algo, one_thread, run_rollout, shapes_batch, step_loss
 from projects.llava_sam2.rl_train.data.shapes_video import ShapesVideoWorld
 from projects.llava_sam2.rl_train.data.types import RegionSample
 from projects.llava_sam2.rl_train.data.video import key_frame
@@ -268,3 +268,14 @@ def test_unsupported_video_settings_and_bad_masklets_raise_naming_the_sample():
                           **dict(BOTH, mask_to_caption_weight=0.0))
     with pytest.raises(ValueError, match="mask_policy='deterministic' is not supported on video"):
         greedy.rollout(greedy.encode([clip]))
+
+
+def test_default_rewards_score_loop1_on_video_by_jf():
+    """Without configured rewards, a video step's loop 1 is scored by video_jf (the image default, IoU, would
+    raise on masklets); an image step keeps IoU."""
+    model, processor = build_tiny()
+    algo, _ = make_algo(model, processor, None, **dict(BOTH, caption_to_mask_weight=0.0))
+    video = algo.score(algo.rollout(algo.encode(clips(1))))
+    assert "video_jf/mean" in video.rollouts[0].reward_stats and "iou/mean" not in video.rollouts[0].reward_stats
+    image = algo.score(algo.rollout(algo.encode(shapes_batch(1))))
+    assert "iou/mean" in image.rollouts[0].reward_stats
