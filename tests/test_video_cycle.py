@@ -75,6 +75,13 @@ def test_video_rollouts_have_the_loop_shapes_and_finite_rewards(video_step):
     assert len(masks) == 2 * G and all(tuple(m.shape) == (3, 64, 64) for m in masks)
     assert all(tuple(m.shape) == (3, 64, 64) for m in sampled.reward_inputs[0].gt_masks)
     assert all(tuple(m.shape) == (64, 64) for m in sampled.reward_inputs[1].pred_masks)
+    # loop 2's rewards see its key frame: that frame's gt mask and pixels
+    keys = [int(r) - features.video.encoded.frame_start[b] for b, r in
+            enumerate(sampled.rollouts[1].replay.grounding_index[::G].tolist())]
+    for n in range(2 * G):
+        b = n // G
+        assert torch.equal(sampled.reward_inputs[1].gt_masks[n], torch.from_numpy(batch[b].gt_masks[keys[b]]))
+        assert sampled.reward_inputs[1].images[n] is batch[b].frames[keys[b]]
 
 
 def test_video_old_logp_equals_the_loss_pass_bit_for_bit(video_step):

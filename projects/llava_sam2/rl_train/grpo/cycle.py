@@ -431,9 +431,10 @@ class CaptionToMaskLoop:
                           is_truncated=torch.zeros(B * G, dtype=torch.bool, device=logp.device),
                           max_action_length=logp.shape[1], replay=replay, loop=self.name)
         inputs = reward_inputs(features, G, pred_masks=pred_masks, pred_captions=captions)
-        if key_frames is not None:  # a mask reward compares the action with the gt mask of the same frame
+        if key_frames is not None:  # rewards see the frame the action was taken on: its gt mask and its pixels
             inputs = replace(inputs, gt_masks=_repeat([None if m is None else m[k] for m, k in
-                                                       zip(features.gt_masks, key_frames)], G))
+                                                       zip(features.gt_masks, key_frames)], G),
+                             images=_repeat([s.frames[k] for s, k in zip(features.samples, key_frames)], G))
         return LoopRollout(rollout, inputs, stats)
 
 

@@ -108,7 +108,8 @@ class StepFeatures(EncodedImages):
                        video=None if self.video is None else self.video.select(rows))
 
     def reward_images(self) -> list:
-        """B images for rewards that look at pixels: each sample's image, or its clip's key frame."""
+        """B images for rewards that look at pixels: each sample's image, or its clip's loop-1 key frame (frame 0
+        without one; loop 2 passes its own key frames)."""
         if self.video is None:
             return [s.image for s in self.samples]
         return [s.frames[k if k is not None else 0] for s, k in zip(self.samples, self.video.key_frames)]
