@@ -53,6 +53,8 @@ class EvalConfig:
     """greedy answer cap (HF predict_forward uses 2048; short answers need far fewer)."""
     multi_seg: str = "first"
     """mask of an answer with several [SEG]: 'first' (original Sa2VA RefCOCO eval) or 'union' (newer eval)."""
+    video_mllm_frames: int = 5
+    """video tasks: frames of each clip the language model sees (upstream: the first 5)."""
     # prompts
     segment_question: str | None = None
     """RES question template with '{class_name}'; None: Sa2VA's RES eval prompt."""
@@ -85,6 +87,8 @@ class EvalConfig:
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"EvalConfig.{name}={getattr(self, name)!r}: expected one of {allowed}")
+        if self.video_mllm_frames < 1:
+            raise ValueError(f"EvalConfig.video_mllm_frames={self.video_mllm_frames}: use >= 1 (upstream: 5)")
         if self.batch_size < 1 or self.max_new_tokens < 1:
             raise ValueError(f"EvalConfig: batch_size={self.batch_size} and max_new_tokens={self.max_new_tokens} "
                              "must both be >= 1")
