@@ -57,7 +57,7 @@ PRETRAINED = REPO_ROOT / "projects/llava_sam2/rl_train/assets/tiny_shapes_pretra
 VIDEO_PRETRAINED = REPO_ROOT / "projects/llava_sam2/rl_train/assets/tiny_video_pretrained"
 VIDEO_CONFIG = "grpo_shapes_video_cpu.py"  # the video demo's GRPO (unpaired SA-V masklets + MeViS texts)
 # mode-dependent defaults of the fields left at 0: (images, video)
-MODE_DEFAULTS = {"train_samples": (2000, 64), "val_samples": (200, 48), "image_size": (128, 64)}
+MODE_DEFAULTS = {"train_samples": (2000, 80), "val_samples": (200, 48), "image_size": (128, 64)}
 LISTENER = ("-m", "projects.llava_sam2.rl_train.evaluation.listener")
 RL_DATA = {"unpaired": "grpo_shapes_unpaired_cpu.py", "paired": "grpo_shapes_cpu.py"}  # --rl-data -> its config
 # stages of a row run side by side, one process (core) each
@@ -114,7 +114,7 @@ class DemoSettings:
     eval_split: str = "test"
     """held-out split every evaluation scores: 'test' (reporting) or 'val' (choosing settings)."""
     train_samples: int = 0
-    """training scenes (GRPO prompts, and SFT items when --sft-iters > 0); 0: 2000 (images) or 64 clips (video)."""
+    """training scenes (GRPO prompts, and SFT items when --sft-iters > 0); 0: 2000 (images) or 80 clips (video)."""
     val_samples: int = 0
     """held-out scenes (of --eval-split) scored by every evaluation task; 0: 200 (images; >= 200 for the bootstrap
     CIs) or 48 clips (video: its evaluation costs ~2 s of CPU per clip and system)."""

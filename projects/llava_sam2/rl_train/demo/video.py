@@ -172,3 +172,36 @@ def video_report(s, stages: dict) -> dict:
     metrics = {f"{r['task']}/{r['metric']}": {k: None if r[k] is None else r[k].to_dict()
                                                for k in ("base", "rl", "diff")} for r in rows}
     return {"report": str(report), "metrics": metrics, "reward_trend": trend}
+
+
+def seed_table(work_dirs: dict[int, Path], n_resamples: int = 1000) -> str:
+    """Markdown table of the paired differences RL − base (95 % CI) of every headline metric, one row per seed (its
+    demo work dir), and their mean ± standard deviation over the seeds."""
+    per_seed = {seed: {(r["task"], r["metric"]): r for r in held_out_rows(Path(d) / "eval/base", Path(d) / "eval/rl",
+                                                                           n_resamples)}
+                for seed, d in work_dirs.items()}
+    keys = [(t, m) for t, m, _ in VIDEO_HEADLINES if all((t, m) in rows for rows in per_seed.values())]
+    labels = {(t, m): label for t, m, label in VIDEO_HEADLINES}
+    lines = ["| seed | " + " | ".join(f"Δ {labels[k]}" for k in keys) + " |", "|---|" + "---|" * len(keys)]
+    for seed, rows in per_seed.items():
+        cells = [f"{rows[k]['diff'].value:+.3f} [{rows[k]['diff'].low:+.3f}, {rows[k]['diff'].high:+.3f}]"
+                 for k in keys]
+        lines.append(f"| {seed} | " + " | ".join(cells) + " |")
+    deltas = {k: [rows[k]["diff"].value for rows in per_seed.values()] for k in keys}
+    spread = [f"{np.mean(v):+.3f} ± {np.std(v, ddof=1) if len(v) > 1 else float('nan'):.3f}" for v in deltas.values()]
+    lines.append("| mean ± std | " + " | ".join(spread) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_seeds_report(root: Path, work_dirs: dict[int, Path]) -> Path:
+    """``ROOT/report.md`` of ``sa2va-rl demo-controls --video``: the seed table (each seed's own report is in its
+    work dir); returns its path."""
+    report = Path(root) / "report.md"
+    lines = ["# Sa2VA-RL video demo over seeds", "",
+             "Paired differences GRPO − start model on the held-out clips (95 % bootstrap CI per seed), and their "
+             "mean ± standard deviation over the seeds; each seed's report: `seed<k>/report.md`.", "",
+             seed_table(work_dirs)]
+    report.write_text("\n".join(lines), encoding="utf-8")
+    print(seed_table(work_dirs))
+    print(f"report: {report}")
+    return report

@@ -43,7 +43,7 @@ train_cfg.algorithm.config.update(  # noqa: F405
     max_completion_length=12,
     video_mllm_frames=3,
 )
-max_iters = 16
+max_iters = 40
 train_cfg.update(max_iters=max_iters)  # noqa: F405
 param_scheduler = [
     dict(type=LinearLR, start_factor=0.1, by_epoch=False, begin=0, end=1),  # noqa: F405
