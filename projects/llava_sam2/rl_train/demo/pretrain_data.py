@@ -344,8 +344,9 @@ def _box_prompt(rng: np.random.Generator, visible: np.ndarray, scale: float) -> 
 
 
 def is_image_step(step: int, image_share: float) -> bool:
-    """Whether step ``step`` of the video stage is an image batch: ``image_share`` of the steps, spread evenly."""
-    return int((step + 1) * image_share) > int(step * image_share)
+    """Whether batch ``step`` (0-based) of the video stage is an image batch: ``image_share`` of the batches, spread
+    evenly, batch 0 a video one (so the rows logged at every ``log_every``-th step show video losses)."""
+    return step > 0 and int(step * image_share) > int((step - 1) * image_share)
 
 
 def loader(batches: StageBatches, num_workers: int) -> Sequence:
