@@ -4,7 +4,7 @@ Per clip (a ``VideoRegionSample``: frames, the target's masklet, its expressions
 (``model.pipeline.video.encode_video``: InternViT on the first n = min(5, T) frames, SAM2 on all T), each of its
 first ``expressions_per_clip`` expressions is asked with the RES eval prompt in the video layout (``video_prompt``),
 all in one batched greedy call, and the first fed-back ``[SEG]`` of each answer is propagated over the clip (one
-``video_masklet_logits`` call for all of them) into a masklet. An answer without ``[SEG]`` predicts an empty
+``video_masklet_logits`` call for all of them) into a masklet: ``predict_video``'s chain, batched. An answer without ``[SEG]`` predicts an empty
 masklet. Each masklet gets DAVIS's per-frame J (region IoU) and F (boundary F-measure, ``video_metrics``), every
 frame scored (the referring protocol), and is summarised three ways: J&F over all T frames, over the memory-free
 frames t < n (prompted, as the image path) and over the propagated frames t >= n (decoded from SAM2's memory).
@@ -69,7 +69,7 @@ def evaluate_video_res(model, processor, dataset: Iterable, *, num_samples: int 
     """Task ``video_res`` on the first ``num_samples`` clips of ``dataset`` (all when None); module doc."""
     if expressions_per_clip < 1:
         raise ValueError(f"evaluate_video_res: expressions_per_clip={expressions_per_clip}; use >= 1")
-    decoding = TextDecoding.from_processor(processor, "reference")
+    decoding = TextDecoding.from_processor(processor)  # the fast greedy path, as the image tasks
     records = []
     for index, sample in enumerate(dataset):
         if num_samples is not None and index >= num_samples:
