@@ -178,6 +178,8 @@ def video_step(model, batch: VideoBatch, weights: JointWeights, generator: torch
     Each clip's MLLM frames are encoded once and shared by its rows; all clips' SAM2 frames go through the encoder
     in one call and are tracked in one propagation (``propagate_masklets`` with a clip index per prompt). SAM2 runs
     in eval mode there, the mode inference propagates in (its memory bank is read differently in training mode).
+    Also returns two detached diagnostics: the mean IoU (logits > 0 against the GT, 1 when both are empty) of the
+    prompted frames (``iou_prompted``) and of the propagated ones (``iou_tracked``).
     """
     device = model.device
     C, n = batch.pixel_values.shape[:2]
