@@ -169,11 +169,37 @@ def test_video_cycle_tasks_through_the_cli_equal_the_hand_composition_and_carry_
         assert (record.caption, record.key_frame) == (caption, frame)
         assert record.score == pytest.approx(meteor, abs=1e-12) and record.j_and_f == pytest.approx(jf, abs=1e-12)
     assert len({r.score for r in run.records("video_cycle_jf")}) > 1  # not one constant value
-    for task, metric in (("video_cycle_jf", "cycle_JF"), ("video_cycle_caption", "cycle_METEOR_nltk"),
+    # video_res: A's masklet for the first expression, the chain loop 2's masklet comes from, scored per frame group
+    for record, (_, _, jf, _) in zip(run.records("video_res"), loop2):
+        assert record.score == pytest.approx(jf, abs=1e-12) and record.mllm_frames == 2
+        n = record.mllm_frames
+        assert record.frames_j_and_f("propagated") == pytest.approx(
+            (np.mean(record.frame_j[n:]) + np.mean(record.frame_f[n:])) / 2)
+    for task, metric in (("video_res", "j_and_f"), ("video_res", "j_and_f_propagated"), ("video_cycle_jf", "cycle_JF"), ("video_cycle_caption", "cycle_METEOR_nltk"),
                          ("video_cycle_caption", "masklet_JF")):
         estimate = run.results[task].metrics[metric]
         assert estimate.n == 3 and estimate.n_resamples == 200
         assert math.isfinite(estimate.low) and estimate.low <= estimate.value <= estimate.high
+
+
+def test_video_res_agrees_with_the_pretraining_stages_measure(demo_data, asset_model):
+    """evaluation/video_tasks.py's evaluate_video_res (one clip at a time) and the batched video_res task score the
+    same masklets."""
+    from projects.llava_sam2.rl_train.evaluation.tasks import EvalConfig
+    from projects.llava_sam2.rl_train.evaluation.video_cycle_tasks import evaluate_video
+    from projects.llava_sam2.rl_train.evaluation.video_tasks import evaluate_video_res
+
+    s, outputs = demo_data
+    clips = list(MeViSDataset(**outputs["files"]["eval"], num_frames=None))
+    model, processor = asset_model
+    theirs = evaluate_video_res(model, processor, clips, mllm_frames=2, max_new_tokens=24, n_resamples=50)
+    ours = evaluate_video(model, processor, clips, ("video_res",), EvalConfig(
+        batch_size=3, max_new_tokens=24, video_mllm_frames=2, n_resamples=50, show_progress=False))["video_res"]
+    for a, b in zip(theirs.records, ours.records):
+        assert a.sample_id == b.sample_id and a.text == b.text_in
+        assert np.allclose(a.j, b.frame_j) and np.allclose(a.f, b.frame_f)
+    for name in ("j_and_f", "j_and_f_memory_free", "j_and_f_propagated"):
+        assert ours.metrics[name].value == pytest.approx(theirs.metrics[name].value)
 
 
 def _fake_run(path, system, scores):

@@ -37,7 +37,7 @@ def test_every_stage_ran_through_the_cli_on_the_video_files(video_demo):
 def test_both_systems_are_scored_on_the_same_held_out_clips_with_every_frame(video_demo):
     s, _ = video_demo
     base, rl = load_run(str(s.path("eval/base"))), load_run(str(s.path("eval/rl")))
-    for task in ("video_cycle_jf", "video_cycle_caption"):
+    for task in ("video_res", "video_cycle_jf", "video_cycle_caption"):
         ids = [r.sample_id for r in base.records(task)]
         assert len(ids) == 4 and ids == [r.sample_id for r in rl.records(task)]
         assert all(len(r.frame_j) == 4 for r in rl.records(task))
@@ -48,7 +48,8 @@ def test_both_systems_are_scored_on_the_same_held_out_clips_with_every_frame(vid
 def test_report_has_the_held_out_table_curves_and_strips(video_demo):
     s, records = video_demo
     report = s.path("report.md").read_text()
-    for label in ("video Loop-1 cycle J&F", "video Loop-2 cycle METEOR", "referring masklet J&F"):
+    for label in ("video Loop-1 cycle J&F", "video Loop-2 cycle METEOR", "video referring J&F vs GT",
+                  "video referring J&F, propagated"):
         row = next(line for line in report.splitlines() if line.startswith(f"| {label}"))
         assert row.count("[") == 3, f"{label}: base, GRPO and the paired Δ each need a CI: {row}"
     assert s.path("reward_curves.png").stat().st_size > 0

@@ -28,9 +28,11 @@ VIDEO_HEADLINES = (
     ("video_cycle_jf", "cycle_J", "video Loop-1 cycle J (region similarity)"),
     ("video_cycle_jf", "cycle_F", "video Loop-1 cycle F (boundary)"),
     ("video_cycle_caption", "cycle_METEOR_nltk", "video Loop-2 cycle METEOR (expression → masklet → caption')"),
-    ("video_cycle_caption", "masklet_JF", "referring masklet J&F vs GT (Loop-2's intermediate masklet)"),
+    ("video_res", "j_and_f", "video referring J&F vs GT (expression → masklet)"),
+    ("video_res", "j_and_f_memory_free", "video referring J&F, frames the language model saw"),
+    ("video_res", "j_and_f_propagated", "video referring J&F, propagated frames (SAM2 memory)"),
 )
-VIDEO_EVAL_TASKS = ("video_cycle_jf", "video_cycle_caption")
+VIDEO_EVAL_TASKS = ("video_res", "video_cycle_jf", "video_cycle_caption")
 REWARD_CURVES = {"Loop 1 reward: J&F (masklet → caption → masklet')": "mask_to_caption/reward_mean",
                  "Loop 2 reward (expression → mask → caption')": "caption_to_mask/reward_mean"}
 

@@ -31,7 +31,7 @@ from .bootstrap import (
 from .records import EvalRecord, MaskStats, align
 
 TASKS = ("res", "caption", "cycle_iou", "cycle_caption")
-VIDEO_TASKS = ("video_cycle_jf", "video_cycle_caption")  # evaluation/video_cycle_tasks.py
+VIDEO_TASKS = ("video_res", "video_cycle_jf", "video_cycle_caption")  # evaluation/video_cycle_tasks.py
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,17 @@ METRICS: dict[str, list[Metric]] = {
                              "mean IoU of A's intermediate mask vs GT"),
                       Metric("cycle_caption", "no_seg_rate", "mean", lambda r: (float(not _mask(r).has_mask),),
                              "fraction of A answers without a fed-back [SEG]", higher_is_better=False)],
+    "video_res": [
+        Metric("video_res", "j_and_f", "mean", lambda r: (r.score,), "mean J&F(gt masklet, A's masklet), every frame"),
+        Metric("video_res", "j_and_f_memory_free", "mean", lambda r: (r.frames_j_and_f("memory_free"),),
+               "mean J&F over the frames the language model saw (segmented without memory, as the image path)"),
+        Metric("video_res", "j_and_f_propagated", "mean", lambda r: (r.frames_j_and_f("propagated"),),
+               "mean J&F over the other frames (decoded from SAM2's memory)",
+               needs=lambda r: r.mllm_frames is not None and len(r.frame_j or ()) > r.mllm_frames),
+        Metric("video_res", "J", "mean", lambda r: (_frame_mean(r, "frame_j"),), "mean per-frame region similarity"),
+        Metric("video_res", "F", "mean", lambda r: (_frame_mean(r, "frame_f"),), "mean per-frame boundary measure"),
+        Metric("video_res", "no_seg_rate", "mean", lambda r: (float(not _mask(r).has_mask),),
+               "fraction of answers without a fed-back [SEG]", higher_is_better=False)],
     "video_cycle_jf": [
         Metric("video_cycle_jf", "cycle_JF", "mean", lambda r: (r.score,),
                "mean J&F(gt masklet, B's masklet) of masklet → key-frame caption (A) → masklet (B): the video "
@@ -133,7 +144,7 @@ METRICS: dict[str, list[Metric]] = {
 
 # Headline metrics per task (report bar charts, first columns of the table).
 PRIMARY = {"res": ("cIoU", "gIoU"), "caption": ("METEOR_nltk", "METEOR15_mean"), "cycle_iou": ("cycle_IoU",),
-           "cycle_caption": ("cycle_METEOR_nltk",), "video_cycle_jf": ("cycle_JF",),
+           "cycle_caption": ("cycle_METEOR_nltk",), "video_res": ("j_and_f",), "video_cycle_jf": ("cycle_JF",),
            "video_cycle_caption": ("cycle_METEOR_nltk",)}
 
 

@@ -1,5 +1,11 @@
-"""Held-out video cycle tasks over ``VideoRegionSample`` data, greedy and batched: the two training loops on video,
-scored on held-out clips with the image tasks' records, metrics and bootstrap CIs (``tasks.py``, ``metrics.py``).
+"""Held-out video tasks over ``VideoRegionSample`` data, greedy and batched: video referring segmentation and the two
+training loops on video, scored on held-out clips with the image tasks' records, metrics and bootstrap CIs
+(``tasks.py``, ``metrics.py``).
+
+* ``video_res``: gt text (first expression, else first caption) → model A's masklet (``segment_texts_in_clips``:
+  ``predict_video``'s chain with the RES eval prompt) → J&F against the gt masklet over every frame, also split into
+  the frames the language model saw (memory-free) and the propagated ones. ``evaluation/video_tasks.py``'s
+  ``evaluate_video_res`` (the pretraining stage's measure) scores the same chain; the tests pin that the two agree.
 
 * ``video_cycle_jf`` (Loop 1 on video): gt masklet → model A's caption of its key-frame region (the frame where the
   gt masklet is largest, ``data.video.key_frame``, shown as a one-tile image: the loop-1 key frame) → model B's
@@ -52,15 +58,20 @@ class _VideoBatch:
                                           mllm_frames=config.video_mllm_frames)}
         self.encoded["b"] = self.encoded["a"] if model_b is model_a and processor_b is processor_a else \
             encode_clips(model_b, processor_b, clips, names, stills, mllm_frames=config.video_mllm_frames)
+        self._segmented: dict[tuple, tuple] = {}  # (model, texts) -> answers, masklets: video_res and
+        # video_cycle_caption ground the same first text when the clips have no caption (MeViS)
 
     def segment(self, which: str, texts: Sequence[str | None]) -> tuple[list, list[np.ndarray | None]]:
         """Model ``which``'s video RES answer to each text about its clip and the masklet bool ``[T, H, W]`` of its
         first fed-back ``[SEG]`` (None: no text or no ``[SEG]``)."""
-        model, processor = self.models[which]
-        answers, masklets = segment_texts_in_clips(
-            model, processor, self.encoded[which], texts, range(len(texts)), max_new_tokens=self.config.max_new_tokens,
-            question=self.config.segment_question)
-        return answers, [None if m is None else m.numpy() for m in masklets]
+        key = (which, tuple(texts))
+        if key not in self._segmented:
+            model, processor = self.models[which]
+            answers, masklets = segment_texts_in_clips(
+                model, processor, self.encoded[which], texts, range(len(texts)),
+                max_new_tokens=self.config.max_new_tokens, question=self.config.segment_question)
+            self._segmented[key] = answers, [None if m is None else m.numpy() for m in masklets]
+        return self._segmented[key]
 
     def describe(self, which: str, encoded, masks: Sequence, rows: Sequence[int]) -> list:
         """Model ``which``'s caption of each mask on image row ``rows[n]`` of ``encoded`` (None for an empty mask)."""
@@ -76,7 +87,24 @@ class _VideoBatch:
         scores = score_masklet(gt, scored)
         stats = MaskStats.from_masks(pred, gt, num_seg, keep_rle=False, sample_id=self.samples[b].sample_id)
         return dict(mask=stats, frame_j=scores.j.tolist(), frame_f=scores.f.tolist(),
-                    masklet=[encode_mask(m) for m in scored] if self.config.keep_masks and pred is not None else None)
+                    masklet=[encode_mask(m) for m in scored] if self.config.keep_masks and pred is not None else None,
+                    mllm_frames=self.encoded["a"].num_mllm_frames(b))
+
+
+def _j_and_f(fields: dict) -> float:
+    """(mean J + mean F) / 2 of ``masklet_fields``' per-frame scores."""
+    return float(np.mean(fields["frame_j"]) + np.mean(fields["frame_f"])) / 2
+
+
+def _video_res(batch: _VideoBatch) -> list[EvalRecord]:
+    texts = [_first_text(s, ("expressions", "captions")) for s in batch.samples]
+    answers, masklets = batch.segment("a", texts)
+    records = []
+    for b, (sample, text, answer, masklet) in enumerate(zip(batch.samples, texts, answers, masklets)):
+        fields = batch.masklet_fields(b, masklet, answer.num_seg)
+        records.append(EvalRecord("video_res", sample.sample_id, _j_and_f(fields), text_in=text, answer_a=answer.text,
+                                  num_tokens=answer.num_tokens, is_truncated=answer.is_truncated, **fields))
+    return records
 
 
 def _video_cycle_jf(batch: _VideoBatch) -> list[EvalRecord]:
@@ -89,7 +117,7 @@ def _video_cycle_jf(batch: _VideoBatch) -> list[EvalRecord]:
         caption = described.answer
         fields = batch.masklet_fields(b, pred, 0 if answer is None else answer.num_seg)
         records.append(EvalRecord(
-            "video_cycle_jf", sample.sample_id, float(np.mean(fields["frame_j"]) + np.mean(fields["frame_f"])) / 2,
+            "video_cycle_jf", sample.sample_id, _j_and_f(fields),
             answer_a=caption.text, answer_b=None if answer is None else answer.text, caption=caption.plain,
             num_tokens=caption.num_tokens + (0 if answer is None else answer.num_tokens),
             is_truncated=caption.is_truncated or (answer is not None and answer.is_truncated),
@@ -127,7 +155,8 @@ def _video_cycle_caption(batch: _VideoBatch) -> list[EvalRecord]:
     return records
 
 
-VIDEO_TASK_FUNCTIONS = {"video_cycle_jf": _video_cycle_jf, "video_cycle_caption": _video_cycle_caption}
+VIDEO_TASK_FUNCTIONS = {"video_res": _video_res, "video_cycle_jf": _video_cycle_jf,
+                        "video_cycle_caption": _video_cycle_caption}
 
 
 @torch.no_grad()
