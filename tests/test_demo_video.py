@@ -20,7 +20,8 @@ from projects.llava_sam2.rl_train.data.video_formats.sav import SAVMaskletDatase
 from projects.llava_sam2.rl_train.demo.pipeline import CONFIG_DIR, DemoSettings, rl_options, stage_data
 
 _one_thread = pytest.fixture(autouse=True)(one_thread)
-TINY = dict(video=True, train_samples=4, val_samples=3, num_frames=4, video_mllm_frames=2, eval_split="val")
+TINY = dict(video=True, train_samples=4, val_samples=3, num_frames=4, video_mllm_frames=2, eval_split="val",
+            image_size=64)
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +33,7 @@ def demo_data(tmp_path_factory):
 def test_video_settings_pick_the_video_config_and_sizes_and_reject_what_video_cannot_do(tmp_path):
     s = DemoSettings(tmp_path, video=True)
     assert s.rl_config == str(CONFIG_DIR / "grpo_shapes_video_cpu.py")
-    assert (s.train_samples, s.val_samples, s.image_size) == (80, 48, 64)
+    assert (s.train_samples, s.val_samples, s.image_size, s.num_frames) == (80, 48, 128, 6)
     image = DemoSettings(tmp_path)  # the image demo's defaults are unchanged
     assert (image.train_samples, image.val_samples, image.image_size) == (2000, 200, 128)
     assert image.rl_config.endswith("grpo_shapes_unpaired_cpu.py")
@@ -241,3 +242,17 @@ def test_seed_table_lists_every_seed_and_the_mean(tmp_path):
     assert any(line.startswith("| 0 |") and "+0.100" in line for line in lines)
     assert any(line.startswith("| 1 |") and "+0.300" in line for line in lines)
     assert any(line.startswith("| mean ± std |") and "+0.200 ± 0.141" in line for line in lines)
+
+
+def test_image_demo_fingerprints_do_not_see_the_video_settings(tmp_path):
+    """Image runs recorded before the video mode existed stay finished: the video fields change video fingerprints
+    only."""
+    paths = dict(start_checkpoint="S", listener_checkpoint="L", sft_config="C", rl_config="R")
+    image = DemoSettings(tmp_path, **paths)
+    # recorded with the code before the video mode
+    assert [image.fingerprint(stage) for stage in ("data", "rl", "eval_rl", "report")] == [
+        "d6223ddc3978", "82c5480cd370", "5d448fabe8ba", "3efdbe0953b4"]
+    assert DemoSettings(tmp_path, num_frames=9, video_mllm_frames=4, **paths).fingerprint("report") == "3efdbe0953b4"
+    video = DemoSettings(tmp_path, video=True)
+    assert DemoSettings(tmp_path, video=True, num_frames=8).fingerprint("data") != video.fingerprint("data")
+    assert DemoSettings(tmp_path, video=True, video_mllm_frames=2).fingerprint("rl") != video.fingerprint("rl")

@@ -15,7 +15,8 @@ pytestmark = pytest.mark.demo
 @pytest.fixture(scope="module")
 def video_demo(tmp_path_factory):
     settings = DemoSettings(tmp_path_factory.mktemp("video_demo"), video=True, train_samples=8, val_samples=4,
-                            num_frames=4, video_mllm_frames=2, rl_iters=3, eval_split="val", num_examples=2)
+                            num_frames=4, video_mllm_frames=2, rl_iters=3, eval_split="val", num_examples=2,
+                            image_size=64)
     return settings, run_demo(settings)
 
 

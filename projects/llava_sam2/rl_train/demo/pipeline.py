@@ -56,8 +56,9 @@ CONFIG_DIR = REPO_ROOT / "projects/llava_sam2/configs/rl/demo"
 PRETRAINED = REPO_ROOT / "projects/llava_sam2/rl_train/assets/tiny_shapes_pretrained"
 VIDEO_PRETRAINED = REPO_ROOT / "projects/llava_sam2/rl_train/assets/tiny_video_pretrained"
 VIDEO_CONFIG = "grpo_shapes_video_cpu.py"  # the video demo's GRPO (unpaired SA-V masklets + MeViS texts)
+VIDEO_FIELDS = ("video", "num_frames", "video_mllm_frames")
 # mode-dependent defaults of the fields left at 0: (images, video)
-MODE_DEFAULTS = {"train_samples": (2000, 80), "val_samples": (200, 48), "image_size": (128, 64)}
+MODE_DEFAULTS = {"train_samples": (2000, 80), "val_samples": (200, 48)}
 LISTENER = ("-m", "projects.llava_sam2.rl_train.evaluation.listener")
 RL_DATA = {"unpaired": "grpo_shapes_unpaired_cpu.py", "paired": "grpo_shapes_cpu.py"}  # --rl-data -> its config
 # stages of a row run side by side, one process (core) each
@@ -118,8 +119,8 @@ class DemoSettings:
     val_samples: int = 0
     """held-out scenes (of --eval-split) scored by every evaluation task; 0: 200 (images; >= 200 for the bootstrap
     CIs) or 48 clips (video: its evaluation costs ~2 s of CPU per clip and system)."""
-    image_size: int = 0
-    """side of the shapes images (video: frames) in pixels; 0: 128 (images) or 64 (video)."""
+    image_size: int = 128
+    """side of the shapes images (video: frames) in pixels."""
     all_objects: bool = False
     """annotate every object of a training scene (RefCOCO-style), not only its target."""
     rl_train_samples: int = 0
@@ -185,7 +186,8 @@ class DemoSettings:
         fields, upstream = STAGE_INPUTS[stage]
         if stage == "sft" and not self.sft_iters:  # no training: only the checkpoint matters, not the seed
             fields = ("start_checkpoint", "sft_iters")
-        values = {k: str(getattr(self, k)) for k in fields}
+        # the video fields count only in video mode, so image runs keep the fingerprints they were recorded with
+        values = {k: str(getattr(self, k)) for k in fields if self.video or k not in VIDEO_FIELDS}
         values.update({f"<{u}>": self.fingerprint(u) for u in upstream})
         return hashlib.sha1(json.dumps(values, sort_keys=True).encode()).hexdigest()[:12]
 
