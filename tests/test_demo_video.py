@@ -256,3 +256,14 @@ def test_image_demo_fingerprints_do_not_see_the_video_settings(tmp_path):
     video = DemoSettings(tmp_path, video=True)
     assert DemoSettings(tmp_path, video=True, num_frames=8).fingerprint("data") != video.fingerprint("data")
     assert DemoSettings(tmp_path, video=True, video_mllm_frames=2).fingerprint("rl") != video.fingerprint("rl")
+
+
+def test_evaluate_refuses_video_tasks_on_image_data_and_image_tasks_on_clips_before_loading_a_model(tmp_path):
+    from projects.llava_sam2.rl_train.cli.evaluate import main as evaluate_main
+
+    missing = str(tmp_path / "no_checkpoint")  # never read: the check comes first
+    with pytest.raises(SystemExit, match="video tasks do not run on --dataset shapes"):
+        evaluate_main(["--checkpoint", missing, "--tasks", "video_res", "--out", str(tmp_path / "a")])
+    with pytest.raises(SystemExit, match="image tasks do not run on --dataset mevis"):
+        evaluate_main(["--checkpoint", missing, "--dataset", "mevis", "--expression-file", "e", "--mask-file", "m",
+                       "--image-root", "i", "--tasks", "res", "--out", str(tmp_path / "b")])

@@ -124,6 +124,13 @@ def load_from_config(config: str, weights: str | None, device: str):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    spec = dataset_spec(args)  # data and task checks first: they stop before the model loads
+    is_video = spec["kind"] == "mevis"
+    tasks = args.tasks or list(VIDEO_TASKS if is_video else TASKS)
+    wrong = [t for t in tasks if (t in VIDEO_TASKS) != is_video]
+    if wrong:
+        raise SystemExit(f"--tasks {' '.join(wrong)}: {'image' if is_video else 'video'} tasks do not run on "
+                         f"--dataset {args.dataset}; video tasks ({' '.join(VIDEO_TASKS)}) need --dataset mevis")
     dtype = as_torch_dtype(args.dtype, "--dtype")
     overrides = {"empty_region": args.empty_region}
     if args.config:
@@ -137,13 +144,6 @@ def main(argv: list[str] | None = None) -> int:
         model_b, processor_b, partner = load_system(checkpoint=args.partner_checkpoint, device=args.device,
                                                     torch_dtype=dtype, processor_overrides=overrides)
         meta["partner"] = partner["source"]
-    spec = dataset_spec(args)
-    is_video = spec["kind"] == "mevis"
-    tasks = args.tasks or list(VIDEO_TASKS if is_video else TASKS)
-    wrong = [t for t in tasks if (t in VIDEO_TASKS) != is_video]
-    if wrong:
-        raise SystemExit(f"--tasks {' '.join(wrong)}: {'image' if is_video else 'video'} tasks do not run on "
-                         f"--dataset {args.dataset}; video tasks ({' '.join(VIDEO_TASKS)}) need --dataset mevis")
     config = EvalConfig(batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, multi_seg=args.multi_seg,
                         video_mllm_frames=args.video_mllm_frames,
                         caption_cleaning=args.caption_cleaning, empty_region=args.empty_region,
