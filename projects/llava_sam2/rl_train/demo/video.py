@@ -153,7 +153,10 @@ def video_report(s, stages: dict) -> dict:
              f"{s.train_samples} unpaired {s.world['domain']}-domain training clips (half SA-V masklets without text, "
              f"half MeViS expressions without masks); {s.num_frames} frames of {s.image_size} px per clip, the "
              f"first {s.video_mllm_frames} to the language model. Held-out: {rows[0]['base'].n if rows else 0} "
-             f"clips of the `{s.eval_split}` split, every frame scored.", "",
+             f"clips of the `{s.eval_split}` split, every frame scored."
+             + ("" if Path(s.start_checkpoint).name == "tiny_video_pretrained" else
+                " The start checkpoint is not the video-pretrained tiny model: its SAM2 memory may be untrained, so "
+                "its propagated frames say little."), "",
              f"| metric (held-out) | {names['base']} | {names['rl']} | Δ (paired, 95% CI) |", "|---|---|---|---|"]
     lines += [f"| {r['label']} | {_cell(r['base'])} | {_cell(r['rl'])} | {_cell(r['diff'])} |" for r in rows]
     lines += ["", "Training reward (mean over the first / last logged iterations):", ""]
@@ -204,6 +207,6 @@ def write_seeds_report(root: Path, work_dirs: dict[int, Path]) -> Path:
              "mean ± standard deviation over the seeds; each seed's report: `seed<k>/report.md`.", "",
              seed_table(work_dirs)]
     report.write_text("\n".join(lines), encoding="utf-8")
-    print(seed_table(work_dirs))
+    print(lines[-1])
     print(f"report: {report}")
     return report
