@@ -267,3 +267,17 @@ def test_evaluate_refuses_video_tasks_on_image_data_and_image_tasks_on_clips_bef
     with pytest.raises(SystemExit, match="image tasks do not run on --dataset mevis"):
         evaluate_main(["--checkpoint", missing, "--dataset", "mevis", "--expression-file", "e", "--mask-file", "m",
                        "--image-root", "i", "--tasks", "res", "--out", str(tmp_path / "b")])
+
+
+def test_demo_controls_video_writes_the_seed_report_and_refuses_controls(tmp_path, capsys):
+    from projects.llava_sam2.rl_train.demo.controls import main as controls_main
+
+    for seed in (3, 4):
+        _fake_run(tmp_path / f"seed{seed}/eval/base", "base", [0.2, 0.4, 0.5])
+        _fake_run(tmp_path / f"seed{seed}/eval/rl", "rl", [0.3, 0.4, 0.6])
+    assert controls_main(["--video", "--work-dir", str(tmp_path), "--seeds", "3", "4", "--report-only"]) == 0
+    report = (tmp_path / "report.md").read_text()
+    assert "| 3 | +0.067" in report and "| 4 | +0.067" in report and "| mean ± std | +0.067 ± 0.000" in report
+    with pytest.raises(SystemExit):
+        controls_main(["--video", "--work-dir", str(tmp_path), "--seeds", "3", "--controls", "sft_more"])
+    assert "the video demo has no controls" in capsys.readouterr().err
