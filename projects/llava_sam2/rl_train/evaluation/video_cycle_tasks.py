@@ -35,7 +35,7 @@ from ..model.pipeline.video import largest_mask_frames, encode_clips, segment_te
 from .captions import get_cleaner, meteor_per_caption
 from .metrics import VIDEO_TASKS, summarize
 from .records import EvalRecord, MaskStats
-from .tasks import EvalConfig, TaskResult, _batches, _first_text, _iterate, references
+from .tasks import EvalConfig, TaskResult, first_text, iterate_samples, references, sample_batches
 from .video_metrics import score_masklet
 
 
@@ -97,7 +97,7 @@ def _j_and_f(fields: dict) -> float:
 
 
 def _video_res(batch: _VideoBatch) -> list[EvalRecord]:
-    texts = [_first_text(s, ("expressions", "captions")) for s in batch.samples]
+    texts = [first_text(s, ("expressions", "captions")) for s in batch.samples]
     answers, masklets = batch.segment("a", texts)
     records = []
     for b, (sample, text, answer, masklet) in enumerate(zip(batch.samples, texts, answers, masklets)):
@@ -127,7 +127,7 @@ def _video_cycle_jf(batch: _VideoBatch) -> list[EvalRecord]:
 
 def _video_cycle_caption(batch: _VideoBatch) -> list[EvalRecord]:
     clean = get_cleaner(batch.config.caption_cleaning)
-    texts = [_first_text(s, ("captions", "expressions")) for s in batch.samples]
+    texts = [first_text(s, ("captions", "expressions")) for s in batch.samples]
     answers_a, masklets_a = batch.segment("a", texts)
     with_seg = [b for b, answer in enumerate(answers_a) if answer.seg_prompts]
     key_frames: list[int | None] = [None] * len(texts)
@@ -175,9 +175,9 @@ def evaluate_video(model, processor, dataset: Iterable, tasks: Sequence[str] = V
     processor_b = processor if processor_b is None else processor_b
     results = {task: TaskResult(task, []) for task in tasks}
     skipped: list[str] = []
-    samples, total = _iterate(dataset, num_samples)
+    samples, total = iterate_samples(dataset, num_samples)
     with tqdm(total=total, desc=f"evaluate {'+'.join(tasks)}", unit="clip", disable=not config.show_progress) as bar:
-        for samples_b in _batches(samples, config.batch_size, num_samples, skipped):
+        for samples_b in sample_batches(samples, config.batch_size, num_samples, skipped):
             batch = _VideoBatch(samples_b, model, processor, model_b, processor_b, config)
             for task in tasks:
                 results[task].records.extend(VIDEO_TASK_FUNCTIONS[task](batch))
