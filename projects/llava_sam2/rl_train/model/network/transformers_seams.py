@@ -20,7 +20,8 @@ breaks the assumption.
   ``select_cache_rows`` keeps chosen batch rows of every layer (``Cache.reorder_cache``, written for beam search);
   ``full_static_cache`` builds a static cache of full-attention layers (a ``Cache`` of ``StaticLayer``), allocated
   now for a given row count, KV head count, head size, dtype and device (``Cache.early_initialization``;
-  ``StaticCache(config)`` would size sliding-window layers by the config's window, and allocates on the first write).
+  ``StaticCache(config)`` would size sliding-window layers by the config's window, and allocates on the first write),
+  casting what it stores to that dtype (4.57's ``StaticLayer.update`` does not; 4.48's ``StaticCache`` did).
 * Calling one decoder layer directly (the fast decode step, grouped scoring): ``run_decoder_layer`` passes the cache
   under the layers' keyword ``past_key_values`` (named ``past_key_value`` before 4.56), returns the hidden states they
   return (a tensor since 4.56; a tuple before), and calls the module without transformers' per-layer checkpointing
@@ -78,10 +79,19 @@ def select_cache_rows(cache: Cache, rows: Tensor) -> None:
     cache.reorder_cache(rows)
 
 
+class _CastingStaticLayer(StaticLayer):
+    """A ``StaticLayer`` that casts what it stores to its own dtype: under autocast the keys leave RoPE in float32
+    while the values stay in the autocast dtype (transformers 4.57 stores without a cast and fails on the mismatch)."""
+
+    def update(self, key_states: Tensor, value_states: Tensor, cache_kwargs=None) -> tuple[Tensor, Tensor]:
+        return super().update(key_states.to(self.keys.dtype), value_states.to(self.values.dtype), cache_kwargs)
+
+
 def full_static_cache(num_layers: int, rows: int, slots: int, like: Tensor) -> Cache:
     """A static cache of ``num_layers`` full-attention layers of ``[rows, Hkv, slots, hd]`` zeros, where
-    ``like [., Hkv, ., hd]`` gives the KV heads, head size, dtype and device; allocated now (fixed addresses)."""
-    cache = Cache(layers=[StaticLayer(max_cache_len=slots) for _ in range(num_layers)])
+    ``like [., Hkv, ., hd]`` gives the KV heads, head size, dtype and device; allocated now (fixed addresses). What
+    is written to it is cast to that dtype."""
+    cache = Cache(layers=[_CastingStaticLayer(max_cache_len=slots) for _ in range(num_layers)])
     cache.early_initialization(rows, like.shape[1], like.shape[3], like.dtype, like.device)
     return cache
 
