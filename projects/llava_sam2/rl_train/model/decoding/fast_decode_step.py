@@ -78,7 +78,7 @@ class DecoderParts:
         if missing:
             raise TypeError(
                 f"fast_generation: the decoder body {type(body).__name__} has no {missing}; the fast path "
-                "needs a transformers Qwen2/Llama/Phi3-style body (layers, norm, rotary_emb). Use "
+                "needs a transformers Qwen2/Qwen3/Llama/Phi3-style body (layers, norm, rotary_emb). Use "
                 "generation.sample_completions for other LMs (decode_backend='reference' in GRPOConfig / "
                 "TextDecoding)."
             )

@@ -185,7 +185,7 @@ def fast_sample_completions(
     (``do_sample=False``) or a draw from ``softmax(top_p(logits_t))`` (module docstring, item 3).
 
     Args:
-        lm: a transformers Qwen2/Llama/Phi3 causal LM, possibly peft-wrapped (``lm.eval()`` for rollouts).
+        lm: a transformers Qwen2/Qwen3/Llama/Phi3 causal LM, possibly peft-wrapped (``lm.eval()`` for rollouts).
         inputs_embeds: ``[B, L, D]`` prompt embeddings; attention_mask: ``[B, L]``, LEFT padded.
         num_generations: G, samples per prompt; rows are prompt-major (``b·G + g``).
         generator: RNG on the prompts' device for the sampling noise.
