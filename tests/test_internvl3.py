@@ -29,7 +29,8 @@ DATA = Path(__file__).resolve().parent / "data"
 # 4.57, which Qwen3 needs)
 UPSTREAM_REFERENCE = {"qwen2": DATA / "internvl3_upstream_reference.safetensors",
                       "qwen3": DATA / "internvl3_qwen3_upstream_reference.safetensors"}
-UPSTREAM_SAVED = {"qwen2": DATA / "internvl3_upstream_saved.json", "qwen3": DATA / "internvl3_qwen3_upstream_saved.json"}
+UPSTREAM_SAVED = {"qwen2": DATA / "internvl3_upstream_saved.json",
+                  "qwen3": DATA / "internvl3_qwen3_upstream_saved.json"}
 PARITY_TOLERANCE = 1e-5  # max |ours - upstream|, fp32
 
 

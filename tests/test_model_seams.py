@@ -106,7 +106,7 @@ def test_cache_seams_read_select_and_allocate_the_layers_key_value_tensors(arch)
             f"{TRANSFORMERS}: a StaticLayer no longer writes into (and returns) the tensors allocated by "
             "early_initialization at the cache_position slots; fast_generation's static cache (full_static_cache, "
             "graph-captured addresses) relies on it.")
-    # under autocast the keys leave RoPE in float32 and the values come in bfloat16: both are stored in the cache's dtype
+    # under autocast the keys leave RoPE in float32 and the values come in bfloat16: both are stored in its dtype
     half_value = torch.randn(3, n_kv, 1, hd).bfloat16()
     static.update(key[:, :, :1], half_value, 0, {"cache_position": torch.tensor([7])})
     assert storage[0][1].dtype == first_key.dtype and torch.equal(storage[0][1][:, :, 7:8], half_value.float())
