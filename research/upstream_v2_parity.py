@@ -4,7 +4,8 @@ on the tiny InternVL3 replica of tests/internvl3_fixtures.py, both directions, a
 Direction A: our save_pretrained -> upstream's Sa2VAChatConfig.from_pretrained + Sa2VAChatModel + strict load -> its
 forward. Direction B: upstream's save_pretrained -> our load_pretrained -> our forward. Prints max |ours - upstream|
 and writes ``internvl3_upstream_reference.safetensors`` and ``internvl3_upstream_saved.json`` (tests/data/); with
-``--llm qwen3`` the replica has a Qwen3 LLM and the files are ``internvl3_qwen3_upstream_*``.
+``--llm qwen3`` (``qwen3_tied``: with tied embeddings) the replica has a Qwen3 LLM and the files are
+``internvl3_qwen3_upstream_*`` (``internvl3_qwen3_tied_upstream_*``).
 
 Upstream's code is never part of this repository: pass a checkout of bytedance/Sa2VA (codebase v2), e.g. fetched to
 /tmp; its ``projects/sa2va/hf/models`` is copied into a temporary package and left as it is. What running it here on a
@@ -154,8 +155,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("upstream", type=Path, help="a checkout of bytedance/Sa2VA holding projects/sa2va/hf/models")
     parser.add_argument("--out", type=Path, required=True, help="folder for the saved checkpoints and the test data")
-    parser.add_argument("--llm", choices=("qwen2", "qwen3"), default="qwen2",
-                        help="the replica's LLM: qwen2 (Qwen2.5, as released) or qwen3")
+    parser.add_argument("--llm", choices=("qwen2", "qwen3", "qwen3_tied"), default="qwen2",
+                        help="the replica's LLM: qwen2 (Qwen2.5, as released), qwen3, or qwen3 with tied embeddings")
     args = parser.parse_args(argv)
     stem = "internvl3_upstream" if args.llm == "qwen2" else f"internvl3_{args.llm}_upstream"
     sys.path.insert(0, str(REPO / "tests"))  # the replica
