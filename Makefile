@@ -17,10 +17,13 @@ PYTEST_ARGS ?= -q -n 2 --dist loadfile --durations=15
 
 setup: $(STAMP) $(NLTK_DATA)/corpora/wordnet/lexnames
 
-$(STAMP): requirements/stack.txt setup.py
+$(STAMP): requirements/stack.txt requirements/transformers.txt setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip wheel setuptools
 	$(BIN)/pip install -q -r requirements/stack.txt
+	# xtuner 0.2.0 pins transformers 4.48.0; Qwen3 LLMs need >= 4.56 and the code is written for 4.57
+	# (docs/stack.md §14). pip reports the conflict with xtuner's pin and installs 4.57 over it.
+	$(BIN)/pip install -q -r requirements/transformers.txt
 	# xtuner pins bitsandbytes 0.45.0, which imports the removed triton.ops and breaks every peft
 	# LoRA wrap (bitsandbytes#1492); nothing here uses 8-bit optimizers, so drop it.
 	$(BIN)/pip uninstall -y -q bitsandbytes || true

@@ -1,7 +1,10 @@
 """Install the Sa2VA-RL plugin as the namespace package ``projects.llava_sam2.rl_train``.
 
 The heavy stack is pinned in ``requirements/stack.txt`` and installed by ``make setup`` in a fixed
-order (torch first, then xtuner, then ``sam2`` without build isolation); ``install_requires`` names
+order (torch first, then xtuner, then ``requirements/transformers.txt`` over the transformers 4.48 that xtuner
+pins, then ``sam2`` without build isolation). xtuner 0.2.0's metadata pins ``transformers==4.48.0`` while this
+package needs 4.57 (docs/stack.md §14), so no resolver can satisfy both: install the plugin with ``--no-deps`` into
+an environment that has the stack (``make setup`` does). ``install_requires`` names
 every distribution the package imports (tests/test_install_checkout.py checks it against the
 sources), with the pins that matter. Optional lines are extras: ``prompt_rl`` (prompt-selection
 policy: gymnasium, stable-baselines3), ``meteor_jar`` (official METEOR 1.5 for paper numbers:
@@ -34,7 +37,7 @@ setup(
     install_requires=[
         "torch==2.11.0",
         "torchvision==0.26.0",
-        "transformers==4.48.0",
+        "transformers==4.57.6",
         "mmengine==0.10.6",
         "xtuner==0.2.0",
         "peft>=0.14",
@@ -46,7 +49,7 @@ setup(
         "inflect==7.5.0",
         "safetensors",
         "datasets",
-        "tokenizers",
+        "tokenizers==0.22.2",
         "numpy",
         "Pillow",
         "pyarrow",

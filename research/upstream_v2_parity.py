@@ -3,13 +3,15 @@ on the tiny InternVL3 replica of tests/internvl3_fixtures.py, both directions, a
 
 Direction A: our save_pretrained -> upstream's Sa2VAChatConfig.from_pretrained + Sa2VAChatModel + strict load -> its
 forward. Direction B: upstream's save_pretrained -> our load_pretrained -> our forward. Prints max |ours - upstream|
-and writes ``internvl3_upstream_reference.safetensors`` and ``internvl3_upstream_saved.json`` (tests/data/).
+and writes ``internvl3_upstream_reference.safetensors`` and ``internvl3_upstream_saved.json`` (tests/data/); with
+``--llm qwen3`` (``qwen3_tied``: with tied embeddings) the replica has a Qwen3 LLM and the files are
+``internvl3_qwen3_upstream_*`` (``internvl3_qwen3_tied_upstream_*``).
 
 Upstream's code is never part of this repository: pass a checkout of bytedance/Sa2VA (codebase v2), e.g. fetched to
-/tmp; its ``projects/sa2va/hf/models`` is copied into a temporary package and left as it is. What running it under
-transformers 4.48 on a CPU takes is set up in ``load_upstream``, each piece with its reason.
+/tmp; its ``projects/sa2va/hf/models`` is copied into a temporary package and left as it is. What running it here on a
+CPU takes is set up in ``load_upstream``, each piece with its reason.
 
-    python -m research.upstream_v2_parity /tmp/Sa2VA --out /tmp/parity   # from the repository root
+    python -m research.upstream_v2_parity /tmp/Sa2VA --out /tmp/parity [--llm qwen3]   # from the repository root
 """
 from __future__ import annotations
 
@@ -55,14 +57,16 @@ def load_upstream(checkout: Path, grounding: dict) -> types.SimpleNamespace:
 
     # Upstream's config module imports the Qwen2.5-VL config classes (transformers >= 4.49) for its Qwen-VL family,
     # and transformers serialises a config by diffing it with a default instance of its class (to_diff_dict), which
-    # for upstream's Sa2VAChatConfig is a Qwen2.5-VL one: an empty config class stands in for both.
-    class QwenVLStandIn(transformers.PretrainedConfig):
-        model_type = "qwen2_5_vl_stand_in"
+    # for upstream's Sa2VAChatConfig is a Qwen2.5-VL one: under an older transformers an empty config class stands in
+    # for both.
+    if not hasattr(transformers, "Qwen2_5_VLConfig"):
+        class QwenVLStandIn(transformers.PretrainedConfig):
+            model_type = "qwen2_5_vl_stand_in"
 
-    qwen_vl = types.ModuleType("transformers.models.qwen2_5_vl.configuration_qwen2_5_vl")
-    qwen_vl.Qwen2_5_VLConfig = qwen_vl.Qwen2_5_VLVisionConfig = QwenVLStandIn
-    sys.modules["transformers.models.qwen2_5_vl"] = types.ModuleType("transformers.models.qwen2_5_vl")
-    sys.modules[qwen_vl.__name__] = qwen_vl
+        qwen_vl = types.ModuleType("transformers.models.qwen2_5_vl.configuration_qwen2_5_vl")
+        qwen_vl.Qwen2_5_VLConfig = qwen_vl.Qwen2_5_VLVisionConfig = QwenVLStandIn
+        sys.modules["transformers.models.qwen2_5_vl"] = types.ModuleType("transformers.models.qwen2_5_vl")
+        sys.modules[qwen_vl.__name__] = qwen_vl
     # upstream's SAM2 video predictor moves frames and memories to CUDA; this run is on the CPU
     torch.Tensor.cuda = lambda self, *args, **kwargs: self
 
@@ -151,7 +155,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("upstream", type=Path, help="a checkout of bytedance/Sa2VA holding projects/sa2va/hf/models")
     parser.add_argument("--out", type=Path, required=True, help="folder for the saved checkpoints and the test data")
+    parser.add_argument("--llm", choices=("qwen2", "qwen3", "qwen3_tied"), default="qwen2",
+                        help="the replica's LLM: qwen2 (Qwen2.5, as released), qwen3, or qwen3 with tied embeddings")
     args = parser.parse_args(argv)
+    stem = "internvl3_upstream" if args.llm == "qwen2" else f"internvl3_{args.llm}_upstream"
     sys.path.insert(0, str(REPO / "tests"))  # the replica
     from internvl3_fixtures import our_outputs, pinned_outputs, reference_inputs, tiny_internvl3_model
 
@@ -159,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     from projects.llava_sam2.rl_train.model.text.tokenizer import load_tiny_tokenizer
 
     tokenizer = load_tiny_tokenizer()
-    ours = tiny_internvl3_model()
+    ours = tiny_internvl3_model(llm=args.llm)
     upstream = load_upstream(args.upstream, ours.config.grounding)
     inputs = reference_inputs(tokenizer, ours.config)
     mine = our_outputs(ours, tokenizer, inputs)
@@ -184,10 +191,10 @@ def main(argv: list[str] | None = None) -> None:
     meta = {"transformers": transformers.__version__, "torch": torch.__version__,
             "upstream": "bytedance/Sa2VA codebase v2, projects/sa2va/hf/models",
             "max_abs_diff_our_save": json.dumps(diff_a), "max_abs_diff_upstream_save": json.dumps(diff_b)}
-    save_file(pinned_outputs(reference, tokenizer, inputs), str(args.out / "internvl3_upstream_reference.safetensors"),
+    save_file(pinned_outputs(reference, tokenizer, inputs), str(args.out / f"{stem}_reference.safetensors"),
               metadata=meta)
     saved_config = json.loads((args.out / "upstream_saved/config.json").read_text())
-    (args.out / "internvl3_upstream_saved.json").write_text(
+    (args.out / f"{stem}_saved.json").write_text(
         json.dumps({"config": saved_config, "layout": layout}, indent=1, sort_keys=True))
 
 

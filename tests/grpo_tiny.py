@@ -32,12 +32,13 @@ def tokenizer():
     return load_tiny_tokenizer()
 
 
-def build_tiny(seed: int = 0, lora_r: int = 4):
+def build_tiny(seed: int = 0, lora_r: int = 4, preset: str = "tiny"):
     """Tiny Sa2VA with LoRA (r=4, dropout 0.05) and the SFT trainable set; lora_B drawn from N(0, 0.02) so that
-    every LoRA tensor is on a gradient path (at B = 0 lora_A's gradient is exactly 0)."""
+    every LoRA tensor is on a gradient path (at B = 0 lora_A's gradient is exactly 0). ``preset``: ``tiny`` (Qwen2
+    LLM) or ``tiny_qwen3``."""
     tok = tokenizer()
     torch.manual_seed(seed)
-    model = Sa2VAModel(build_preset("tiny", vocab_size=len(tok)))
+    model = Sa2VAModel(build_preset(preset, vocab_size=len(tok)))
     model.bind_tokenizer(tok)
     model.language_model = apply_lora(model.language_model, r=lora_r, lora_alpha=2 * lora_r, lora_dropout=0.05)
     configure_trainable(model)

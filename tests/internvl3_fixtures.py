@@ -30,29 +30,43 @@ INTERNVL3_VISION_EXTRAS = {
     "auto_map": {"AutoConfig": "configuration_intern_vit.InternVisionConfig",
                  "AutoModel": "modeling_intern_vit.InternVisionModel"},
 }
+# A Qwen3 LLM in that config.json (upstream's v2 InternVL-family code builds Qwen3ForCausalLM): the fields a Qwen3
+# config.json carries beside the tiny_qwen3 preset's, without RoPE scaling
+QWEN3_LLM_EXTRAS = {
+    "_name_or_path": "./pretrained/Qwen3", "attention_dropout": 0.0, "initializer_range": 0.02,
+    "max_window_layers": 28, "sliding_window": None, "use_cache": False, "rope_scaling": None,
+}
+# qwen3_tied: with tied input embeddings and LM head, as the small Qwen3 checkpoints (0.6B to 4B) have them
+LLM_PRESETS = {"qwen2": ("tiny", INTERNVL3_LLM_EXTRAS), "qwen3": ("tiny_qwen3", QWEN3_LLM_EXTRAS),
+               "qwen3_tied": ("tiny_qwen3", {**QWEN3_LLM_EXTRAS, "tie_word_embeddings": True})}
 MASK_PIN_STRIDE = 4  # the pinned mask logits keep every 4th row and column of the S_sam x S_sam map
 WEIGHT_NOISE = 0.02  # added to every initialised parameter, so no bias is zero and no norm weight exactly 1
 SEG_PROMPT = "Please segment the red circle in this image."
 
 
-def tiny_internvl3_config() -> Sa2VAConfig:
-    data = build_preset("tiny").to_dict()
+def tiny_internvl3_config(llm: str = "qwen2") -> Sa2VAConfig:
+    """The replica's config; ``llm``: a key of ``LLM_PRESETS`` (``qwen2``: Qwen2.5, as released)."""
+    preset, llm_extras = LLM_PRESETS[llm]
+    data = build_preset(preset).to_dict()
     data.update(copy.deepcopy(INTERNVL3_TOP_LEVEL_EXTRAS))
     data["template"] = "qwen_chat"
-    data["llm_config"].update(copy.deepcopy(INTERNVL3_LLM_EXTRAS))
+    data["llm_config"].update(copy.deepcopy(llm_extras))
     data["vision_config"].update(copy.deepcopy(INTERNVL3_VISION_EXTRAS))
     return Sa2VAConfig.from_dict(data)
 
 
-def tiny_internvl3_model(seed: int = 0) -> Sa2VAModel:
+def tiny_internvl3_model(seed: int = 0, llm: str = "qwen2") -> Sa2VAModel:
     """fp32 replica: torch's initialisation under ``seed``, then N(0, WEIGHT_NOISE²) added to every parameter in
-    name order from its own generator."""
+    name order from its own generator; with tied embeddings the LM head is then a copy of the input embeddings."""
     torch.manual_seed(seed)
-    model = Sa2VAModel(tiny_internvl3_config(), attn_implementation="eager")
+    model = Sa2VAModel(tiny_internvl3_config(llm), attn_implementation="eager")
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for _, param in sorted(model.named_parameters()):
             param.add_(torch.randn(param.shape, generator=generator) * WEIGHT_NOISE)
+    if model.config.llm_config.get("tie_word_embeddings"):
+        with torch.no_grad():
+            model.language_model.lm_head.weight.copy_(model.language_model.get_input_embeddings().weight)
     return model.eval()
 
 

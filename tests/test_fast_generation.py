@@ -6,7 +6,7 @@ step; on CPU that step runs eagerly, so these tests check the math the CUDA grap
 import pytest
 import torch
 from transformers import (LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config,
-                          Qwen2ForCausalLM, TopPLogitsWarper)
+                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM, TopPLogitsWarper)
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from projects.llava_sam2.rl_train.model.decoding.fast_decode_step import gqa_decode_attention
@@ -33,7 +33,7 @@ def _one_thread():
 def tiny_lm(arch: str = "qwen2", seed: int = 0, **overrides):
     torch.manual_seed(seed)
     classes = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM),
-               "phi3": (Phi3Config, Phi3ForCausalLM)}
+               "phi3": (Phi3Config, Phi3ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
     cfg_cls, lm_cls = classes[arch]
     return lm_cls(cfg_cls(**{**SIZES, **overrides})).eval()
 
@@ -85,6 +85,7 @@ def test_greedy_equals_reference_with_groups_stops_and_truncation(stop_check_int
     ("phi3", {"rope_scaling": {"type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.3],  # below its switch
                                "long_factor": [2.0] * 4}, "original_max_position_embeddings": 4096}),
     ("qwen2", {"num_key_value_heads": 1}),
+    ("qwen3", {"head_dim": 12}),  # q_norm/k_norm per head; a head size that is not hidden / heads (8)
 ])
 def test_greedy_equals_reference_for_other_architectures(arch, overrides):
     lm = tiny_lm(arch, **overrides)
@@ -94,12 +95,13 @@ def test_greedy_equals_reference_for_other_architectures(arch, overrides):
     assert_same_completions(fast_sample_completions(lm, embeds, attention, num_generations=2, **kw), ref)
 
 
-def test_sa2va_tiny_language_model_greedy_equals_reference():
+@pytest.mark.parametrize("preset", ["tiny", "tiny_qwen3"])
+def test_sa2va_tiny_language_model_greedy_equals_reference(preset):
     from projects.llava_sam2.rl_train.model.network.language import build_language_model
     from projects.llava_sam2.rl_train.model.network.presets import build_preset
 
     torch.manual_seed(0)
-    lm = build_language_model(build_preset("tiny", vocab_size=VOCAB).llm_config).eval()
+    lm = build_language_model(build_preset(preset, vocab_size=VOCAB).llm_config).eval()
     embeds, attention = prompts(lm, [4, 11])
     kw = dict(max_new_tokens=6, do_sample=False, stop_token_ids=[NEVER])
     ref = sample_completions(lm, *per_row(embeds, attention, 2), **kw)

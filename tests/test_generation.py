@@ -186,15 +186,17 @@ def test_bad_inputs_are_rejected():
                             torch.ones(3, 2, dtype=torch.bool))
 
 
-def test_checkpointing_in_train_mode_keeps_the_cache_and_a_cacheless_body_is_refused():
+def test_checkpointing_in_train_mode_drops_the_cache_and_is_refused_and_eval_mode_decodes():
     lm = tiny_lm()
     embeds, attention, _ = left_padded_prompts(lm, [4, 7])
     kw = dict(max_new_tokens=5, do_sample=False, stop_token_ids=[VOCAB + 1])
     reference = sample_completions(lm, embeds, attention, **kw)
     lm.gradient_checkpointing_enable()
-    lm.train()  # transformers 4.48 turns use_cache off here but Qwen2 layers still fill a passed cache
+    lm.train()  # transformers >= 4.56: each checkpointed decoder layer drops the cache it is passed
+    with pytest.raises(RuntimeError, match="lm.eval"):
+        sample_completions(lm, embeds, attention, **kw)
+    lm.eval()  # checkpointing stays enabled; it applies in train mode only
     assert torch.equal(sample_completions(lm, embeds, attention, **kw).ids, reference.ids)
-    lm.eval()
 
     class CachelessLM(torch.nn.Module):
         """An LM whose body ignores past_key_values (what some remote-code LMs do under checkpointing)."""

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                          Qwen3Config, Qwen3ForCausalLM)
 
 from grpo_tiny import build_tiny, make_algo, one_thread, run_rollout, shapes_batch
 from projects.llava_sam2.rl_train.grpo.cycle import caption_logp
@@ -20,7 +21,8 @@ VOCAB = 96
 SIZES = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.2, pad_token_id=0)
 ARCHS = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM),
-         "phi3": (Phi3Config, Phi3ForCausalLM)}
+         "phi3": (Phi3Config, Phi3ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
+ARCH_SIZES = {"qwen3": {"head_dim": 12}}  # Qwen3 names its head size; one that is not hidden / heads (8)
 TOL = dict(atol=1e-5, rtol=1e-5)
 
 
@@ -28,7 +30,8 @@ def lora_lm(arch: str = "qwen2", **overrides):
     """A tiny LM with LoRA (non-zero B, so every LoRA tensor gets a gradient)."""
     torch.manual_seed(0)
     config_cls, lm_cls = ARCHS[arch]
-    lm = apply_lora(lm_cls(config_cls(**{**SIZES, **overrides})), r=4, lora_alpha=8, lora_dropout=0.0)
+    lm = apply_lora(lm_cls(config_cls(**{**SIZES, **ARCH_SIZES.get(arch, {}), **overrides})), r=4, lora_alpha=8,
+                    lora_dropout=0.0)
     with torch.no_grad():
         for name, param in lm.named_parameters():
             if "lora_B" in name:
@@ -68,10 +71,10 @@ def score_with_grad(lm, embeds, attention, completion_ids, completion_mask, G, g
     return logp.detach(), x.grad, grads
 
 
-@pytest.mark.parametrize("use_checkpointing", [False, True])
-@pytest.mark.parametrize("T", [1, 6])
-def test_grouped_loss_pass_equals_the_one_pass_with_gradients(use_checkpointing, T):
-    lm = lora_lm()
+@pytest.mark.parametrize("arch, use_checkpointing, T", [
+    ("qwen2", False, 1), ("qwen2", False, 6), ("qwen2", True, 1), ("qwen2", True, 6), ("qwen3", True, 6)])
+def test_grouped_loss_pass_equals_the_one_pass_with_gradients(arch, use_checkpointing, T):
+    lm = lora_lm(arch)
     if use_checkpointing:
         lm.gradient_checkpointing_enable()
     lm.train()
@@ -110,7 +113,7 @@ def test_rollout_scoring_is_bit_identical_to_the_checkpointed_loss_pass():
     assert logp.requires_grad and torch.equal(logp.detach(), old_logp)
 
 
-@pytest.mark.parametrize("arch", ["llama", "phi3"])
+@pytest.mark.parametrize("arch", ["llama", "phi3", "qwen3"])
 def test_other_architectures_equal_the_one_pass(arch):
     lm = lora_lm(arch).eval()
     ids, attention, completion_ids, completion_mask = group_batch()

@@ -70,8 +70,9 @@ def loop_grads(model, processor, rewards, **config):
     return grad_report(model)
 
 
-def test_loop1_gradients_reach_lora_and_mlp1_only():
-    model, processor = build_tiny()
+@pytest.mark.parametrize("preset", ["tiny", "tiny_qwen3"])
+def test_loop1_gradients_reach_lora_and_mlp1_only(preset):
+    model, processor = build_tiny(preset=preset)
     report = loop_grads(model, processor, {"mask_to_caption": [CaptionParityReward()]}, **LOOP1_ONLY)
     decoder_groups = {g for g in map(group_of, report) if g.startswith("decoder.")}
     assert_reach(report, all_nonzero={"lora", "mlp1"}, some_nonzero=set(), zero={"fcs", *decoder_groups})
@@ -94,9 +95,10 @@ POLICY_REACH = {
 }
 
 
-@pytest.mark.parametrize("policy", sorted(POLICY_REACH))
-def test_loop2_gradients_reach_what_the_mask_policy_claims(policy):
-    model, processor = build_tiny()
+@pytest.mark.parametrize("policy, preset", [(policy, "tiny") for policy in sorted(POLICY_REACH)] +
+                         [("region", "tiny_qwen3")])
+def test_loop2_gradients_reach_what_the_mask_policy_claims(policy, preset):
+    model, processor = build_tiny(preset=preset)
     report = loop_grads(model, processor, {"caption_to_mask": [dict(type="iou")]}, use_partner_captions=False,
                         mask_policy=policy, seg_noise_std=1.0, **LOOP2_ONLY)
     all_nonzero, some_nonzero, zero = POLICY_REACH[policy]

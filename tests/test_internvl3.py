@@ -25,8 +25,12 @@ from internvl3_fixtures import (INTERNVL3_LLM_EXTRAS, INTERNVL3_TOP_LEVEL_EXTRAS
 
 DATA = Path(__file__).resolve().parent / "data"
 # upstream's outputs on the replica (its forward over our saved checkpoint) and what its save_pretrained wrote
-UPSTREAM_REFERENCE = DATA / "internvl3_upstream_reference.safetensors"
-UPSTREAM_SAVED = DATA / "internvl3_upstream_saved.json"
+# (the Qwen2.5 replica's, written under transformers 4.48 as the released checkpoints were; the Qwen3 replica's under
+# 4.57, which Qwen3 needs)
+LLMS = ("qwen2", "qwen3", "qwen3_tied")  # internvl3_fixtures.LLM_PRESETS
+UPSTREAM_REFERENCE = {llm: DATA / f"internvl3{'' if llm == 'qwen2' else '_' + llm}_upstream_reference.safetensors"
+                      for llm in LLMS}
+UPSTREAM_SAVED = {llm: DATA / f"internvl3{'' if llm == 'qwen2' else '_' + llm}_upstream_saved.json" for llm in LLMS}
 PARITY_TOLERANCE = 1e-5  # max |ours - upstream|, fp32
 
 
@@ -111,17 +115,17 @@ def test_saved_config_json_has_the_class_fields_upstream_v2_reads(tmp_path):
     assert written["auto_map"]["AutoModel"] == "modeling_sa2va_chat.Sa2VAChatModel"
 
 
-def test_a_qwen3_llm_says_which_transformers_it_needs():
-    data = tiny_internvl3_config().to_dict()
-    data["llm_config"]["architectures"] = ["Qwen3ForCausalLM"]
-    with pytest.raises(ValueError, match=r"Qwen3ForCausalLM.*transformers >= 4\.56"):
-        Sa2VAConfig.from_dict(data)
+def test_a_qwen3_llm_builds_qwen3_blocks_with_its_own_head_size():
+    model = tiny_internvl3_model(llm="qwen3")
+    attention = model.language_model.model.layers[0].self_attn
+    assert type(model.language_model).__name__ == "Qwen3ForCausalLM" and model.config.template == "qwen_chat"
+    assert attention.q_proj.out_features == 4 * 48 and attention.q_norm.weight.shape == (48,)  # head_dim 48, not 32
 
 
-def assert_matches_upstream(model: Sa2VAModel, tokenizer) -> None:
+def assert_matches_upstream(model: Sa2VAModel, tokenizer, llm: str = "qwen2") -> None:
     inputs = reference_inputs(tokenizer, model.config)
     ours = pinned_outputs(our_outputs(model, tokenizer, inputs), tokenizer, inputs)
-    reference = load_file(str(UPSTREAM_REFERENCE))
+    reference = load_file(str(UPSTREAM_REFERENCE[llm]))
     assert set(reference) == {"logits", "seg_prompt", "mask_logits"}
     for key, expected in reference.items():
         assert ours[key].shape == expected.shape, key
@@ -129,22 +133,33 @@ def assert_matches_upstream(model: Sa2VAModel, tokenizer) -> None:
         assert err <= PARITY_TOLERANCE, f"{key}: max |ours - upstream| = {err:.2e} > {PARITY_TOLERANCE}"
 
 
-def test_our_checkpoint_gives_upstream_v2_code_our_outputs(tokenizer):
+@pytest.mark.parametrize("llm", LLMS)
+def test_our_checkpoint_gives_upstream_v2_code_our_outputs(tokenizer, llm):
     """Direction A: upstream's Sa2VAChatModel loaded our save_pretrained of the replica strictly; its forward (LLM
     logits, [SEG] prompt, mask logits) is pinned, and ours on the same weights and input matches it."""
-    assert_matches_upstream(tiny_internvl3_model(), tokenizer)
+    assert_matches_upstream(tiny_internvl3_model(llm=llm), tokenizer, llm)
 
 
-def test_a_checkpoint_upstream_v2_code_saved_loads_here_with_its_outputs(tokenizer, tmp_path):
+@pytest.mark.parametrize("llm", LLMS)
+def test_a_checkpoint_upstream_v2_code_saved_loads_here_with_its_outputs(tokenizer, tmp_path, llm):
     """Direction B: upstream's save_pretrained of the replica wrote the config.json and key layout pinned here; we
     read that config.json, build exactly that layout, and the replica's weights under those names give upstream's
-    outputs."""
-    saved = json.loads(UPSTREAM_SAVED.read_text())
+    outputs. With tied embeddings upstream writes no LM head: we tie it to the input embeddings at load."""
+    saved = json.loads(UPSTREAM_SAVED[llm].read_text())
+    assert saved["config"]["llm_config"]["architectures"] == [f"{llm.split('_')[0].capitalize()}ForCausalLM"]
+    is_tied = llm == "qwen3_tied"
+    head = "language_model.lm_head.weight"
+    assert (head not in saved["layout"]) == is_tied
     with torch.device("meta"):
         layout = checkpoint_layout(Sa2VAModel(Sa2VAConfig.from_dict(saved["config"])))
-    assert layout == {key: tuple(shape) for key, shape in saved["layout"].items()}
+    assert {key: shape for key, shape in layout.items() if not (is_tied and key == head)} == \
+        {key: tuple(shape) for key, shape in saved["layout"].items()}
     (tmp_path / "config.json").write_text(json.dumps(saved["config"]))
-    save_file(checkpoint_state_dict(tiny_internvl3_model()), str(tmp_path / "model.safetensors"))
+    state = {key: value for key, value in checkpoint_state_dict(tiny_internvl3_model(llm=llm)).items()
+             if key in saved["layout"]}
+    save_file(state, str(tmp_path / "model.safetensors"))
     model = load_pretrained(tmp_path, attn_implementation="eager")
+    assert model.lm_head_tied == is_tied
+    assert checkpoint_layout(model) == {key: tuple(shape) for key, shape in saved["layout"].items()}  # saved alike
     assert model.config.template == "qwen_chat"
-    assert_matches_upstream(model, tokenizer)
+    assert_matches_upstream(model, tokenizer, llm)

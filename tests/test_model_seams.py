@@ -7,15 +7,18 @@ import pytest
 import torch
 import transformers
 from torch import nn
-from transformers import LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (DynamicCache, LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from projects.llava_sam2.rl_train.grpo.trainer import DROPOUT_TYPES, zero_dropout
 from projects.llava_sam2.rl_train.model.network.sam2_seams import (
     ENCODE_MEMORY_METHOD, MEMORY_CONDITIONED_METHOD, SAM2_VERSION, encode_memory, memory_conditioned_embed)
 from projects.llava_sam2.rl_train.model.network.torch_seams import foreach_copy_, foreach_lerp_
-from projects.llava_sam2.rl_train.model.network.transformers_seams import (attention_implementation,
-                                                                   has_input_require_grads_hook,
+from projects.llava_sam2.rl_train.model.network.transformers_seams import (attention_implementation, cache_tensors,
+                                                                   full_static_cache,
+                                                                   has_input_require_grads_hook, run_decoder_layer,
+                                                                   LAYER_CACHE_KEYWORD, select_cache_rows,
                                                                    set_attention_implementation, using_attention)
 
 TRANSFORMERS = f"transformers {transformers.__version__}"
@@ -23,7 +26,7 @@ TORCH = f"torch {torch.__version__}"
 SIZES = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=64)
 ARCHITECTURES = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM),
-                 "phi3": (Phi3Config, Phi3ForCausalLM)}
+                 "phi3": (Phi3Config, Phi3ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
 
 
 def tiny_lm(arch: str):
@@ -74,6 +77,79 @@ def test_enable_input_require_grads_keeps_the_hook_where_the_seam_reads_it():
         f"{TRANSFORMERS}: enable_input_require_grads no longer keeps its hook as _require_grads_hook; "
         "transformers_seams.has_input_require_grads_hook (model/lora.py configure_trainable) must find it elsewhere, "
         "or a LoRA model with gradient checkpointing gets the hook twice.")
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_cache_seams_read_select_and_allocate_the_layers_key_value_tensors(arch):
+    lm = tiny_lm(arch)
+    hd, n_kv = head_dim(lm.config), SIZES["num_key_value_heads"]
+    cache = DynamicCache()
+    with torch.no_grad():
+        lm(torch.tensor([[1, 2, 3], [4, 5, 6]]), past_key_values=cache, use_cache=True)
+    layers = cache_tensors(cache)
+    assert len(layers) == SIZES["num_hidden_layers"] and all(
+        k.shape == v.shape == (2, n_kv, 3, hd) for k, v in layers), (
+        f"{TRANSFORMERS}: a filled DynamicCache no longer keeps [B, Hkv, L, hd] keys/values per layer in "
+        "cache.layers[i].keys/values; transformers_seams.cache_tensors (fast_generation's prefix copy) must read them "
+        "elsewhere.")
+    first_key = layers[0][0].clone()
+    select_cache_rows(cache, torch.tensor([1, 1, 0]))
+    assert torch.equal(cache_tensors(cache)[0][0], first_key[[1, 1, 0]]), (
+        f"{TRANSFORMERS}: Cache.reorder_cache no longer selects batch rows (transformers_seams.select_cache_rows).")
+    static = full_static_cache(SIZES["num_hidden_layers"], rows=3, slots=8, like=first_key)
+    storage = cache_tensors(static)
+    assert all(k.shape == (3, n_kv, 8, hd) and k.dtype == first_key.dtype and not k.any() for k, _ in storage)
+    key, value = torch.randn(3, n_kv, 2, hd), torch.randn(3, n_kv, 2, hd)
+    returned_key, _ = static.update(key, value, 0, {"cache_position": torch.tensor([5, 6])})
+    assert returned_key is storage[0][0] and torch.equal(storage[0][0][:, :, 5:7], key) and \
+        torch.equal(storage[0][1][:, :, 5:7], value), (
+            f"{TRANSFORMERS}: a StaticLayer no longer writes into (and returns) the tensors allocated by "
+            "early_initialization at the cache_position slots; fast_generation's static cache (full_static_cache, "
+            "graph-captured addresses) relies on it.")
+    # under autocast the keys leave RoPE in float32 and the values come in bfloat16: both are stored in its dtype
+    half_value = torch.randn(3, n_kv, 1, hd).bfloat16()
+    static.update(key[:, :, :1], half_value, 0, {"cache_position": torch.tensor([7])})
+    assert storage[0][1].dtype == first_key.dtype and torch.equal(storage[0][1][:, :, 7:8], half_value.float())
+
+
+def head_dim(config) -> int:
+    """Qwen3 configs name the head size; the others derive it from the hidden size."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+class RecordingStore:
+    """A key/value store in place of a transformers Cache: records each update and returns it unchanged."""
+
+    def __init__(self):
+        self.updates = []
+
+    def update(self, key, value, layer_idx, cache_kwargs=None):
+        self.updates.append(key.shape)
+        return key, value
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_run_decoder_layer_uses_the_given_store_in_train_mode_and_returns_the_hidden_states(arch):
+    lm = tiny_lm(arch)
+    body = lm.get_decoder()
+    hidden = torch.randn(2, 3, SIZES["hidden_size"])
+    positions = torch.arange(3)[None].expand(2, 3)
+    kwargs = dict(attention_mask=None, position_ids=positions, cache_position=torch.arange(3),
+                  position_embeddings=body.rotary_emb(hidden, positions))
+    with torch.no_grad():
+        expected = run_decoder_layer(body.layers[0], hidden, RecordingStore(), use_cache=True, **kwargs)
+    assert isinstance(expected, torch.Tensor) and expected.shape == hidden.shape, (
+        f"{TRANSFORMERS}: a decoder layer no longer returns its hidden states as one tensor; "
+        "transformers_seams.run_decoder_layer must unpack the new output.")
+    lm.gradient_checkpointing_enable()
+    lm.train()  # transformers' own per-layer wrapper would drop the store here
+    store = RecordingStore()
+    output = run_decoder_layer(body.layers[0], hidden, store, use_cache=True, **kwargs)
+    assert store.updates == [(2, SIZES["num_key_value_heads"], 3, head_dim(lm.config))], (
+        f"{TRANSFORMERS}: the decoder layer did not pass its keys to the store given as "
+        f"{LAYER_CACHE_KEYWORD!r} in train mode with gradient checkpointing; grouped scoring's GroupKV would be "
+        "bypassed (transformers_seams.run_decoder_layer).")
+    assert torch.equal(output, expected)
 
 
 def test_foreach_ops_equal_one_op_per_tensor_bit_for_bit():

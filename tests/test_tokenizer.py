@@ -1,5 +1,7 @@
 """The shipped tiny tokenizer: Qwen2TokenizerFast layout, Sa2VA tokens last, round trip, rebuild."""
 import filecmp
+import json
+from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer, models
@@ -75,6 +77,22 @@ def test_rebuild_is_bit_identical(tmp_path):
     assert sorted(p.name for p in written) == sorted(p.name for p in TINY_TOKENIZER_DIR.iterdir())
     for path in written:
         assert filecmp.cmp(path, TINY_TOKENIZER_DIR / path.name, shallow=False), path.name
+
+
+# Demo phrases (shapes-world expressions and captions of 25 seeded scenes, the pretraining questions and answers, a
+# chat turn) with the ids the tiny tokenizer gave them when the pretrained tiny model was built
+# (transformers 4.48, tokenizers 0.21; the committed tokenizer.json of that stack serialised one offsets-only flag
+# differently).
+DEMO_IDS = Path(__file__).parent / "data" / "tiny_tokenizer_demo_ids.json"
+PRETRAINED_DIR = TINY_TOKENIZER_DIR.parent / "tiny_shapes_pretrained"
+
+
+@pytest.mark.parametrize("directory", [TINY_TOKENIZER_DIR, PRETRAINED_DIR], ids=["tiny_tokenizer", "pretrained"])
+def test_demo_phrases_tokenize_as_when_the_tiny_model_was_pretrained(directory):
+    recorded = json.loads(DEMO_IDS.read_text())["phrases"]
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    changed = [text for text, ids in recorded if tokenizer.encode(text, add_special_tokens=False) != ids]
+    assert len(recorded) > 300 and not changed, f"{len(changed)} phrases tokenize differently, e.g. {changed[:3]}"
 
 
 def test_check_rejects_tokenizer_without_sa2va_tokens():

@@ -13,7 +13,7 @@ pkgs=(addict==2.4.0 annotated_types==0.8.0 antlr4-python3-runtime==4.9.3 dataset
       dill==0.3.8 et_xmlfile==2.0.0 hjson==3.1.0 huggingface_hub==0.36.0 hydra-core==1.3.2 iopath==0.1.10
       loguru==0.7.3 mmengine==0.10.6 multiprocess==0.70.16 nltk==3.10.4 omegaconf==2.3.0 openpyxl==3.1.5
       platformdirs==4.14.5 py-cpuinfo==9.0.0 pycocotools==2.0.11 pydantic==2.11.9 pydantic_core==2.33.2
-      termcolor==3.3.0 tokenizers==0.21.4 transformers==4.48.0 transformers_stream_generator==0.0.5
+      termcolor==3.3.0 tokenizers==0.22.2 transformers==4.57.6 transformers_stream_generator==0.0.5
       typing_inspection==0.4.5 xtuner==0.2.0 yapf==0.43.0 peft==0.21.2
       openai==3.52.0 httpx2==2.16.2 httpcore2==2.16.2 jiter==0.19.0 sniffio==1.3.1 truststore==0.10.5
       inflect==7.5.0 more_itertools==11.2.1 typeguard==4.6.0)

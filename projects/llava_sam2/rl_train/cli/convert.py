@@ -48,8 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     xt.add_argument("--save-path", required=True, help="output .pth file")
     xt.add_argument("--layout", default="auto", choices=("auto", "compact", "full"),
                     help="compact: what an XTuner SFT .pth holds (LoRA unmerged + trained tensors), possible when RL "
-                    "continued the SFT adapter (lora_mode='keep', Qwen2/Phi3/Llama); full: every tensor, LoRA merged; "
-                    "auto: compact when possible, else full (InternLM2, a merged adapter)")
+                    "continued the SFT adapter (lora_mode='keep', Qwen2/Qwen3/Phi3/Llama); full: every tensor, LoRA "
+                    "merged; auto: compact when possible, else full (InternLM2, a merged adapter)")
     xt.add_argument("--cfg-options", nargs="+", action=DictAction, help="key=value overrides of the RL config")
     tiny = sub.add_parser("make-tiny-sft", help="write a tiny upstream-style SFT run under --root")
     tiny.add_argument("--root", default=".", help="folder that plays the Sa2VA checkout root")

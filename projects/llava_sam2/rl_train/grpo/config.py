@@ -54,7 +54,7 @@ class GRPOConfig:
     """Drop captions that hit max_completion_length from the loss (DAPO: truncation noise, not bad captions)."""
     decode_backend: str = "fast"
     """Text decoder of every rollout pass: fast (prefill once per prompt, static KV cache, CUDA graph, LoRA merged into
-    scratch weights for the call; transformers Qwen2/Llama/Phi3 LMs) | fast_compiled (the same step through
+    scratch weights for the call; transformers Qwen2/Qwen3/Llama/Phi3 LMs) | fast_compiled (the same step through
     torch.compile; compiles per new shape) | fast_adapters (fast with LoRA unmerged: no scratch copy of the adapted
     weights, slower steps) | reference (the plain decode loop it is tested against)."""
 

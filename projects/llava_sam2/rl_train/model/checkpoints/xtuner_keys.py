@@ -47,6 +47,7 @@ LAYOUT_V1, LAYOUT_V2 = "v1", "v2"
 # ``lm_head`` / ``output_layer``), written out per architecture. InternLM2's head is ``output``, so it is a target.
 XTUNER_DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
     "Qwen2ForCausalLM": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    "Qwen3ForCausalLM": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     "LlamaForCausalLM": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     "Phi3ForCausalLM": ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"),
     "InternLM2ForCausalLM": ("wqkv", "wo", "w1", "w2", "w3", "output"),

@@ -16,11 +16,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from transformers import StaticCache, TopPLogitsWarper
+from transformers import TopPLogitsWarper
+from transformers.cache_utils import Cache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .generation import decoder_and_head
+from ..network.transformers_seams import run_decoder_layer
 
 GQA_DECODE_ATTENTION = "sa2va_gqa_decode"
 CACHE_ALIGN = 64  # static cache slots are rounded up to this (aligned attention-bias rows; masked anyway)
@@ -76,7 +78,7 @@ class DecoderParts:
         if missing:
             raise TypeError(
                 f"fast_generation: the decoder body {type(body).__name__} has no {missing}; the fast path "
-                "needs a transformers Qwen2/Llama/Phi3-style body (layers, norm, rotary_emb). Use "
+                "needs a transformers Qwen2/Qwen3/Llama/Phi3-style body (layers, norm, rotary_emb). Use "
                 "generation.sample_completions for other LMs (decode_backend='reference' in GRPOConfig / "
                 "TextDecoding)."
             )
@@ -173,7 +175,7 @@ class TokenChooser:
         state.column += 1
 
 
-def decode_logits(parts: DecoderParts, cache: StaticCache, state: DecodeState, temperature: float) -> Tensor:
+def decode_logits(parts: DecoderParts, cache: Cache, state: DecodeState, temperature: float) -> Tensor:
     """Feed ``state.token`` at ``state.cache_position`` and return the next logits ``[N, V]`` (float32,
     divided by temperature); advances the position and cache slot. Fixed shapes, no host synchronisation:
     the function a CUDA graph captures. Runs with :func:`gqa_decode_attention` as the attention."""
@@ -182,9 +184,9 @@ def decode_logits(parts: DecoderParts, cache: StaticCache, state: DecodeState, t
     rope = (F.embedding(state.position, state.cos)[:, None], F.embedding(state.position, state.sin)[:, None])
     position_ids = state.position[:, None]  # [N, 1]
     for layer in parts.layers:
-        hidden = layer(hidden, attention_mask=state.attention_bias, position_ids=position_ids,
-                       past_key_value=cache, use_cache=True, cache_position=state.cache_position,
-                       position_embeddings=rope)[0]  # [N, 1, D]
+        hidden = run_decoder_layer(layer, hidden, cache, attention_mask=state.attention_bias,
+                                   position_ids=position_ids, use_cache=True, cache_position=state.cache_position,
+                                   position_embeddings=rope)  # [N, 1, D]
     normed = parts.norm(hidden)[:, -1]  # [N, D], the state of input state.token = column - 1's token
     if state.hidden is not None:
         state.hidden.index_copy_(1, state.column - 1, normed[:, None].to(state.hidden.dtype))

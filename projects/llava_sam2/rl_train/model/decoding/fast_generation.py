@@ -7,8 +7,8 @@ g-th sample of prompt b (prompt-major, as :mod:`grpo.advantages` groups them).
 How one call runs (docs/speed.md):
 
 1. **Prefill once per prompt.** The B prompts go through the decoder body with a ``DynamicCache``, exactly
-   as the reference prefills; their keys/values are then copied G times into a transformers
-   ``StaticCache`` of N rows and ``S = L + max_new_tokens`` slots (rounded up to :data:`CACHE_ALIGN`).
+   as the reference prefills; their keys/values are then copied G times into a static cache
+   (transformers ``StaticLayer``s) of N rows and ``S = L + max_new_tokens`` slots (rounded up to :data:`CACHE_ALIGN`).
    The G samples of a prompt share its prefix, so prefill costs B rows, not N. Rows that begin with a common
    block (``prefix=SharedPrefix``: the image block of rows about one image) prefill each distinct block once
    and continue every row from it (:func:`prefill_shared`).
@@ -44,7 +44,7 @@ Invariants:
   reference's per-step call for position-independent RoPE types; stateful ones (dynamic NTK, longrope)
   are accepted only while ``S`` stays below their original context length, where they do not rescale.
 
-Works for transformers Qwen2 / Llama / Phi3 ``*ForCausalLM`` (4.48 layer API), bare or peft-wrapped. The default
+Works for transformers Qwen2 / Qwen3 / Llama / Phi3 ``*ForCausalLM`` (4.57 layer API), bare or peft-wrapped. The default
 backend (``'fast'``, :func:`fast_merged_completions`) decodes a peft LM on merged scratch copies of its LoRA-adapted
 weights (``adapter_merge.merged_adapters``); ``'fast_adapters'`` keeps the adapters.
 """
@@ -54,7 +54,8 @@ from functools import partial
 
 import torch
 from torch import Tensor, nn
-from transformers import DynamicCache, StaticCache, TopPLogitsWarper
+from transformers import DynamicCache, TopPLogitsWarper
+from transformers.cache_utils import Cache
 
 from . import fast_decode_step
 from .adapter_merge import autocast_off_when_merged, merged_adapters
@@ -63,7 +64,7 @@ from .fast_decode_step import (CACHE_ALIGN, GQA_DECODE_ATTENTION, DecodeState, D
                                rope_table)
 from .generation import (Completions, SharedPrefix, _check_prompt, check_group_size, check_sampling_args,
                          position_ids_from_attention, sample_completions)
-from ..network.transformers_seams import using_attention
+from ..network.transformers_seams import cache_tensors, full_static_cache, select_cache_rows, using_attention
 
 
 def _validate(*, num_generations, max_new_tokens, temperature, top_p, stop_token_ids, stop_check_interval,
@@ -106,9 +107,7 @@ def prefill_shared(parts: DecoderParts, prefix: SharedPrefix, inputs_embeds: Ten
     last position's final-norm hidden ``[n, D]``, the cache of ``P + S`` slots and the joined attention ``[n, P + S]``.
     """
     _, cache = prefill(parts, prefix.embeds, prefix.attention)  # cache rows [U, Hkv, P, hd]
-    for layer in range(len(cache.key_cache)):  # -> [n, Hkv, P, hd]
-        cache.key_cache[layer] = cache.key_cache[layer].index_select(0, prefix.index)
-        cache.value_cache[layer] = cache.value_cache[layer].index_select(0, prefix.index)
+    select_cache_rows(cache, prefix.index)  # -> [n, Hkv, P, hd]
     P = prefix.attention.shape[1]
     attention = torch.cat([prefix.attention[prefix.index].long(), attention_mask.long()], dim=1)  # [n, P + S]
     positions = position_ids_from_attention(attention)[:, P:]  # [n, S]
@@ -119,22 +118,17 @@ def prefill_shared(parts: DecoderParts, prefix: SharedPrefix, inputs_embeds: Ten
     return hidden, cache, attention
 
 
-def replicate_prefix(prefix: DynamicCache, config, num_generations: int, num_slots: int) -> StaticCache:
-    """A ``StaticCache`` of ``N = B·G`` rows and ``num_slots`` slots whose first L slots hold the prefix
+def replicate_prefix(prefix: DynamicCache, num_generations: int, num_slots: int) -> Cache:
+    """A static cache of ``N = B·G`` rows and ``num_slots`` slots whose first L slots hold the prefix
     keys/values, row ``b·G + g`` ← prompt b (the G samples of a prompt share its prefill)."""
-    B, Hkv, L, hd = prefix.key_cache[0].shape
+    layers = cache_tensors(prefix)
+    B, Hkv, L, hd = layers[0][0].shape
     G = num_generations
-    cache = StaticCache(config=config, max_batch_size=B * G, max_cache_len=num_slots,
-                        device=prefix.key_cache[0].device, dtype=prefix.key_cache[0].dtype)
-    if (cache.num_key_value_heads, cache.head_dim) != (Hkv, hd):
-        raise TypeError(
-            f"fast_sample_completions: the LM config gives {cache.num_key_value_heads} KV heads of dim "
-            f"{cache.head_dim} but its layers cached {Hkv} of dim {hd}; the static cache cannot hold them."
-        )
-    for layer, (key, value) in enumerate(zip(prefix.key_cache, prefix.value_cache)):
+    cache = full_static_cache(len(layers), B * G, num_slots, like=layers[0][0])
+    for (key, value), (slot_key, slot_value) in zip(layers, cache_tensors(cache)):
         # slot views [N, Hkv, L, hd] seen as [B, G, Hkv, L, hd]; the prompt's [B, 1, Hkv, L, hd] broadcasts over G
-        cache.key_cache[layer][:, :, :L].view(B, G, Hkv, L, hd).copy_(key[:, None])
-        cache.value_cache[layer][:, :, :L].view(B, G, Hkv, L, hd).copy_(value[:, None])
+        slot_key[:, :, :L].view(B, G, Hkv, L, hd).copy_(key[:, None])
+        slot_value[:, :, :L].view(B, G, Hkv, L, hd).copy_(value[:, None])
     return cache
 
 
@@ -191,7 +185,7 @@ def fast_sample_completions(
     (``do_sample=False``) or a draw from ``softmax(top_p(logits_t))`` (module docstring, item 3).
 
     Args:
-        lm: a transformers Qwen2/Llama/Phi3 causal LM, possibly peft-wrapped (``lm.eval()`` for rollouts).
+        lm: a transformers Qwen2/Qwen3/Llama/Phi3 causal LM, possibly peft-wrapped (``lm.eval()`` for rollouts).
         inputs_embeds: ``[B, L, D]`` prompt embeddings; attention_mask: ``[B, L]``, LEFT padded.
         num_generations: G, samples per prompt; rows are prompt-major (``b·G + g``).
         generator: RNG on the prompts' device for the sampling noise.
@@ -222,7 +216,7 @@ def fast_sample_completions(
     num_slots = -(-(L + T) // CACHE_ALIGN) * CACHE_ALIGN
     rope = rope_table(parts.rotary, num_slots, inputs_embeds[:1, :1])
     first_logits = parts.head(hidden).float() / temperature  # [B, V]
-    cache = replicate_prefix(prompt_cache, parts.body.config, G, num_slots)
+    cache = replicate_prefix(prompt_cache, G, num_slots)
     del prompt_cache
     state = init_state(attention_mask, G, T, num_slots, dtype=inputs_embeds.dtype,
                        vocab_size=first_logits.shape[-1], pad_token_id=pad_token_id, rope=rope,

@@ -18,9 +18,9 @@ c_t from the continuation's state at input c_{t-1}; positions are ``cumsum(atten
 ``[prompt | completion]``. So the values equal the one-pass scoring up to float reordering, and since the rollout's
 ``old_logp``, the reference's ``ref_logp`` and the loss all run this one function, the first ratio is exactly 1.
 
-Supported: transformers Qwen2 / Llama / Phi3 bodies (``layers``, ``norm``, ``rotary_emb``; the 4.48 layer API) with
-the ``sdpa`` or ``eager`` attention and no sliding window in reach; other LMs are scored by ``completion_logprobs`` on
-the N repeated rows (same values, the old cost).
+Supported: transformers Qwen2 / Qwen3 / Llama / Phi3 bodies (``layers``, ``norm``, ``rotary_emb``; the 4.57 layer API)
+with the ``sdpa`` or ``eager`` attention and no sliding window in reach; other LMs are scored by ``completion_logprobs``
+on the N repeated rows (same values, the old cost).
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .generation import MAX_LOGIT_BYTES, completion_logprobs, decoder_and_head, logprob_head_function, \
     position_ids_from_attention
-from ..network.transformers_seams import attention_implementation
+from ..network.transformers_seams import attention_implementation, run_decoder_layer
 
 SUPPORTED_ATTENTION = ("sdpa", "eager")  # implementations that take a 4-D additive mask
 
@@ -85,10 +85,11 @@ def _layer_on_group(layer: nn.Module, num_generations: int, prefix_kwargs: dict,
                     h_prefix: Tensor, h_continuation: Tensor) -> tuple[Tensor, Tensor]:
     """One decoder layer on the prefix ``[B, L, D]`` then on the continuation ``[N, T', D]`` that reads its keys."""
     store = GroupKV(num_generations)
-    h_prefix = layer(h_prefix, past_key_value=store, use_cache=True, **prefix_kwargs)[0]  # [B, L, D]
+    h_prefix = run_decoder_layer(layer, h_prefix, store, use_cache=True, **prefix_kwargs)  # [B, L, D]
     if h_continuation.shape[1] == 0:  # one-token completions: c_0 is scored from the prefix alone
         return h_prefix, h_continuation
-    h_continuation = layer(h_continuation, past_key_value=store, use_cache=True, **continuation_kwargs)[0]  # [N, T', D]
+    h_continuation = run_decoder_layer(layer, h_continuation, store, use_cache=True,
+                                       **continuation_kwargs)  # [N, T', D]
     return h_prefix, h_continuation
 
 

@@ -1,6 +1,6 @@
 """The Sa2VA LLM, built from ``llm_config`` with transformers classes (docs/sa2va_internals.md §1.6).
 
-Qwen2, Phi3 and Llama checkpoints load into the transformers class of the same name with identical
+Qwen2, Qwen3, Phi3 and Llama checkpoints load into the transformers class of the same name with identical
 keys. InternLM2 (Sa2VA-8B/26B) ships as remote code; its blocks are exactly Llama blocks (RMSNorm,
 RoPE, GQA attention without bias, SwiGLU), so we build ``LlamaForCausalLM`` and rename keys at load
 and save time. Differs from upstream Sa2VA: no trust_remote_code, and the fused InternLM2 ``wqkv`` is
@@ -12,13 +12,14 @@ import re
 
 import torch
 from transformers import (LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM, PretrainedConfig,
-                          PreTrainedModel, Qwen2Config, Qwen2ForCausalLM)
+                          PreTrainedModel, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 from .configuration import SUPPORTED_LLM_ARCHITECTURES, SubConfig
 from .transformers_seams import set_attention_implementation
 
 _NATIVE = {
     "Qwen2ForCausalLM": (Qwen2Config, Qwen2ForCausalLM),
+    "Qwen3ForCausalLM": (Qwen3Config, Qwen3ForCausalLM),  # Qwen2 blocks plus RMSNorm on each head's q and k
     "Phi3ForCausalLM": (Phi3Config, Phi3ForCausalLM),
     "LlamaForCausalLM": (LlamaConfig, LlamaForCausalLM),
 }

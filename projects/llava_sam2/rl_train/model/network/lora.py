@@ -23,11 +23,13 @@ from torch import nn
 from .transformers_seams import has_input_require_grads_hook
 
 # LoRA target module names per LLM architecture (docs/sa2va_internals.md §8.3: what the released HF class
-# re-wraps with; for Qwen2/Llama this equals xtuner's "every nn.Linear except the head").
+# re-wraps with; for Qwen2/Qwen3/Llama this equals xtuner's "every nn.Linear except the head"; Qwen3's q_norm and
+# k_norm are RMSNorms, not Linear layers, so they are not targets).
 # Differs from upstream SFT for InternLM2 only: xtuner there also wrapped the head ("output"),
 # which SFT trained in full anyway.
 LORA_TARGET_MODULES: dict[str, tuple[str, ...]] = {
     "Qwen2ForCausalLM": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    "Qwen3ForCausalLM": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     "LlamaForCausalLM": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     "Phi3ForCausalLM": ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"),
     "InternLM2ForCausalLM": ("wqkv", "wo", "w1", "w2", "w3"),

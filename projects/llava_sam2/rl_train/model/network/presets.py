@@ -5,7 +5,9 @@ InternLM2.5-7B + SAM 2.0 Hiera-L) and §9 for the InternVL3 family (``in3_2b`` /
 with Qwen2.5-1.5B / -7B / -14B). They are for shapes (layouts, memory plans, benchmarks with random
 weights); a real checkpoint always brings its own config.json, which wins. Values not confirmed against
 a released config.json (rope_theta, rms_norm_eps, max_position_embeddings) are InternVL2.5 defaults
-[verify]. ``tiny`` is the CPU test model of /tmp/tiny_spec.md.
+[verify]. ``tiny`` is the CPU test model of /tmp/tiny_spec.md; ``tiny_qwen3`` is it with a Qwen3 LLM. No Sa2VA
+checkpoint with a Qwen3 LLM in the InternVL family is released upstream (its model zoo at codebase v2), so there is no
+released-size Qwen3 preset.
 """
 from __future__ import annotations
 
@@ -82,6 +84,12 @@ def _internvl3_qwen2(hidden: int, layers: int, heads: int, kv_heads: int, ffn: i
             "rope_scaling": {"factor": 2.0, "rope_type": "dynamic", "type": "dynamic"}}
 
 
+def _qwen3(hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, head_dim: int) -> dict[str, Any]:
+    """A Qwen3 llm_config (the Qwen3 config.json fields): Qwen2's plus a head size of its own and no attention bias."""
+    return {**_qwen2(hidden, layers, heads, kv_heads, ffn), "architectures": ["Qwen3ForCausalLM"],
+            "model_type": "qwen3", "head_dim": head_dim, "attention_bias": False}
+
+
 _INTERNLM2_7B = {
     "architectures": ["InternLM2ForCausalLM"],
     "model_type": "internlm2",
@@ -127,6 +135,13 @@ _TINY_LLM = {
     "max_position_embeddings": 4096,
 }
 
+# Qwen3 at tiny size; head_dim 48 != hidden / heads (32), as in Qwen3 checkpoints, so a code path that derives the head
+# size from the hidden size fails here
+_TINY_QWEN3_LLM = {
+    **_qwen3(hidden=128, layers=2, heads=4, kv_heads=2, ffn=256, head_dim=48),
+    "max_position_embeddings": 4096,
+}
+
 _TINY_GROUNDING = {
     "image_size": 256,
     "backbone_stride": 16,
@@ -148,6 +163,9 @@ _TINY_GROUNDING = {
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {"vision_config": _TINY_VISION, "llm_config": _TINY_LLM, "grounding_config": _TINY_GROUNDING,
              "template": "qwen_chat", **_TOP_LEVEL_448, "force_image_size": 224, "max_dynamic_patch": 1},
+    # the tiny model with a Qwen3 LLM (upstream codebase v2's InternVL-family code builds Qwen3ForCausalLM)
+    "tiny_qwen3": {"vision_config": _TINY_VISION, "llm_config": _TINY_QWEN3_LLM, "grounding_config": _TINY_GROUNDING,
+                   "template": "qwen_chat", **_TOP_LEVEL_448, "force_image_size": 224, "max_dynamic_patch": 1},
     "1b": {"vision_config": _INTERNVIT_300M, "llm_config": _qwen2(896, 24, 14, 2, 4864),
            "template": "qwen_chat", **_TOP_LEVEL_448},
     # sa2va_4b.py trains Qwen2.5-3B with phi3_chat tags (reference §8.1); a 4B checkpoint may say qwen_chat.
@@ -176,18 +194,19 @@ def _tiny_vocab_size() -> int:
 
 
 def build_preset(name: str, vocab_size: int | None = None) -> Sa2VAConfig:
-    """Config of a named size. ``vocab_size`` overrides ``llm_config.vocab_size`` (tiny: the tiny
+    """Config of a named size. ``vocab_size`` overrides ``llm_config.vocab_size`` (tiny sizes: the tiny
     tokenizer's length by default)."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
     data = copy.deepcopy(PRESETS[name])
-    if vocab_size is None and name == "tiny":
+    is_tiny = name.startswith("tiny")
+    if vocab_size is None and is_tiny:
         vocab_size = _tiny_vocab_size()
     if vocab_size is not None:
         if int(vocab_size) <= 0:
             raise ValueError(f"build_preset({name!r}): vocab_size must be positive, got {vocab_size}")
         data["llm_config"]["vocab_size"] = int(vocab_size)
     data.update(copy.deepcopy(_HF_EXTRA))
-    if name == "tiny":
+    if is_tiny:
         data["torch_dtype"] = "float32"
     return Sa2VAConfig.from_dict(data)
