@@ -117,3 +117,14 @@ def pinned_outputs(outputs: dict[str, torch.Tensor], tokenizer, inputs: dict[str
     end = (inputs["input_ids"][0] == tokenizer.convert_tokens_to_ids("<|vision_end|>")).nonzero()[0, 0]
     return {"logits": outputs["logits"][end:].contiguous(), "seg_prompt": outputs["seg_prompt"],
             "mask_logits": outputs["mask_logits"][:, ::MASK_PIN_STRIDE, ::MASK_PIN_STRIDE].contiguous()}
+
+
+def seg_writing_head(model: Sa2VAQwenModel, tokenizer, first_hidden: torch.Tensor) -> None:
+    """Make the replica's greedy answers start with ``[SEG]``: the head scores only ``[SEG]`` (+v) and ``<|im_end|>``
+    (-v), v = the final state of the first answer step, so step one writes ``[SEG]`` and every later step writes
+    ``[SEG]`` or stops."""
+    with torch.no_grad():
+        head = model.model.lm_head.weight
+        head.zero_()
+        head[model.seg_token_id] = first_hidden
+        head[tokenizer.convert_tokens_to_ids("<|im_end|>")] = -first_hidden

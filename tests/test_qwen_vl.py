@@ -5,11 +5,14 @@ upstream's own HF code in both directions, pinned as data (docs/upstream.md, "Th
 Needs transformers >= 4.57 (Qwen3-VL; Qwen2.5-VL alone would need 4.49): skipped on an older stack."""
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 pytest.importorskip("transformers", minversion="4.57")  # Qwen3VLForConditionalGeneration; reason in the docstring
 
@@ -20,8 +23,11 @@ from projects.llava_sam2.rl_train.model.checkpoints.hf_checkpoint import (  # no
 from projects.llava_sam2.rl_train.model.network import qwen_vl  # noqa: E402
 from projects.llava_sam2.rl_train.model.network.presets import build_preset  # noqa: E402
 from projects.llava_sam2.rl_train.model.network.qwen_vl import Sa2VAQwenConfig, Sa2VAQwenModel  # noqa: E402
-from qwen_vl_fixtures import (FAMILIES, our_outputs, pinned_outputs, reference_inputs, tiny_qwen_config,  # noqa: E402
-                              tiny_qwen_model, tiny_qwen_tokenizer)
+from projects.llava_sam2.rl_train.model.pipeline.inference import predict  # noqa: E402
+from projects.llava_sam2.rl_train.model.pipeline.shared import PromptRow, encode_images, greedy_answers  # noqa: E402
+from projects.llava_sam2.rl_train.model.text.qwen_processor import Sa2VAQwenProcessor  # noqa: E402
+from qwen_vl_fixtures import (FAMILIES, our_outputs, pinned_outputs, reference_inputs, seg_writing_head,  # noqa: E402
+                              tiny_qwen_config, tiny_qwen_model, tiny_qwen_tokenizer)
 
 DATA = Path(__file__).resolve().parent / "data"
 PARITY_TOLERANCE = 1e-5  # max |ours - upstream|, fp32
@@ -122,3 +128,60 @@ def test_a_checkpoint_upstream_qwen_code_saved_loads_here_with_its_outputs(repli
     loaded = load_pretrained(tmp_path, attn_implementation="eager")
     assert isinstance(loaded, Sa2VAQwenModel) and loaded.config.family == family
     assert_matches_upstream(loaded, family, tokenizer)
+
+
+def test_res_answers_run_the_shared_pipeline_and_read_seg_states_as_a_teacher_forced_pass(replica, tokenizer):
+    """predict on an image: transformers' generate through the family seam, then the shared answer / [SEG] / mask
+    code. Each kept [SEG]'s SAM2 prompt (from the decode's states, as upstream reads them) equals the one of a
+    teacher-forced forward over prompt + answer at that [SEG]'s input position, and each gives a mask at image size."""
+    family, model = replica
+    model = copy.deepcopy(model)
+    model.bind_tokenizer(tokenizer)
+    processor = Sa2VAQwenProcessor.from_config(tokenizer, model.config, min_pixels=4 * 28 * 28, max_pixels=16 * 28 * 28)
+    image = Image.fromarray((np.random.default_rng(0).random((70, 100, 3)) * 255).astype(np.uint8))
+    encoded = encode_images(model, processor, [image], ["image 0"])
+    prompt = processor.template_user_turn(processor.expand_image("<image>Please segment the circle.",
+                                                                 encoded.n_tiles(0)))
+    ids, attention = processor.tokenize_prompts([prompt])
+    pixels, grid = encoded.vision_inputs[0]
+    first = model.llm_forward(ids, attention.long(), pixels, grid[None]).hidden_states[-1][0, -1]
+    seg_writing_head(model, tokenizer, first)
+    answer, = greedy_answers(model, processor, encoded, [PromptRow(0, prompt)], max_new_tokens=4, seg_masks="all")
+    assert answer.text.startswith("[SEG]") and answer.num_seg >= 1
+    assert len(answer.seg_masks) == len(answer.seg_prompts) == answer.num_seg
+    assert all(mask.shape == (70, 100) and mask.dtype == torch.bool for mask in answer.seg_masks)
+    answer_ids = torch.tensor([tokenizer.encode(answer.text, add_special_tokens=False)])
+    full = torch.cat([ids, answer_ids], dim=1)
+    hidden = model.llm_forward(full, torch.ones_like(full), pixels, grid[None]).hidden_states[-1][0]  # [L + T, D]
+    seg_rows = (full[0] == model.seg_token_id).nonzero()[:, 0][:answer.num_seg]
+    forced = model.seg_hidden_to_prompt(hidden[seg_rows])  # [num_seg, C_sam]
+    torch.testing.assert_close(torch.stack(answer.seg_prompts), forced, atol=1e-5, rtol=1e-5)
+    result = predict(model, processor, image, "<image>Please segment the circle.", max_new_tokens=4)
+    assert result["prediction"] == answer.text and len(result["prediction_masks"]) == answer.num_seg
+
+
+def test_the_family_refuses_a_region_input(replica, tokenizer):
+    _, model = replica
+    processor = Sa2VAQwenProcessor.from_config(tokenizer, model.config)
+    with pytest.raises(ValueError, match="no region"):
+        processor.caption_prompt(4, torch.ones(2, 2, dtype=torch.bool))
+    image = Image.new("RGB", (56, 56))
+    with pytest.raises(ValueError, match="no region"):
+        predict(model, processor, image, "<image>What is this?", region_mask=np.ones((56, 56), bool), max_new_tokens=2)
+
+
+def test_images_are_pre_resized_to_28_px_multiples_before_the_qwen_processor(tokenizer):
+    """upstream's qwen_vl_utils step: 70 x 100 px → 56 x 112 (nearest multiples of 28); then the processor's budget:
+    with upstream's 512-token floor x 8 per side (448 x 896 = 32 x 64 patches of 14, 512 tokens), with a 4..16 token
+    budget as it is (4 x 8 patches). Qwen3-VL's processor works in 32 px units: the 56 x 112 pre-resize gives 64 x 128
+    (4 x 8 patches of 16), where the image as it is would give 64 x 96 (4 x 6)."""
+    config = tiny_qwen_config("qwen2_5_vl")
+    upstream_budget = Sa2VAQwenProcessor.from_config(tokenizer, config).preprocess_image(Image.new("RGB", (100, 70)))
+    assert upstream_budget.image_grid_thw.tolist() == [1, 32, 64] and upstream_budget.n_tiles == 512
+    small = Sa2VAQwenProcessor.from_config(tokenizer, config, min_pixels=4 * 28 * 28, max_pixels=16 * 28 * 28)
+    inputs = small.preprocess_image(Image.new("RGB", (100, 70)))
+    assert inputs.image_grid_thw.tolist() == [1, 4, 8] and inputs.n_tiles == 8 and inputs.size == (70, 100)
+    assert tuple(inputs.g_pixel_values.shape) == (3, 256, 256)
+    qwen3 = Sa2VAQwenProcessor.from_config(tokenizer, tiny_qwen_config("qwen3_vl"), min_pixels=4 * 28 * 28,
+                                           max_pixels=16 * 28 * 28)
+    assert qwen3.preprocess_image(Image.new("RGB", (100, 70))).image_grid_thw.tolist() == [1, 4, 8]

@@ -33,6 +33,7 @@ from ..text.constants import SEG_TOKEN
 from .configuration import SAM2_HIERA_L, _merge
 from .grounding import GroundingEncoder
 from .seg_head import SegGroundingMixin, build_text_hidden_fcs
+from .transformers_seams import set_attention_implementation
 
 QWEN_VL_ARCHITECTURES = ["Sa2VAChatModelQwen"]
 QWEN_IMAGE_TOKEN = "<|image_pad|>"
@@ -135,9 +136,8 @@ class Sa2VAQwenConfig:
         config = config_cls(**raw)
         config.tie_word_embeddings = False
         config.get_text_config().tie_word_embeddings = False
-        config._attn_implementation = attn_implementation
-        for sub in (config.get_text_config(), config.vision_config):
-            sub._attn_implementation = attn_implementation
+        for sub in (config, config.get_text_config(), config.vision_config):
+            set_attention_implementation(sub, attn_implementation)
         return config
 
     # ------------------------------------------------------------------ (de)serialisation
