@@ -7,6 +7,13 @@ Direction A: our save_pretrained -> upstream's Sa2VAChatConfigQwen.from_pretrain
 max |ours - upstream| per family and writes ``qwen_vl_upstream_reference_<family>.safetensors`` and
 ``qwen_vl_upstream_saved_<family>.json`` into ``--out`` (copied to tests/data/ by hand).
 
+Third, ``predict``: upstream's own ``predict_forward`` (its chat template call, ``qwen_vl_utils.process_vision_info``,
+the transformers processor with its pixel budget, ``generate`` with every hidden state, the [SEG] state through SAM2,
+the mask at image size) against our ``predict`` on a replica whose head answers ``[SEG]<|im_end|>``
+(``seg_then_stop_model``); writes ``qwen_vl_upstream_predict_<family>.safetensors`` (the answer and the mask).
+``--qwen-vl-utils`` points at an unpacked qwen-vl-utils (``pip download qwen-vl-utils --no-deps``, unzip), which
+upstream's predict path imports; without it the third part is skipped.
+
 Upstream's code is never part of this repository: pass a checkout of bytedance/Sa2VA (codebase v2 with "qwen3vl
 support"), e.g. fetched to /tmp; its ``projects/sa2va/hf/models_qwen2_5_vl`` and ``models_qwen3vl`` are copied into
 temporary packages and left as they are. Needs transformers >= 4.57 (Qwen3-VL).
@@ -78,6 +85,58 @@ def upstream_outputs(model, tokenizer, inputs: dict[str, torch.Tensor]) -> dict[
     return {"logits": out.logits[0], "seg_prompt": prompt, "mask_logits": masks[:, 0]}
 
 
+def measure_predict(checkout: Path, family: str, out: Path) -> dict:
+    """Upstream's predict_forward against our predict on the [SEG]-then-stop replica (module doc, third part)."""
+    import functools
+
+    import numpy as np
+    from qwen_vl_fixtures import (PREDICT_TEXT, predict_image, seg_then_stop_model, tiny_qwen_hf_processor,
+                                  tiny_qwen_tokenizer)
+
+    from projects.llava_sam2.rl_train.model.checkpoints.hf_checkpoint import save_pretrained
+    from projects.llava_sam2.rl_train.model.pipeline.inference import predict
+    from projects.llava_sam2.rl_train.model.text.qwen_processor import Sa2VAQwenProcessor
+
+    tokenizer = tiny_qwen_tokenizer()
+    ours = seg_then_stop_model(family, tokenizer)
+    hf_processor = tiny_qwen_hf_processor(family, tokenizer)
+    upstream = load_upstream(checkout, family, ours.config.grounding)
+    save_pretrained(ours, out / f"predict_saved_{family}")
+    config = upstream.Config.from_pretrained(str(out / f"predict_saved_{family}"))
+    for sub in (config, config.text_config, config.vision_config):
+        sub._attn_implementation = "eager"
+    theirs = upstream.Model(config)
+    theirs.load_state_dict(load_file(str(out / f"predict_saved_{family}/model.safetensors")), strict=True)
+    theirs = theirs.float().eval()
+    # predict_forward casts the SAM2 input to bf16 (an attribute and a default argument): fp32 here, like the weights
+    theirs.torch_dtype = torch.float32
+    # its SAM2 input resize is built for 1024 px in the constructor: the replica's SAM2 size instead
+    theirs.extra_image_processor = type(theirs.extra_image_processor)(target_length=ours.config.sam_image_size)
+    encoder = theirs.grounding_encoder
+    encoder.preprocess_image = functools.partial(type(encoder).preprocess_image, encoder, dtype=torch.float32)
+
+    def cpu_state(images):  # its SAM2 state names CUDA as the device; this run is on the CPU
+        state = type(encoder).get_sam2_embeddings(encoder, images)
+        state["device"] = state["storage_device"] = torch.device("cpu")
+        return state
+
+    encoder.get_sam2_embeddings = cpu_state
+    with torch.no_grad():
+        reference = theirs.predict_forward(image=predict_image(), text=PREDICT_TEXT, processor=hf_processor)
+    processor = Sa2VAQwenProcessor.from_config(tokenizer, ours.config, image_processor=hf_processor.image_processor)
+    mine = predict(ours, processor, predict_image(), PREDICT_TEXT)
+    masks_up = np.stack([m[0] for m in reference["prediction_masks"]])  # [n_seg, H, W] (one frame each)
+    masks_ours = np.stack(mine["prediction_masks"])
+    result = {"prediction_upstream": reference["prediction"], "prediction_ours": mine["prediction"],
+              "mask_pixels_upstream": int(masks_up.sum()), "mask_pixels_differing": int((masks_up != masks_ours).sum())}
+    print(family, "predict:", result)
+    save_file({"masks": torch.from_numpy(masks_up.astype(np.uint8))},
+              str(out / f"qwen_vl_upstream_predict_{family}.safetensors"),
+              metadata={"prediction": reference["prediction"], "transformers": transformers.__version__,
+                        "upstream": f"bytedance/Sa2VA codebase v2, {UPSTREAM_DIRS[family]} predict_forward"})
+    return result
+
+
 def measure(checkout: Path, family: str, out: Path) -> dict[str, dict[str, float]]:
     from qwen_vl_fixtures import our_outputs, pinned_outputs, reference_inputs, tiny_qwen_model, tiny_qwen_tokenizer
 
@@ -126,11 +185,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True, help="folder for the saved checkpoints and the test data")
     parser.add_argument("--family", choices=sorted(UPSTREAM_DIRS), action="append",
                         help="one family (repeatable; default both)")
+    parser.add_argument("--qwen-vl-utils", type=Path, help="folder holding an unpacked qwen_vl_utils package")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(REPO / "tests"))  # the replicas
+    if args.qwen_vl_utils:
+        sys.path.insert(0, str(args.qwen_vl_utils))
+        import qwen_vl_utils  # noqa: F401  (the real one, before load_upstream's stand-in)
     args.out.mkdir(parents=True, exist_ok=True)
     for family in args.family or sorted(UPSTREAM_DIRS):
         measure(args.upstream, family, args.out)
+        if args.qwen_vl_utils:
+            measure_predict(args.upstream, family, args.out)
 
 
 if __name__ == "__main__":

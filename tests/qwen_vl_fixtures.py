@@ -32,10 +32,13 @@ def tiny_qwen_tokenizer():
     return tokenizer
 
 
-def _text(family: str, vocab_size: int) -> dict:
+def _text(family: str, tokenizer) -> dict:
+    """The released text configs name <|im_end|> as EOS (what generate stops at) and <|endoftext|> as BOS."""
     text = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
             "intermediate_size": 128, "hidden_act": "silu", "max_position_embeddings": 2048, "rms_norm_eps": 1e-6,
-            "vocab_size": vocab_size, "tie_word_embeddings": False}
+            "vocab_size": len(tokenizer), "tie_word_embeddings": False,
+            "bos_token_id": tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+            "eos_token_id": tokenizer.convert_tokens_to_ids("<|im_end|>")}
     if family == "qwen2_5_vl":
         return {**text, "model_type": "qwen2_5_vl_text", "rope_theta": 1000000.0,
                 "rope_scaling": {"type": "mrope", "rope_type": "default", "mrope_section": [2, 3, 3]}}
@@ -56,7 +59,7 @@ def _vision(family: str) -> dict:
 def tiny_qwen_config(family: str) -> Sa2VAQwenConfig:
     tokenizer = tiny_qwen_tokenizer()
     ids = {token: tokenizer.convert_tokens_to_ids(token) for token in QWEN_VISION_TOKENS}
-    data = {"text_config": _text(family, len(tokenizer)), "vision_config": _vision(family),
+    data = {"text_config": _text(family, tokenizer), "vision_config": _vision(family),
             "image_token_id": ids[QWEN_IMAGE_TOKEN], "video_token_id": ids["<|video_pad|>"],
             "vision_start_token_id": ids["<|vision_start|>"], "vision_end_token_id": ids["<|vision_end|>"],
             "tie_word_embeddings": False, "template": "qwen_chat", "architectures": list(QWEN_VL_ARCHITECTURES),
@@ -128,3 +131,69 @@ def seg_writing_head(model: Sa2VAQwenModel, tokenizer, first_hidden: torch.Tenso
         head.zero_()
         head[model.seg_token_id] = first_hidden
         head[tokenizer.convert_tokens_to_ids("<|im_end|>")] = -first_hidden
+
+
+# A Qwen-style chat template for the tiny tokenizer (the released processors carry their own): an image content item
+# becomes the one-pad image block the Qwen processors expand, string content is kept as it is.
+TINY_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for item in message['content'] %}"
+    "{% if item['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+PREDICT_TEXT = "<image>Please segment the circle."
+PREDICT_IMAGE_SIZE = (70, 100)  # H, W
+
+
+def predict_image():
+    from PIL import Image
+    import numpy as np
+
+    pixels = np.random.default_rng(0).integers(0, 256, (*PREDICT_IMAGE_SIZE, 3), dtype=np.uint8)
+    return Image.fromarray(pixels)
+
+
+def tiny_qwen_hf_processor(family: str, tokenizer):
+    """The transformers processor of the family over the tiny tokenizer (what upstream's predict_forward is given)."""
+    import transformers
+
+    vision = _vision(family)
+    tokenizer.chat_template = TINY_CHAT_TEMPLATE
+    image_processor = transformers.Qwen2VLImageProcessor(patch_size=vision["patch_size"], merge_size=2,
+                                                         temporal_patch_size=2)
+    if family == "qwen2_5_vl":
+        from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+        return transformers.Qwen2_5_VLProcessor(image_processor=image_processor, tokenizer=tokenizer,
+                                                video_processor=Qwen2VLVideoProcessor(),
+                                                chat_template=TINY_CHAT_TEMPLATE)
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+    return transformers.Qwen3VLProcessor(image_processor=image_processor, tokenizer=tokenizer,
+                                         video_processor=Qwen3VLVideoProcessor(patch_size=16),
+                                         chat_template=TINY_CHAT_TEMPLATE)
+
+
+def seg_then_stop_model(family: str, tokenizer) -> Sa2VAQwenModel:
+    """The replica with a head that answers ``PREDICT_TEXT`` about ``predict_image()`` with ``[SEG]<|im_end|>``: the
+    head's ``[SEG]`` and ``<|im_end|>`` rows (u, v) solve u·h0 = 1, v·h0 = 0, u·h1 = 0, v·h1 = 1 for the final states
+    h0 (first answer step) and h1 (after ``[SEG]`` is fed back), every other row 0: greedy decoding writes ``[SEG]``,
+    then stops, whatever the rest of the weights say."""
+    from projects.llava_sam2.rl_train.model.text.qwen_processor import Sa2VAQwenProcessor
+
+    model = tiny_qwen_model(family)
+    model.bind_tokenizer(tokenizer)
+    processor = Sa2VAQwenProcessor.from_config(tokenizer, model.config,
+                                               image_processor=tiny_qwen_hf_processor(family, tokenizer).image_processor)
+    inputs = processor.preprocess_image(predict_image())
+    prompt = processor.template_user_turn(processor.expand_image(PREDICT_TEXT, inputs.n_tiles))
+    ids = torch.tensor([tokenizer.encode(prompt, add_special_tokens=True) + [model.seg_token_id]])
+    with torch.no_grad():
+        hidden = model.llm_forward(ids, torch.ones_like(ids), inputs.pixel_values,
+                                   inputs.image_grid_thw[None]).hidden_states[-1][0, -2:]  # [2, D]: h0, h1
+        rows = torch.linalg.pinv(hidden.double()).T.float()  # [2, D]: rows[i]·h_j = δ_ij
+        head = model.model.lm_head.weight
+        head.zero_()
+        head[model.seg_token_id] = rows[0]
+        head[tokenizer.convert_tokens_to_ids("<|im_end|>")] = rows[1]
+    return model

@@ -16,6 +16,7 @@ from PIL import Image
 
 pytest.importorskip("transformers", minversion="4.57")  # Qwen3VLForConditionalGeneration; reason in the docstring
 
+from safetensors import safe_open  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 from projects.llava_sam2.rl_train.model.checkpoints.hf_checkpoint import (  # noqa: E402
@@ -26,8 +27,9 @@ from projects.llava_sam2.rl_train.model.network.qwen_vl import Sa2VAQwenConfig, 
 from projects.llava_sam2.rl_train.model.pipeline.inference import predict  # noqa: E402
 from projects.llava_sam2.rl_train.model.pipeline.shared import PromptRow, encode_images, greedy_answers  # noqa: E402
 from projects.llava_sam2.rl_train.model.text.qwen_processor import Sa2VAQwenProcessor  # noqa: E402
-from qwen_vl_fixtures import (FAMILIES, our_outputs, pinned_outputs, reference_inputs, seg_writing_head,  # noqa: E402
-                              tiny_qwen_config, tiny_qwen_model, tiny_qwen_tokenizer)
+from qwen_vl_fixtures import (FAMILIES, PREDICT_IMAGE_SIZE, PREDICT_TEXT, our_outputs, pinned_outputs,  # noqa: E402
+                              predict_image, reference_inputs, seg_then_stop_model, seg_writing_head,
+                              tiny_qwen_config, tiny_qwen_hf_processor, tiny_qwen_model, tiny_qwen_tokenizer)
 
 DATA = Path(__file__).resolve().parent / "data"
 PARITY_TOLERANCE = 1e-5  # max |ours - upstream|, fp32
@@ -185,3 +187,22 @@ def test_images_are_pre_resized_to_28_px_multiples_before_the_qwen_processor(tok
     qwen3 = Sa2VAQwenProcessor.from_config(tokenizer, tiny_qwen_config("qwen3_vl"), min_pixels=4 * 28 * 28,
                                            max_pixels=16 * 28 * 28)
     assert qwen3.preprocess_image(Image.new("RGB", (100, 70))).image_grid_thw.tolist() == [1, 4, 8]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_predict_answers_and_masks_as_upstreams_predict_forward(family):
+    """Upstream's own predict_forward (chat template, qwen_vl_utils resize, transformers processor, generate, [SEG]
+    state → SAM2 → mask at image size) on the replica whose head answers ``[SEG]<|im_end|>`` gave the pinned answer
+    and mask; our predict with the same processor gives the same answer and the same mask, pixel for pixel."""
+    tokenizer = tiny_qwen_tokenizer()
+    model = seg_then_stop_model(family, tokenizer)
+    processor = Sa2VAQwenProcessor.from_config(
+        tokenizer, model.config, image_processor=tiny_qwen_hf_processor(family, tokenizer).image_processor)
+    result = predict(model, processor, predict_image(), PREDICT_TEXT)
+    pinned = DATA / f"qwen_vl_upstream_predict_{family}.safetensors"
+    with safe_open(str(pinned), framework="pt") as handle:
+        expected_text = handle.metadata()["prediction"]
+        expected_masks = handle.get_tensor("masks").bool().numpy()  # [n_seg, H, W]
+    assert result["prediction"] == expected_text == "[SEG]<|im_end|>"
+    assert expected_masks.any() and expected_masks.shape == (1, *PREDICT_IMAGE_SIZE)
+    assert np.array_equal(np.stack(result["prediction_masks"]), expected_masks)
