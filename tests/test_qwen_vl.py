@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 from projects.llava_sam2.rl_train.model.checkpoints.hf_checkpoint import (  # noqa: E402
     checkpoint_layout, checkpoint_state_dict, load_pretrained, save_pretrained)
 from projects.llava_sam2.rl_train.model.network import qwen_vl  # noqa: E402
+from projects.llava_sam2.rl_train.model.network.lora import configure_trainable  # noqa: E402
 from projects.llava_sam2.rl_train.model.network.presets import build_preset  # noqa: E402
 from projects.llava_sam2.rl_train.model.network.qwen_vl import Sa2VAQwenConfig, Sa2VAQwenModel  # noqa: E402
 from projects.llava_sam2.rl_train.model.pipeline.inference import predict  # noqa: E402
@@ -206,3 +207,31 @@ def test_predict_answers_and_masks_as_upstreams_predict_forward(family):
     assert result["prediction"] == expected_text == "[SEG]<|im_end|>"
     assert expected_masks.any() and expected_masks.shape == (1, *PREDICT_IMAGE_SIZE)
     assert np.array_equal(np.stack(result["prediction_masks"]), expected_masks)
+
+
+def test_lora_trains_the_upstream_set_and_exports_merged_into_upstreams_layout(replica, tokenizer, tmp_path):
+    """LoRA on the text decoder's linears (upstream's SFT targets); the trainable set is LoRA + text_hidden_fcs + the
+    SAM2 mask decoder (no mlp1 in this family); save_pretrained writes the merged weights under the plain layout,
+    which loads back into the adapted model's outputs."""
+    family, base = replica
+    model = copy.deepcopy(base)
+    model.apply_lora(r=4, lora_alpha=8, lora_dropout=0.0)
+    trainable = configure_trainable(model)
+    lora = [name for name in trainable if "lora_" in name]
+    assert lora and all(".language_model.layers." in name for name in lora)
+    assert not any(".visual." in name or "lm_head" in name for name in trainable)
+    assert {name.split(".")[0] for name in trainable} == {"model", "text_hidden_fcs", "grounding_encoder"}
+    assert all(".sam_mask_decoder." in name for name in trainable if name.startswith("grounding_encoder."))
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name in lora:
+            if "lora_B" in name:
+                trainable[name].copy_(torch.randn(trainable[name].shape, generator=generator) * 0.05)
+    inputs = reference_inputs(tokenizer, model.config)
+    adapted, plain = our_outputs(model, tokenizer, inputs), our_outputs(base, tokenizer, inputs)
+    assert (adapted["logits"] - plain["logits"]).abs().max() > 1e-3  # the adapters change the answer
+    save_pretrained(model.eval(), tmp_path)
+    assert checkpoint_layout(base) == checkpoint_layout(load_pretrained(tmp_path))
+    exported = our_outputs(load_pretrained(tmp_path, attn_implementation="eager"), tokenizer, inputs)
+    for key in adapted:
+        torch.testing.assert_close(exported[key], adapted[key], atol=1e-5, rtol=1e-5)

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import transformers
 from packaging.version import Version
+from peft import LoraConfig, PeftModel, get_peft_model
 from torch import nn
 
 from ..text.constants import SEG_TOKEN
@@ -47,6 +48,8 @@ QWEN_VL_AUTO_MAP = {
     "AutoModel": "modeling_sa2va_qwen.Sa2VAChatModelQwen",
     "AutoModelForCausalLM": "modeling_sa2va_qwen.Sa2VAChatModelQwen",
 }
+# LoRA targets of upstream's SFT for this family: every nn.Linear of the text decoder (a regex over module names)
+LANGUAGE_LORA_TARGETS = r".*language_model\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)"
 # config.json keys that belong to the Sa2VA wrapper, not to the transformers Qwen-VL config
 _WRAPPER_KEYS = ("template", "grounding_config", "auto_map", "architectures", "model_type")
 
@@ -206,15 +209,34 @@ class Sa2VAQwenModel(SegGroundingMixin, nn.Module):
         return self.text_hidden_fcs[0].weight.dtype
 
     @property
+    def hf_model(self) -> nn.Module:
+        """The transformers Qwen-VL model, unwrapped when LoRA wraps it (:meth:`apply_lora`)."""
+        return self.model.get_base_model() if isinstance(self.model, PeftModel) else self.model
+
+    @property
     def language_model(self) -> nn.Module:
-        """The Qwen text decoder (embeddings, layers, final norm; no head)."""
-        return self.model.model.language_model
+        """The Qwen text decoder (embeddings, layers, final norm; no head), LoRA layers included once applied."""
+        return self.hf_model.model.language_model
+
+    @property
+    def visual(self) -> nn.Module:
+        """The Qwen vision tower (its merger included: the projector)."""
+        return self.hf_model.model.visual
 
     def get_input_embeddings(self) -> nn.Module:
-        return self.model.get_input_embeddings()
+        return self.hf_model.get_input_embeddings()
 
     def get_output_embeddings(self) -> nn.Module:
-        return self.model.get_output_embeddings()
+        return self.hf_model.get_output_embeddings()
+
+    def apply_lora(self, r: int = 128, lora_alpha: int = 256, lora_dropout: float = 0.05) -> None:
+        """LoRA on every linear layer of the text decoder, as upstream's SFT of this family (the whole Qwen-VL model
+        is peft-wrapped, the targets are ``language_model`` linears; the vision tower gets none). B starts at 0."""
+        if isinstance(self.model, PeftModel):
+            raise ValueError("apply_lora: the Qwen-VL model is already peft-wrapped; apply LoRA once")
+        config = LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, bias="none",
+                            task_type="CAUSAL_LM", target_modules=LANGUAGE_LORA_TARGETS)
+        self.model = get_peft_model(self.model, config)
 
     def bind_tokenizer(self, tokenizer) -> None:
         """Read the ``<|image_pad|>`` / ``[SEG]`` ids, check them against the config and the embedding table."""
@@ -241,6 +263,6 @@ class Sa2VAQwenModel(SegGroundingMixin, nn.Module):
         """transformers' Qwen-VL forward (vision tower into the ``<|image_pad|>`` rows, M-RoPE positions, Qwen3-VL's
         deepstack) with every hidden state: ``.logits [B, L, V]``, ``.hidden_states[-1]`` the final-norm states."""
         if pixel_values is not None:
-            pixel_values = pixel_values.to(self.model.model.visual.dtype)
+            pixel_values = pixel_values.to(self.visual.dtype)
         return self.model(input_ids=input_ids, attention_mask=attention_mask, pixel_values=pixel_values,
                           image_grid_thw=image_grid_thw, output_hidden_states=True, return_dict=True, **kwargs)

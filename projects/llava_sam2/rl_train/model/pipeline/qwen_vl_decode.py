@@ -35,7 +35,7 @@ def qwen_vl_completions(model, encoded, images: Sequence[int], prompt_ids: Tenso
     ids, attention = prompt_ids.to(device), attention.to(device).long()
     pixels, grids = row_vision_inputs(encoded, images, device)
     out = model.model.generate(input_ids=ids, attention_mask=attention,
-                               pixel_values=pixels.to(model.model.model.visual.dtype), image_grid_thw=grids,
+                               pixel_values=pixels.to(model.visual.dtype), image_grid_thw=grids,
                                max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
                                eos_token_id=list(decoding.stop_token_ids), pad_token_id=decoding.pad_token_id,
                                output_hidden_states=return_hidden, output_scores=True, return_dict_in_generate=True)
