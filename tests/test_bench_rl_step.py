@@ -74,3 +74,23 @@ def test_repeated_sweep_points_keep_every_result():
     args = bench.parse_args(["--sweep", "amp=none amp=bfloat16 amp=none G=4 amp=none"])
     assert [label for label, _ in args.sweep] == ["amp=none", "amp=bfloat16", "amp=none #2", "G=4", "amp=none #3"]
     assert args.sweep[2][1] == {"amp_dtype": "none"}
+
+
+def test_bench_rl_step_video_runs_the_video_step_on_cpu(tmp_path):
+    """--video: clips of 3 frames (2 seen by the LM), both loops, the partner's loop-1 answers forced through [SEG]
+    (so every masklet is propagated and scored by J&F); the naive baseline is refused (image-only)."""
+    before = {name: getattr(cycle, name) for name in ("partner_segment", "partner_segment_video")}
+    result = bench.run_benchmark(["--video", "--preset", "tiny", "--batch", "2", "--num-generations", "2",
+                                  "--mllm-frames", "2", "--sam-frames", "3", "--image-size", "64",
+                                  "--max-new-tokens", "4", "--warmup", "0", "--iters", "1", "--storage", "cpu",
+                                  "--force-seg", "--caption-lengths", "2,3", "--baselines", "",
+                                  "--json", str(tmp_path / "video.json")])
+    assert {name: getattr(cycle, name) for name in before} == before
+    assert result["video"] and result["n_tiles"] == 2 and result["baselines"] == {}
+    for variant in (result,):
+        assert variant["tokens_per_iteration"]["partner_no_seg"] == 0
+        assert variant["rollouts_per_s"] > 0 and "peak_gib" in variant  # NaN on CPU (no device allocator)
+        assert {"encode", "rollout", "rollout/mask_to_caption_partner_segment", "logprob_backward",
+                "optimizer"} <= set(variant["seconds"])
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--video", "--baselines", "naive"])

@@ -148,7 +148,7 @@ def test_pretrain_writes_a_checkpoint_that_loads(tmp_path):
             "--image-sizes", "96", "--warmup-steps", "1", "--eval-scenes", "0", "--log-every", "1"]
     assert tool.main(argv) == 0
     log = json.loads((out / "pretrain_log.json").read_text())
-    assert [s["steps_done"] for s in log["stages"]] == [2, 1, 2] and log["command"].endswith(" ".join(argv))
+    assert [s["steps_done"] for s in log["stages"]] == [2, 1, 2, 0] and log["command"].endswith(" ".join(argv))
     import hashlib
     assert log["sha256"]["model.safetensors"] == hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()
     loaded = load_pretrained(out)

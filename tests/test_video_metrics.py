@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from scipy import ndimage
 
-from projects.llava_sam2.rl_train.evaluation import video_metrics
-from projects.llava_sam2.rl_train.evaluation.video_metrics import (
+from projects.llava_sam2.rl_train.rewards import video_metrics
+from projects.llava_sam2.rl_train.rewards.video_metrics import (
     MaskletScores,
     boundary_tolerance_pixels,
     score_masklet,

@@ -41,6 +41,11 @@ every rollout runs the ``[SEG]`` path (mask from SAM2, IoU), and ``--caption-len
 ids before decoding (``id % len(tokenizer)``), so captions have realistic lengths instead of decoding to nothing.
 Caption rewards: a token-overlap F1 stub (``--caption-reward stub``, default) or the configured METEOR + judge.
 
+``--video`` times the video step instead (both loops on clips, grpo/cycle.py): B shapes-world clips
+(``ShapesVideoWorld``) of ``--sam-frames`` frames at ``--image-size``, the language model on the first
+``--mllm-frames`` of each (one tile each), loop 1 rewarded by J&F of the partner's propagated masklet (``video_jf``);
+the ``naive`` baseline and the ``tiles`` sweep key are image-only.
+
 ``--sweep 'G=4 G=16 T=64 tiles=13 G=16,T=64'`` then runs ours at each point (keys G, T, B, tiles ∈ {1, 5, 10, 13},
 backend = a decode backend, amp = an ``--amp-dtype``, logprob = a ``--logprob-head``) on the same model,
 ``--sweep-warmup`` + ``--sweep-iters`` iterations each; a point that runs out of memory is recorded as such and the
@@ -64,6 +69,7 @@ from PIL import Image
 from transformers import LogitsProcessorList
 
 from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
+from projects.llava_sam2.rl_train.data.shapes_video import ShapesVideoWorld
 from projects.llava_sam2.rl_train.grpo import cycle
 from projects.llava_sam2.rl_train.grpo.mask_policy import MASK_POLICIES
 from projects.llava_sam2.rl_train.grpo.trainer import CycleGRPO
@@ -108,11 +114,12 @@ def instrumented(clock: PhaseClock, weights: WeightSets, texts, forced: ForcedAn
     """Inside the block: the rollout's parts are timed (policy caption sampling, partner passes, reference passes),
     captions decode with ``texts``, the baselines' decoders are registered and ``forced`` scripts the decoders'
     choices; all undone on exit (the bench may run in-process, e.g. from a test)."""
-    names = ("sample_text", "partner_segment", "partner_describe", "completion_texts")
+    names = ("sample_text", "partner_segment", "partner_segment_video", "partner_describe", "completion_texts")
     saved = {name: getattr(cycle, name) for name in names}
     added = [name for name in (HF_GENERATE, HF_GENERATE_SCORES) if name not in DECODE_BACKENDS]
     cycle.sample_text = clock.wrap(cycle.sample_text, "rollout/mask_to_caption_policy_sampling")
     cycle.partner_segment = clock.wrap(cycle.partner_segment, "rollout/mask_to_caption_partner_segment")
+    cycle.partner_segment_video = clock.wrap(cycle.partner_segment_video, "rollout/mask_to_caption_partner_segment")
     cycle.partner_describe = clock.wrap(cycle.partner_describe, "rollout/caption_to_mask_partner_describe")
     cycle.completion_texts = texts
     weights.reference = clock.wrap_context(weights.reference, "reference_scoring")
@@ -207,7 +214,11 @@ def parse_args(argv=None):
                         help="every caption stops at a length drawn uniformly from [LO, HI] (default: never)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--iters", type=int, default=2)
-    parser.add_argument("--baselines", default="generate,naive", help="comma list of generate, naive ('' for none)")
+    parser.add_argument("--video", action="store_true", help="time the video step (clips; module docstring)")
+    parser.add_argument("--mllm-frames", type=int, default=5, help="--video: frames per clip the LM sees (1 tile each)")
+    parser.add_argument("--sam-frames", type=int, default=16, help="--video: frames per clip (SAM2 sees every one)")
+    parser.add_argument("--baselines", default=None,
+                        help="comma list of generate, naive ('' for none); default generate,naive (--video: generate)")
     parser.add_argument("--baseline-warmup", type=int, default=1, help="warm-up iterations of the generate baseline")
     parser.add_argument("--baseline-iters", type=int, default=1, help="timed iterations of the generate baseline")
     parser.add_argument("--naive-samples", type=int, default=2, help="K rollouts per loop run by the naive baseline")
@@ -220,14 +231,22 @@ def parse_args(argv=None):
     parser.add_argument("--profile-top", type=int, default=40)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    if args.baselines is None:
+        args.baselines = "generate" if args.video else "generate,naive"
     unknown = set(filter(None, args.baselines.split(","))) - {"generate", "naive"}
     if unknown:
         parser.error(f"--baselines: unknown {sorted(unknown)}; use a comma list of generate, naive")
+    if args.video and "naive" in args.baselines.split(","):
+        parser.error("--baselines naive is image-only (its per-rollout plan has no video path); drop it with --video")
+    if args.video and not 1 <= args.mllm_frames <= args.sam_frames:
+        parser.error(f"--video: need 1 <= --mllm-frames ({args.mllm_frames}) <= --sam-frames ({args.sam_frames})")
     if args.caption_lengths is not None:
         lo, hi = (int(x) for x in args.caption_lengths.split(","))
         if not 1 <= lo <= hi:
             parser.error(f"--caption-lengths {args.caption_lengths}: need 1 <= LO <= HI")
         args.caption_lengths = (lo, hi)
+    if args.video and "tiles=" in args.sweep:
+        parser.error("--sweep: tiles is image-only; a video frame is one tile")
     try:
         texts = args.sweep.split()
         # a point repeated (A/B/A/B, to see order effects) gets its occurrence number, so no result overwrites another
@@ -278,11 +297,31 @@ def make_batch(size: int, width: int, height: int):
                                     (width, height), Image.NEAREST)).astype(bool)) for s in batch]
 
 
+def make_video_batch(size: int, side: int, num_frames: int):
+    """B shapes-world clips of ``num_frames`` square frames of ``side`` pixels."""
+    world = ShapesVideoWorld("train", num_samples=size, seed=0, image_size=side, num_frames=num_frames)
+    return [world[i] for i in range(size)]
+
+
+def step_batch(args, width: int, height: int):
+    """The batch of a run: clips (``--video``, square frames) or images."""
+    if args.video:
+        return make_video_batch(args.batch, max(width, height), args.sam_frames)
+    return make_batch(args.batch, width, height)
+
+
+def tiles_per_prompt(args, processor, batch) -> int:
+    """LLM tiles of one prompt: the image's, or one per MLLM frame of a clip."""
+    if args.video:
+        return min(args.mllm_frames, len(batch[0].frames))
+    return processor.preprocess_image(batch[0].image).n_tiles
+
+
 def make_algo(model, processor, weights, args, decode_backend: str) -> CycleGRPO:
     config = dict(num_generations=args.num_generations, max_completion_length=args.max_new_tokens, beta=args.beta,
                   mask_policy=args.mask_policy, generation_chunk_size=args.generation_chunk_size,
-                  decode_backend=decode_backend, logprob_head=args.logprob_head)
-    rewards = {"mask_to_caption": [dict(type="iou")]}
+                  decode_backend=decode_backend, logprob_head=args.logprob_head, video_mllm_frames=args.mllm_frames)
+    rewards = {"mask_to_caption": [dict(type="video_jf" if args.video else "iou")]}
     if args.caption_reward == "stub":
         rewards["caption_to_mask"] = [StubCaptionReward()]
     return CycleGRPO(model, processor, weights, rewards=rewards, config=config, minibatch_size=args.minibatch_size,
@@ -314,7 +353,7 @@ def run_benchmark(argv: list[str] | None = None) -> dict:
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-6, weight_decay=0.0)
     image_size = args.image_size or (224 if args.preset == "tiny" else 896)
-    batch = make_batch(args.batch, image_size, image_size)
+    batch = step_batch(args, image_size, image_size)
     clock = PhaseClock(device)
     clock.sync()
     build_s = time.perf_counter() - start
@@ -323,7 +362,7 @@ def run_benchmark(argv: list[str] | None = None) -> dict:
     result = {"preset": args.preset, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "dtype": str(dtype), "amp_dtype": amp_name, "torch": torch.__version__, "build_s": build_s,
               "params": sum(p.numel() for p in model.parameters()), "trainable_params": sum(p.numel() for p in params),
-              "gradient_checkpointing": grad_ckpt, "n_tiles": processor.preprocess_image(batch[0].image).n_tiles,
+              "gradient_checkpointing": grad_ckpt, "n_tiles": tiles_per_prompt(args, processor, batch),
               **{k: v for k, v in vars(args).items() if k not in ("json", "profile", "amp_dtype")},
               "model_gib": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30,
               "partner_reference_swap_gib": memory.total_bytes / 2**30,
@@ -397,7 +436,7 @@ def run_sweep(args, model, processor, weights, optimizer, params, clock, out: di
             continue
         settings = argparse.Namespace(**{**vars(args), **point})
         width, height = TILE_IMAGES[point["tiles"]] if "tiles" in point else (args.image_size or 896,) * 2
-        batch = make_batch(settings.batch, width, height)
+        batch = step_batch(settings, width, height)
         if lengths is not None:
             scale = settings.max_new_tokens / args.max_new_tokens
             forced.caption_lengths = (max(1, round(lengths[0] * scale)), max(1, round(lengths[1] * scale)))
@@ -413,7 +452,7 @@ def run_sweep(args, model, processor, weights, optimizer, params, clock, out: di
                           "logprob_head": settings.logprob_head,
                           "amp_dtype": str(point_amp).removeprefix("torch.") if point_amp else "none",
                           "caption_lengths": forced.caption_lengths if forced is not None else None,
-                          "n_tiles": processor.preprocess_image(batch[0].image).n_tiles}
+                          "n_tiles": tiles_per_prompt(settings, processor, batch)}
         except torch.cuda.OutOfMemoryError as err:
             out[label] = {"error": f"out of memory: {str(err).splitlines()[0]}", "peak_gib": peak_gib(clock.device)}
         finally:

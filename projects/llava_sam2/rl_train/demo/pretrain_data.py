@@ -9,6 +9,11 @@ is the same whatever the DataLoader workers. The held-out ``'val'`` stream is ne
   states (colour, shape, size, cell; the rest "unstated"), read by a learned embedding in the ``[SEG]`` slot.
 * :class:`TextBatch` (stage ``lm``): rows of shapes-world phrases (expressions and captions), for next-token
   language pretraining of the tiny LLM.
+* :class:`VideoBatch` (stage ``video``): C ``ShapesVideoWorld('train')`` clips, every object of a clip a video RES
+  row (its referring expression or caption, asked as in stage ``joint``, over the clip's first n MLLM frames, one
+  tile each: the prompt layout of ``model/pipeline/video.py``) with its masklet over all T frames as the target.
+  With ``image_share`` > 0 that share of the steps (spread evenly) are stage-``joint`` image batches instead, so
+  the image skills keep being trained.
 * :class:`JointBatch` (stage ``joint``): Sa2VA SFT rows in the ``sft_collate`` layout. With ``group_by_scene``
   every object of a scene is a referring-segmentation row with its own text (so a mask that ignores the text is
   wrong for all but one row of the image); ``captions_per_scene`` objects also get a region-caption row. Texts are
@@ -30,6 +35,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..data.shapes import ShapesWorld
+from ..data.shapes_video import ShapesVideoWorld
 from ..data.shapes_scene import (CELL_PHRASES, COLOURS, SHAPES, SIZES, canonical_caption, parse_phrase,
                                  referring_expressions, sample_scene)
 from ..model.sft.sft_data import DEFAULT_CAPTION_QUESTIONS
@@ -41,7 +47,7 @@ ATTRIBUTES = {"colour": tuple(COLOURS), "shape": tuple(SHAPES), "size": tuple(SI
               "cell": tuple(name for name, _ in CELL_PHRASES.values())}
 # RefCOCO training questions plus the RES eval prompt the evaluation and the RL loops use
 SEGMENT_QUESTIONS = SEG_QUESTIONS + (RES_EVAL_PROMPT.replace("{sent}", "{class_name}"),)
-STAGE_BASES = {"sam": 0, "lm": 0, "joint": 10**9}  # first train-scene index of each stage
+STAGE_BASES = {"sam": 0, "lm": 0, "joint": 10**9, "video": 2 * 10**9}  # first train-scene index of each stage
 PROMPT_KINDS = ("point", "box", "attributes")
 
 
@@ -133,6 +139,26 @@ class JointBatch:
         return data
 
 
+@dataclass
+class VideoBatch:
+    """B video RES rows over C clips of T frames (stage ``video``).
+
+    pixel_values: float ``[C, n, 3, s, s]``, one tile per MLLM frame; g_pixel_values: uint8 ``[C, T, 3, S_sam,
+    S_sam]``; text: ``sft_collate`` of the rows (input_ids, labels, attention_mask, position_ids ``[B, L]``, one
+    ``[SEG]`` per row); row_clip: long ``[B]``; masklets: float ``[B, T, h, h]`` GT at the logits size.
+    """
+
+    pixel_values: torch.Tensor
+    g_pixel_values: torch.Tensor
+    text: dict
+    row_clip: torch.Tensor
+    masklets: torch.Tensor
+
+    @property
+    def num_mllm_frames(self) -> int:
+        return self.pixel_values.shape[1]
+
+
 class _TextCache:
     """``processor.encode_fn`` of (user text, answer), memoised (the templates and phrases repeat a lot)."""
 
@@ -154,7 +180,9 @@ class StageBatches(Dataset):
 
     def __init__(self, stage: str, processor: Sa2VAProcessor, *, seed: int, steps: int, scenes_per_batch: int,
                  image_sizes: Sequence[int] = (224,), attribute_share: float = 0.0, group_by_scene: bool = True,
-                 captions_per_scene: int = 1, text_rows: int = 32):
+                 captions_per_scene: int = 1, text_rows: int = 32, clips_per_batch: int = 8,
+                 video_frames: int = 16, video_image_size: int = 128, mllm_frames: int = 5,
+                 image_share: float = 0.0):
         if stage not in STAGE_BASES:
             raise ValueError(f"StageBatches: stage={stage!r}; expected one of {tuple(STAGE_BASES)}")
         self.stage, self.processor, self.seed, self.steps = stage, processor, int(seed), int(steps)
@@ -164,6 +192,9 @@ class StageBatches(Dataset):
         self.source = SceneSource(processor, seed, image_sizes)
         self.low_res = (processor.sam_image_size // 4,) * 2  # SAM2 logits: 4 x (S_sam / 16)
         self.texts = _TextCache(processor)
+        self.clips_per_batch, self.mllm_frames, self.image_share = int(clips_per_batch), int(mllm_frames), image_share
+        self.clips = ShapesVideoWorld("train", 10**12, self.seed, image_size=int(video_image_size),
+                                      num_frames=int(video_frames))
 
     def __len__(self) -> int:
         return self.steps
@@ -173,6 +204,10 @@ class StageBatches(Dataset):
             raise IndexError(f"{self.stage} batch {step} out of range [0, {self.steps})")
         rng = np.random.default_rng([self.seed, list(STAGE_BASES).index(self.stage), step])
         first = STAGE_BASES[self.stage] + step * self.scenes_per_batch * 4
+        if self.stage == "video":
+            if is_image_step(step, self.image_share):
+                return self._joint_batch(rng, first)
+            return self._video_batch(rng, step * self.clips_per_batch)
         build = {"sam": self._prompt_batch, "lm": self._text_batch, "joint": self._joint_batch}[self.stage]
         return build(rng, first)
 
@@ -245,6 +280,33 @@ class StageBatches(Dataset):
                           torch.tensor(row_image), torch.tensor(is_caption), torch.stack(prompt_masks),
                           torch.cat(masks), torch.tensor(seg_attributes))
 
+    # ----------------------------------------------------------------------------------------- stage video
+    def _video_batch(self, rng: np.random.Generator, first: int) -> VideoBatch:
+        """Clips ``first .. first + C - 1`` of the training stream, a row per object of each."""
+        pixel_values, g_pixels, items, row_clip, masklets = [], [], [], [], []
+        for c in range(self.clips_per_batch):
+            clip, frames = self.clips.clip(first + c)
+            inputs = self.processor.preprocess_video([PIL.Image.fromarray(f) for f in frames], self.mllm_frames,
+                                                     where=f"train clip {first + c}")
+            pixel_values.append(inputs.pixel_values)
+            g_pixels.append(inputs.g_pixel_values.to(torch.uint8))  # integer-valued 0..255: exact
+            for k in range(len(clip.objects)):
+                items.append(self._video_row(rng, clip, k, inputs.num_mllm_frames))
+                masklets.append(resize_gt_masks([torch.from_numpy(clip.visible[k])], self.low_res)[None])
+                row_clip.append(c)
+        return VideoBatch(torch.stack(pixel_values), torch.stack(g_pixels), sft_collate(items)["data"],
+                          torch.tensor(row_clip), torch.cat(masklets))
+
+    def _video_row(self, rng, clip, k: int, n_frames: int) -> dict:
+        texts = object_texts(clip, k)
+        text = normalize_expression(texts[int(rng.integers(len(texts)))])
+        q, a = int(rng.integers(len(SEGMENT_QUESTIONS))), int(rng.integers(len(ANSWER_LIST)))
+        question = SEGMENT_QUESTIONS[q].format(class_name=text)
+        if "<image>" not in question:
+            question = "<image>\n" + question
+        return self.texts.encode(("video", q, text, a, n_frames),
+                                 lambda: self.processor.expand_video(question, n_frames), ANSWER_LIST[a])
+
     def _segment_row(self, rng, scene, k: int, n_tiles: int, seg_attributes: list) -> dict:
         texts = object_texts(scene, k)
         text = normalize_expression(texts[int(rng.integers(len(texts)))])
@@ -279,6 +341,12 @@ def _box_prompt(rng: np.random.Generator, visible: np.ndarray, scale: float) -> 
     side = np.array([box[2] - box[0], box[3] - box[1]] * 2, dtype=np.float32)
     box = np.clip(box + rng.normal(0, 0.1, size=4) * side, 0, visible.shape[1]) * scale
     return box.reshape(2, 2).astype(np.float32), np.array([2, 3], dtype=np.int64)
+
+
+def is_image_step(step: int, image_share: float) -> bool:
+    """Whether batch ``step`` (0-based) of the video stage is an image batch: ``image_share`` of the batches, spread
+    evenly, batch 0 a video one (so the rows logged at every ``log_every``-th step show video losses)."""
+    return step > 0 and int(step * image_share) > int((step - 1) * image_share)
 
 
 def loader(batches: StageBatches, num_workers: int) -> Sequence:

@@ -7,6 +7,11 @@
   attribute prompts: ``AttributePrompt`` (a learned sum of colour/shape/size/cell embeddings) sits in the ``[SEG]``
   slot of ``GroundingEncoder.decode``, so the decoder learns to pick an object by what a text states.
 * ``lm`` — next-token language pretraining of the tiny LLM on shapes-world phrases.
+* ``video`` — video RES on ``ShapesVideoWorld`` clips (:func:`video_step`): the row's ``[SEG]`` state →
+  ``text_hidden_fcs`` → SAM2 memory propagation over all T frames (prompted on the n MLLM frames, from memory after)
+  → the SFT mask loss on every frame against the GT masklet, plus the answer's LM loss; it trains SAM2's memory
+  modules (memory attention, memory encoder, object-pointer projection, temporal encodings), which the image
+  stages never reach. Interleaved ``joint`` image batches (``image_share``) keep the image skills.
 * ``joint`` — Sa2VA SFT of every weight (``model.sft.sft_loss.sft_forward``: token CE + mask BCE + Dice, SAM's
   IoU-head loss, ``seg_lm_weight``) with the encoders trained too, plus an optional *teacher* term: the ``[SEG]``
   prompt is pulled towards the frozen ``AttributePrompt`` of the row's text, ``w_t · MSE(prompt, A(text))`` with
@@ -33,8 +38,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..model.decoding.generation import decoder_and_head
-from ..model.sft.sft_loss import iou_head_loss, llm_loss, sft_forward
-from .pretrain_data import ATTRIBUTES, JointBatch, PromptBatch, TextBatch
+from ..model.decoding.text_decoding import eval_mode
+from ..model.sft.sft_loss import iou_head_loss, llm_loss, lm_forward, mask_losses, sft_forward
+from .pretrain_data import ATTRIBUTES, JointBatch, PromptBatch, TextBatch, VideoBatch
 
 
 
@@ -163,6 +169,44 @@ def joint_step(model, attribute_prompt: AttributePrompt | None, batch: JointBatc
         total = total + weights.teacher * teacher_scale * losses["loss_teacher"]
     losses["loss"] = total
     return losses
+
+
+def video_step(model, batch: VideoBatch, weights: JointWeights, generator: torch.Generator | None
+               ) -> dict[str, torch.Tensor]:
+    """``llm + w_mask (mask + dice)`` of one video RES batch, the mask terms over every frame of every masklet.
+
+    Each clip's MLLM frames are encoded once and shared by its rows; all clips' SAM2 frames go through the encoder
+    in one call and are tracked in one propagation (``propagate_masklets`` with a clip index per prompt). SAM2 runs
+    in eval mode there, the mode inference propagates in (its memory bank is read differently in training mode).
+    Also returns two detached diagnostics: the mean IoU (logits > 0 against the GT, 1 when both are empty) of the
+    prompted frames (``iou_prompted``) and of the propagated ones (``iou_tracked``).
+    """
+    device = model.device
+    C, n = batch.pixel_values.shape[:2]
+    T = batch.g_pixel_values.shape[1]
+    data = {k: v.to(device) for k, v in batch.text.items()}
+    row_clip = batch.row_clip.to(device)  # [B]
+    projected = model.project_vision(model.encode_vision(batch.pixel_values.to(device).flatten(0, 1)))  # [C·n, t, D]
+    per_clip = [model.build_image_embeds(projected[c * n:(c + 1) * n]) for c in range(C)]  # C × [n·t, D]
+    llm, hidden = lm_forward(model, data, [per_clip[c] for c in batch.row_clip.tolist()], weights.seg_lm)
+    is_seg = data["input_ids"] == model.seg_token_id  # [B, L]
+    seg_rows = torch.nonzero(is_seg)[:, 0]  # [M] row of each [SEG], row-major
+    features = model.encode_grounding(batch.g_pixel_values.to(device).flatten(0, 1).float(),
+                                      keep_memory_inputs=True)  # C·T frames, clip-major
+    prompt = model.seg_hidden_to_prompt(hidden[is_seg])  # [M, C_sam]
+    with eval_mode(model.grounding_encoder.sam2_model):
+        logits = model.propagate_masklets(prompt, features, n, clip_index=row_clip[seg_rows], num_clips=C)
+    gt = batch.masklets.to(device)[seg_rows]  # [M, T, h, w]
+    loss_mask, loss_dice = mask_losses(logits.flatten(0, 1), gt.flatten(0, 1), num_points=weights.num_points,
+                                       generator=generator)  # every frame of every masklet is one mask
+    with torch.no_grad():
+        hit = logits > 0
+        union = (hit | (gt > 0.5)).flatten(2).sum(-1)  # [M, T]
+        iou = torch.where(union > 0, (hit & (gt > 0.5)).flatten(2).sum(-1) / union.clamp_min(1), 1.0)
+        tracked = iou[:, n:] if T > n else iou.new_zeros(1, 0)
+    return {"llm_loss": llm, "loss_mask": loss_mask, "loss_dice": loss_dice,
+            "iou_prompted": iou[:, :n].mean(), "iou_tracked": tracked.mean() if tracked.numel() else iou.new_tensor(0.),
+            "loss": llm + weights.mask * (loss_mask + loss_dice)}
 
 
 @dataclass

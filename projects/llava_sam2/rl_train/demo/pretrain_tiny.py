@@ -4,18 +4,21 @@
 
 The demo trains the ``tiny`` preset, and from random init it is text-blind (docs/demo.md). A
 released Sa2VA starts from a pretrained InternVL and SAM2; this tool gives the tiny one the same kind of start,
-on ``ShapesWorld('train')`` only (the ``'val'`` stream is the held-out split), in three stages
-(``demo/pretrain_stages.py``, each measured in docs/demo.md, "The pretrained tiny model"):
+on ``ShapesWorld('train')`` and ``ShapesVideoWorld('train')`` only (the ``'val'`` streams are the held-out
+splits), in up to four stages (``demo/pretrain_stages.py``, each measured in docs/demo.md, "The pretrained tiny
+model"):
 
 1. ``sam``: promptable segmentation of the tiny SAM2 (clicks, boxes and, optionally, attribute prompts in the
    ``[SEG]`` slot), encoders trained;
 2. ``lm``: next-token pretraining of the tiny LLM on the shapes-world phrases (optional);
 3. ``joint``: Sa2VA SFT of every weight on referring segmentation (every object of a scene in one batch, each
-   with its own text) and region captioning, with SAM's IoU-head loss and, optionally, the attribute teacher.
+   with its own text) and region captioning, with SAM's IoU-head loss and, optionally, the attribute teacher;
+4. ``video``: video RES on moving-shapes clips through SAM2's memory propagation, which trains the memory modules
+   the image stages never reach (optional; usually a continuation of an image-trained checkpoint, ``--init``).
 
 DIR gets the checkpoint in the HF layout (``save_pretrained`` + the tokenizer; loads with
 ``load_pretrained``), ``pretrain_log.json`` (settings, command, per-stage losses, held-out curves, final
-held-out text dependence / RES / captioning, the weights' sha256) and nothing else.
+held-out text dependence / RES / captioning / video J&F, the weights' sha256) and nothing else.
 """
 from __future__ import annotations
 
@@ -37,11 +40,12 @@ from ..model.network.presets import build_preset
 from ..model.network.sa2va import Sa2VAModel
 from ..model.text.processor import Sa2VAProcessor
 from ..model.text.tokenizer import load_tiny_tokenizer, load_tokenizer
-from .pretrain_data import StageBatches, loader
+from .pretrain_data import StageBatches, VideoBatch, loader
 from .pretrain_stages import (AttributePrompt, JointWeights, joint_step, lm_step, run_stage, sam_step,
-                              trainable_encoders)
+                              trainable_encoders, video_step)
 
 EVAL_TASKS = ("res", "caption", "cycle_iou", "cycle_caption")
+STAGES = ("sam", "lm", "joint", "video")
 
 
 @dataclass
@@ -107,7 +111,20 @@ class PretrainSettings:
     """joint: initial weight of MSE([SEG] prompt, attribute prompt of its text), decaying linearly to 0; needs
     stage sam with attribute prompts"""
     num_points: int = 1024
-    """joint: PointRend points per mask of the SFT mask loss (64x64 logits)"""
+    """joint and video: PointRend points per mask (per frame) of the SFT mask loss (64x64 logits)"""
+    # stage 4: video RES with SAM2 memory propagation
+    video_steps: int = 0
+    """stage video: steps (0 skips it)"""
+    video_lr: float = 3e-4
+    """stage video: AdamW peak learning rate"""
+    clips_per_batch: int = 8
+    """stage video: ShapesVideoWorld('train') clips per video batch (every object of each is a row)"""
+    video_frames: int = 16
+    """stage video: frames per training clip (the first min(5, T) go to the language model, all to SAM2)"""
+    video_image_size: int = 128
+    """stage video: side of the rendered training and held-out clips"""
+    image_share: float = 0.25
+    """stage video: share of its steps that are joint image batches instead (spread evenly; 0: video only)"""
     # evaluation (held-out ShapesWorld('val'), never trained on)
     eval_every: int = 0
     """joint: held-out text dependence every N steps (0: none during training)"""
@@ -119,32 +136,40 @@ class PretrainSettings:
     """side of the held-out scenes (the demo renders 128 px)"""
     eval_tasks: tuple[str, ...] = ("res", "caption")
     """final evaluation tasks, of ('res', 'caption', 'cycle_iou', 'cycle_caption') (caption scores need WordNet)"""
+    video_eval_clips: int = 100
+    """held-out ShapesVideoWorld('val', seed=0) clips of the final video RES J&F (run when stage video ran; 0 skips
+    it)"""
 
     def __post_init__(self) -> None:
         self.image_sizes = tuple(int(s) for s in self.image_sizes)
         self.eval_tasks = tuple(self.eval_tasks)
         if not self.out:
             raise ValueError("PretrainSettings.out: give the output directory (--out DIR)")
-        counts = {k: getattr(self, k) for k in ("sam_steps", "lm_steps", "joint_steps", "warmup_steps", "eval_every",
-                                                "eval_scenes", "num_workers", "captions_per_scene")}
-        if any(v < 0 for v in counts.values()) or self.sam_steps + self.lm_steps + self.joint_steps == 0:
+        counts = {k: getattr(self, k) for k in ("sam_steps", "lm_steps", "joint_steps", "video_steps", "warmup_steps",
+                                                "eval_every", "eval_scenes", "num_workers", "captions_per_scene",
+                                                "video_eval_clips")}
+        if any(v < 0 for v in counts.values()) or not any(counts[f"{k}_steps"] for k in STAGES):
             raise ValueError(f"PretrainSettings: step/scene counts must be >= 0 and at least one stage must run, got "
                              f"{counts}")
-        for name in ("sam_lr", "lm_lr", "joint_lr", "scenes_per_batch", "curve_scenes", "num_points", "threads",
-                     "log_every"):
+        for name in ("sam_lr", "lm_lr", "joint_lr", "video_lr", "scenes_per_batch", "clips_per_batch", "video_frames",
+                     "curve_scenes", "num_points", "threads", "log_every"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"PretrainSettings.{name}={getattr(self, name)}: must be > 0")
         for name in ("mask_loss_weight", "iou_loss_weight", "seg_lm_weight", "teacher_weight", "time_limit_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"PretrainSettings.{name}={getattr(self, name)}: must be >= 0")
+        if not 0 <= self.image_share < 1:
+            raise ValueError(f"PretrainSettings.image_share={self.image_share}: a share in [0, 1)")
         if not 0 <= self.attribute_share <= 1:
             raise ValueError(f"PretrainSettings.attribute_share={self.attribute_share}: a share in [0, 1]")
         if self.teacher_weight > 0 and self.joint_steps and not (self.sam_steps and self.attribute_share > 0):
             raise ValueError("PretrainSettings.teacher_weight > 0 needs the attribute prompts of stage sam "
                              "(sam_steps > 0 and attribute_share > 0); set --teacher-weight 0 otherwise")
-        if not self.image_sizes or min(self.image_sizes) < 32 or self.eval_image_size < 32:
+        if not self.image_sizes or min(self.image_sizes, default=0) < 32 or min(self.eval_image_size,
+                                                                                  self.video_image_size) < 32:
             raise ValueError(f"PretrainSettings: image_sizes={self.image_sizes} / eval_image_size="
-                             f"{self.eval_image_size}: sides of at least 32 px")
+                             f"{self.eval_image_size} / video_image_size={self.video_image_size}: sides of at least "
+                             "32 px")
         unknown = [t for t in self.eval_tasks if t not in EVAL_TASKS]
         if unknown:
             raise ValueError(f"PretrainSettings.eval_tasks: {unknown} not in {EVAL_TASKS}")
@@ -169,15 +194,17 @@ def build_tiny(seed: int, device: str, init: str = ""):
 def _batches(stage: str, processor, s: PretrainSettings, steps: int):
     return loader(StageBatches(stage, processor, seed=s.seed, steps=steps, scenes_per_batch=s.scenes_per_batch,
                                image_sizes=s.image_sizes, attribute_share=s.attribute_share,
-                               group_by_scene=s.group_by_scene, captions_per_scene=s.captions_per_scene),
+                               group_by_scene=s.group_by_scene, captions_per_scene=s.captions_per_scene,
+                               clips_per_batch=s.clips_per_batch, video_frames=s.video_frames,
+                               video_image_size=s.video_image_size, image_share=s.image_share),
                   s.num_workers)
 
 
 def train(model, processor, s: PretrainSettings) -> list[dict]:
-    """Run the three stages in place; returns their logs."""
+    """Run the stages in place; returns their logs."""
     from ..evaluation.text_dependence import held_out_scenes, measure, model_segmenter
 
-    steps = {"sam": s.sam_steps, "lm": s.lm_steps, "joint": s.joint_steps}
+    steps = {stage: getattr(s, f"{stage}_steps") for stage in STAGES}
     start = time.perf_counter()
 
     def budget(stage: str) -> float:
@@ -217,6 +244,14 @@ def train(model, processor, s: PretrainSettings) -> list[dict]:
             lambda batch, progress: joint_step(model, teacher, batch, weights, 1 - progress, points),
             list(model.parameters()), steps=s.joint_steps, lr=s.joint_lr, time_budget_s=budget("joint"),
             on_log=curve_point, eval_every=s.eval_every, **common))
+
+        def video_or_image_step(batch, _):
+            if isinstance(batch, VideoBatch):
+                return video_step(model, batch, weights, points)
+            return joint_step(model, None, batch, weights, 0.0, points)
+        logs.append(run_stage("video", _batches("video", processor, s, s.video_steps), video_or_image_step,
+                              list(model.parameters()), steps=s.video_steps, lr=s.video_lr,
+                              time_budget_s=budget("video"), **common))
     model.eval()
     return [log.to_dict() for log in logs]
 
@@ -231,13 +266,19 @@ def save(model, tokenizer, out: Path) -> dict[str, str]:
 
 
 def evaluate_held_out(model, processor, s: PretrainSettings, held_out: dict, write) -> None:
-    """Text dependence on ``eval_scenes`` multi-object scenes, then ``eval_tasks`` on ``eval_scenes`` samples of
+    """Video RES J&F on ``video_eval_clips`` clips of ``ShapesVideoWorld('val', seed=0)`` (when stage video ran),
+    text dependence on ``eval_scenes`` multi-object scenes, then ``eval_tasks`` on ``eval_scenes`` samples of
     ``ShapesWorld('val', seed=0)`` (the demo's held-out stream), at ``eval_image_size``; fills ``held_out`` and
     calls ``write()`` after each part (a failing part leaves the earlier ones on disk)."""
     from ..data.shapes import ShapesWorld
     from ..evaluation.tasks import EvalConfig, evaluate
     from ..evaluation.text_dependence import text_dependence
 
+    if s.video_steps and s.video_eval_clips:
+        held_out["video_res"] = video_held_out(model, processor, s.video_eval_clips, s.video_image_size,
+                                               s.video_frames)
+        print(json.dumps({"held_out_video_res": held_out["video_res"]}), flush=True)
+        write()
     if not s.eval_scenes:
         return
     held_out["text_dependence"] = text_dependence(model, processor, num_scenes=s.eval_scenes,
@@ -248,6 +289,18 @@ def evaluate_held_out(model, processor, s: PretrainSettings, held_out: dict, wri
         tasks = evaluate(model, processor, world, s.eval_tasks, EvalConfig(batch_size=32, show_progress=False))
         held_out["tasks"] = {name: {k: v.to_dict() for k, v in task.metrics.items()} for name, task in tasks.items()}
         write()
+
+
+def video_held_out(model, processor, clips: int, image_size: int, num_frames: int) -> dict:
+    """``video_res`` (``evaluation/video_tasks.py``) on the first ``clips`` clips of ``ShapesVideoWorld('val',
+    seed=0)``: each metric's estimate and CI as a dict."""
+    from ..data.shapes_video import ShapesVideoWorld
+    from ..evaluation.video_tasks import evaluate_video_res
+
+    world = ShapesVideoWorld("val", clips, 0, image_size=image_size, num_frames=num_frames)
+    result = evaluate_video_res(model, processor, world)
+    return {"clips": clips, "image_size": image_size, "num_frames": num_frames,
+            **{name: estimate.to_dict() for name, estimate in result.metrics.items()}}
 
 
 def pretrain(s: PretrainSettings, argv: list[str] | None = None) -> dict:
@@ -301,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log = pretrain(settings, argv)
     print(json.dumps({"out": settings.out, "train_seconds": log["train_seconds"], "sha256": log["sha256"],
-                      "held_out": log.get("held_out", {}).get("text_dependence")}), flush=True)
+                      "held_out": log.get("held_out", {}).get("text_dependence"),
+                      "held_out_video_res": log.get("held_out", {}).get("video_res")}), flush=True)
     return 0
 
 

@@ -35,6 +35,7 @@ _EXPORTS = {
     "load_system": ".loading",
     "load_weights": ".loading",
     "write_report": ".report",
+    "evaluate_video_res": ".video_tasks",
 }
 
 __all__ = sorted(_EXPORTS)

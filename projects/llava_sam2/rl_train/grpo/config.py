@@ -47,6 +47,9 @@ class GRPOConfig:
     """Nucleus sampling mass in (0, 1]; 1.0 keeps every token."""
     generation_chunk_size: int | None = None
     """Rollouts per sampling call (memory knob), a multiple of num_generations; None samples all B * G at once."""
+    video_mllm_frames: int = 5
+    """Video steps: frames of each clip the language model sees (the first n; upstream's video input uses 5); SAM2
+    sees every frame the data gives."""
     mask_truncated_completions: bool = False
     """Drop captions that hit max_completion_length from the loss (DAPO: truncation noise, not bad captions)."""
     decode_backend: str = "fast"
@@ -162,6 +165,8 @@ class GRPOConfig:
                  f"{G} or None.")
         from ..model.decoding.fast_generation import DECODE_BACKENDS  # here: keeps `import grpo` free of transformers' models
 
+        _require(isinstance(self.video_mllm_frames, int) and self.video_mllm_frames >= 1,
+                 f"video_mllm_frames={self.video_mllm_frames!r} must be an int >= 1 (upstream: 5)")
         _require(self.decode_backend in DECODE_BACKENDS,
                  f"decode_backend={self.decode_backend!r} is not one of {sorted(DECODE_BACKENDS)}; use 'fast' "
                  "(default) or 'reference' (for LMs the fast path does not support).")

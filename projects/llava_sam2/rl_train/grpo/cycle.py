@@ -20,6 +20,18 @@ preambles rather than by the mask policy. With a fixed answer the ``[SEG]`` stat
 (image, caption) per prompt, computed on B rows and shared by the group's G samples, and the mask policy is the
 only source of randomness.
 
+On a video step (``StepFeatures.video`` set; grpo/features.py) the same two classes run on clips. Loop 1's policy pass
+is the image one on the sample's key frame (the frame where its gt masklet is largest, shown as a one-tile image);
+the partner grounds each caption in the whole clip (video RES prompt over the MLLM frames, SAM2 propagation) and
+the reward compares masklets (``video_jf``): a caption written from one frame must identify the object across the
+clip. Loop 2's policy grounds the text with the video RES prompt; its action is the mask sampled on ONE frame, the
+MLLM frame where the policy's deterministic mask is largest (chosen at rollout time without grad, kept in
+``MaskReplay.grounding_index``), and the partner describes that mask on that frame. The action is that one frame's
+mask, not a masklet, because the partner only ever sees that frame: log-probability spent on the other frames'
+masks would be credited with a reward it cannot affect. The policy's propagated masklet is scored against the gt
+masklet as a statistic (``video/policy_jf``). No loss pass propagates, so a video step's loss costs what an image
+step's does with n-tile prompts.
+
 Each loop's ``action_logp`` is the single function that scores a given action (CleanRL's
 ``get_action_and_value``): the rollout calls it (no grad) for ``old_logp`` and, inside ``WeightSets.reference``,
 for ``ref_logp``; the loss calls it with grad (through the loop's own ``loss_fn``). The sampling pass builds the same
@@ -38,15 +50,17 @@ from torch import Tensor
 from ..model.decoding.grouped_scoring import grouped_completion_logprobs
 from ..model.decoding.text_decoding import (
     TextDecoding, completion_texts, eval_mode, fed_back_seg_positions, group_chunks, sample_text)
-from ..model.pipeline.shared import forced_answer_masks, forced_answer_seg_prompts, prompt_embeds
+from ..model.pipeline.shared import EncodedImages, forced_answer_masks, forced_answer_seg_prompts, prompt_embeds
 from ..model.pipeline.region_chain import MaskChain
+from ..model.pipeline.video import largest_mask_frames, masklet_masks, video_masklet_logits
 from ..model.sft.sft_loss import mask_loss_per_mask, resize_gt_masks
 from ..rewards.base import RewardInputs
+from ..rewards.video_metrics import j_and_f
 from .dense import best_in_group, dense_rollout_weights, weighted_mean
 from .features import StepFeatures
 from .losses import PolicyLoss
 from .mask_policy import MaskHead
-from .passes import cat_chunks, partner_describe, partner_segment, slice_rows
+from .passes import cat_chunks, partner_describe, partner_segment, partner_segment_video, slice_rows
 from .rollout import AnswerReplay, CaptionReplay, MaskReplay, Rollout
 
 
@@ -87,15 +101,16 @@ class LoopRollout:
     stats: dict[str, float]
 
 
-def _partner_captions(ctx, features, pred_masks, replay, G: int, chunk: int) -> tuple[list[str] | None, dict]:
-    """Loop 2's reward input: the EMA partner's caption of each policy mask (``(None, {})`` when
-    ``use_partner_captions`` is off)."""
+def _partner_captions(ctx, features: StepFeatures, encoded: EncodedImages, images: Sequence[int], pred_masks, G: int,
+                      chunk: int) -> tuple[list[str] | None, dict]:
+    """Loop 2's reward input: the EMA partner's caption of each policy mask, mask n shown on image ``images[n]`` of
+    ``encoded`` (``(None, {})`` when ``use_partner_captions`` is off)."""
     if not ctx.use_partner_captions:
         return None, {}
     model = ctx.model
     with ctx.weights.partner(model):
-        return partner_describe(model, ctx.processor, features, model.project_vision(features.vit_tokens), pred_masks,
-                                replay.image_index.tolist(), _repeat(features.sample_ids, G), ctx.decoding,
+        return partner_describe(model, ctx.processor, encoded, model.project_vision(encoded.vit_tokens), pred_masks,
+                                images, _repeat(features.sample_ids, G), ctx.decoding,
                                 max_new_tokens=ctx.config.max_completion_length, chunk_size=chunk)
 
 
@@ -109,7 +124,7 @@ def reward_inputs(features: StepFeatures, G: int, pred_masks=None, pred_captions
     return RewardInputs(sample_ids=_repeat(features.sample_ids, G), pred_masks=pred_masks,
                         gt_masks=_repeat(features.gt_masks, G), pred_captions=pred_captions,
                         gt_captions=_repeat(features.references, G),
-                        images=_repeat([s.image for s in features.samples], G))
+                        images=_repeat(features.reward_images(), G))
 
 
 def mask_iou(pred_logits: Tensor, target: Tensor) -> Tensor:
@@ -220,6 +235,9 @@ class MaskToCaptionLoop:
         and the partner's mask' for each; rewards are left NaN for ``CycleGRPO.score``."""
         ctx, model, proc, cfg = self.ctx, self.ctx.model, self.ctx.processor, self.ctx.config
         B, G, chunk = features.num_samples, cfg.num_generations, cfg.generation_chunk_size
+        if features.video is not None and self.dense_weight > 0:
+            raise ValueError(f"{self.name} loop: mask_to_caption_dense_weight={self.dense_weight} is not supported on "
+                             f"video steps (e.g. sample {features.sample_ids[0]!r}); set it to 0 for video data.")
         images = features.image_index.tolist()
         ids, attention = proc.tokenize_prompts(
             [proc.caption_prompt(features.n_tiles(i), features.region_cells[b]) for b, i in enumerate(images)])
@@ -250,9 +268,15 @@ class MaskToCaptionLoop:
             if self.dense_weight > 0:  # the RES prompts of the policy's own captions, for dense_loss
                 replay = self._with_seg_prompts(replay, features, captions, images)
             with ctx.weights.partner(model):
-                pred_masks, stats = partner_segment(
-                    model, proc, features, model.project_vision(features.vit_tokens), captions, _repeat(images, G),
-                    ctx.decoding, max_new_tokens=ctx.seg_answer_max_tokens, chunk_size=chunk)
+                partner_tiles = model.project_vision(features.vit_tokens)
+                if features.video is None:
+                    pred_masks, stats = partner_segment(
+                        model, proc, features, partner_tiles, captions, _repeat(images, G), ctx.decoding,
+                        max_new_tokens=ctx.seg_answer_max_tokens, chunk_size=chunk)
+                else:  # the caption of one frame is grounded in the whole clip: masklets [T, H, W]
+                    pred_masks, stats = partner_segment_video(
+                        model, proc, features.video, partner_tiles, captions, _repeat(range(B), G), ctx.decoding,
+                        max_new_tokens=ctx.seg_answer_max_tokens, chunk_size=chunk)
         rollout = Rollout(group_size=G, old_logp=old_logp, ref_logp=ref_logp, action_mask=completions.completion_mask,
                           rewards=torch.full((B, G), float("nan")), is_truncated=completions.is_truncated,
                           max_action_length=cfg.max_completion_length, replay=replay, loop=self.name)
@@ -321,12 +345,13 @@ def seg_mask_head(model, features: StepFeatures, tile_embeds: Tensor, replay: Ma
     image_index = replay.image_index  # [n]
     chain = MaskChain(sizes=tuple(tuple(features.image_sizes[i]) for i in image_index.tolist()),
                       sam_image_size=int(model.config.sam_image_size), grid_size=math.isqrt(model.num_image_token))
+    sam_rows = image_index if replay.grounding_index is None else replay.grounding_index  # video: the key frames
 
     def decode(prompt: Tensor):
-        return model.decode_masks(prompt, features.grounding, image_index)
+        return model.decode_masks(prompt, features.grounding, sam_rows)
 
     def decode_groups(prompt: Tensor):
-        return model.decode_masks(prompt, features.grounding, image_index[::G])
+        return model.decode_masks(prompt, features.grounding, sam_rows[::G])
 
     return GroupedMaskHead(seg_prompt=group_prompt.repeat_interleave(G, 0), decode=decode, chain=chain,
                            group_prompt=group_prompt, decode_groups=decode_groups, group_size=G)
@@ -357,9 +382,7 @@ class CaptionToMaskLoop:
     def _replay(self, features: StepFeatures) -> MaskReplay:
         """N-row replay whose action is filled in once the policy has sampled."""
         proc, model, G = self.ctx.processor, self.ctx.model, self.ctx.config.num_generations
-        ids, attention = proc.tokenize_prompts(
-            [proc.segment_prompt(features.n_tiles(features.image_of(b)), text)
-             for b, text in enumerate(features.prompt_texts)])
+        ids, attention = proc.tokenize_prompts(grounding_prompts(proc, features))
         N = features.num_samples * G
         answer_ids = self.ctx.seg_answer_ids.to(model.device)
         return MaskReplay(prompt_ids=ids.to(model.device).repeat_interleave(G, 0),
@@ -377,6 +400,9 @@ class CaptionToMaskLoop:
         replay = self._replay(features)
         with eval_mode(model):
             tiles = model.project_vision(features.vit_tokens)
+            video_stats, key_frames = {}, None
+            if features.video is not None:
+                replay, key_frames, video_stats = self._video_key_frames(features, tiles, replay)
             draws = []
             for b0, b1 in group_chunks(B, G, chunk):
                 head = seg_mask_head(model, features, tiles, slice_rows(replay, b0 * G, b1 * G), range(b0, b1), G)
@@ -393,13 +419,62 @@ class CaptionToMaskLoop:
                     ref_logp = cat_chunks(lambda b0, b1: policy.log_prob(seg_mask_head(
                         model, features, ref_tiles, slice_rows(replay, b0 * G, b1 * G), range(b0, b1), G),
                         action[b0 * G:b1 * G]), B, G, chunk)
-            captions, stats = _partner_captions(ctx, features, pred_masks, replay, G, chunk)
+            if features.video is None:
+                described, described_rows = features, replay.image_index.tolist()
+            else:  # the partner sees the key frame as a one-tile image, the policy's mask as its region
+                described = features.video.encoded.frame_images(features.video.clip_index, key_frames)
+                described_rows = _repeat(range(B), G)
+            captions, stats = _partner_captions(ctx, features, described, described_rows, pred_masks, G, chunk)
+        stats.update(video_stats)
         stats["mask/area_frac"] = float(sum(m.float().mean() for m in pred_masks) / len(pred_masks))
         rollout = Rollout(group_size=G, old_logp=logp if needs_old_logp else None, ref_logp=ref_logp,
                           action_mask=torch.ones_like(logp, dtype=torch.bool), rewards=torch.full((B, G), float("nan")),
                           is_truncated=torch.zeros(B * G, dtype=torch.bool, device=logp.device),
                           max_action_length=logp.shape[1], replay=replay, loop=self.name)
-        return LoopRollout(rollout, reward_inputs(features, G, pred_masks=pred_masks, pred_captions=captions), stats)
+        inputs = reward_inputs(features, G, pred_masks=pred_masks, pred_captions=captions)
+        if key_frames is not None:  # rewards see the frame the action was taken on: its gt mask and its pixels
+            inputs = replace(inputs, gt_masks=_repeat([None if m is None else m[k] for m, k in
+                                                       zip(features.gt_masks, key_frames)], G),
+                             images=_repeat([s.frames[k] for s, k in zip(features.samples, key_frames)], G))
+        return LoopRollout(rollout, inputs, stats)
+
+
+    def _video_key_frames(self, features: StepFeatures, tile_embeds: Tensor, replay: MaskReplay
+                          ) -> tuple[MaskReplay, list[int], dict[str, float]]:
+        """A video step's action frame per sample (module docstring): the MLLM frame where the policy's
+        deterministic mask (teacher-forced ``[SEG]`` prompt, decoder on that frame) is largest, stored in the
+        replay's ``grounding_index`` so that every later scoring decodes on the same frame. Also the policy's whole
+        masklet (that prompt propagated over the clip) scored against the gt masklet: ``video/policy_jf`` (a
+        statistic, not a reward), over the samples that have a masklet."""
+        model, G, video = self.ctx.model, self.ctx.config.num_generations, features.video
+        B = features.num_samples
+        prompts = forced_answer_seg_prompts(model, features, tile_embeds, replay.prompt_ids[::G],
+                                            replay.prompt_attention[::G], features.image_index.tolist(),
+                                            replay.answer_ids[::G], replay.seg_index[::G])  # [B, C]
+        clips = video.encoded
+        key_frames = largest_mask_frames(model, clips, video.clip_index, prompts)
+        rows = [clips.frame_start[c] + k for c, k in zip(video.clip_index, key_frames)]
+        grounding_index = torch.tensor(rows, dtype=torch.long, device=replay.image_index.device)
+        scores = []
+        for b in range(B):
+            if features.gt_masks[b] is None:
+                continue
+            clip = clips.video(video.clip_index[b])
+            logits = video_masklet_logits(model, clip, prompts[b:b + 1])[0]  # [T, h, w]
+            scores.append(j_and_f(features.gt_masks[b].numpy(), masklet_masks(model, logits, clip.size).cpu().numpy()))
+        stats = {"video/key_frame": sum(key_frames) / B}
+        if scores:
+            stats["video/policy_jf"] = sum(scores) / len(scores)
+        return replace(replay, grounding_index=grounding_index.repeat_interleave(G)), key_frames, stats
+
+
+def grounding_prompts(processor, features: StepFeatures) -> list[str]:
+    """Loop 2's RES prompt of each sample's text: about its image, or (video step) about its clip's MLLM frames."""
+    if features.video is None:
+        return [processor.segment_prompt(features.n_tiles(features.image_of(b)), text)
+                for b, text in enumerate(features.prompt_texts)]
+    return [processor.video_segment_prompt(features.n_tiles(features.image_of(b)), text)
+            for b, text in enumerate(features.prompt_texts)]
 
 
 # ---- loop 2, deterministic mask: the answer-text action ------------------------------------------------------
@@ -509,6 +584,9 @@ class AnswerToMaskLoop:
         ``ref_logp`` (if beta > 0), and the partner's caption' of each mask."""
         ctx, model, cfg = self.ctx, self.ctx.model, self.ctx.config
         B, G, chunk = features.num_samples, cfg.num_generations, cfg.generation_chunk_size
+        if features.video is not None:
+            raise ValueError(f"{self.name} loop: mask_policy='deterministic' is not supported on video steps (e.g. "
+                             f"sample {features.sample_ids[0]!r}); use a stochastic mask policy such as 'region'.")
         images = features.image_index.tolist()
         ids, attention = self._replay(features)
         with eval_mode(model):
@@ -550,7 +628,8 @@ class AnswerToMaskLoop:
                 with ctx.weights.reference(model):
                     ref_tiles = model.project_vision(features.vit_tokens)
                     ref_logp = cat_chunks(lambda b0, b1: terms(ref_tiles, b0, b1)[0], B, G, chunk)
-            captions, stats = _partner_captions(ctx, features, pred_masks, replay, G, chunk)
+            captions, stats = _partner_captions(ctx, features, features, replay.image_index.tolist(), pred_masks, G,
+                                                chunk)
         stats["mask/area_frac"] = float(sum(m.float().mean() for m in pred_masks) / len(pred_masks))
         stats["answer/no_seg"] = float((seg_position < 0).sum())
         rollout = Rollout(group_size=G, old_logp=logp if needs_old_logp else None, ref_logp=ref_logp,

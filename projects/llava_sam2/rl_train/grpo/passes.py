@@ -20,8 +20,9 @@ import torch
 from torch import Tensor
 
 from ..model.decoding.text_decoding import TextDecoding, group_chunks
-from ..model.pipeline.shared import describe_masks, segment_texts
-from .features import StepFeatures
+from ..model.pipeline.shared import Answer, EncodedImages, describe_masks, segment_texts
+from ..model.pipeline.video import segment_texts_in_clips
+from .features import StepFeatures, VideoStep
 
 
 def slice_rows(data, r0: int, r1: int):
@@ -55,15 +56,44 @@ def partner_segment(model, processor, features: StepFeatures, tile_embeds: Tenso
     for n, answer in enumerate(answers):
         if answer is not None and answer.seg_masks:
             pred_masks[n] = answer.seg_masks[0]
+    return pred_masks, _segment_stats(answers)
+
+
+def _segment_stats(answers: Sequence[Answer | None]) -> dict[str, float]:
     valid = [answer for answer in answers if answer is not None]
-    stats = {"partner/empty_caption": float(len(captions) - len(valid)),
-             "partner/no_seg": float(sum(answer.num_seg == 0 for answer in valid)),
-             "partner/answer_tokens": sum(answer.num_tokens for answer in valid) / max(1, len(valid))}
-    return pred_masks, stats
+    return {"partner/empty_caption": float(len(answers) - len(valid)),
+            "partner/no_seg": float(sum(answer.num_seg == 0 for answer in valid)),
+            "partner/answer_tokens": sum(answer.num_tokens for answer in valid) / max(1, len(valid))}
 
 
 @torch.no_grad()
-def partner_describe(model, processor, features: StepFeatures, tile_embeds: Tensor, pred_masks: Sequence[Tensor],
+def partner_segment_video(model, processor, video: VideoStep, tile_embeds: Tensor, captions: Sequence[str],
+                          samples: Sequence[int], decoding: TextDecoding, *, max_new_tokens: int,
+                          chunk_size: int | None) -> tuple[list[Tensor], dict[str, float]]:
+    """Loop 1's second half on video: ground each caption in its sample's whole clip with the weights in effect.
+
+    Per caption: video RES prompt over the clip's MLLM frames → greedy answer → its first fed-back ``[SEG]``'s SAM2
+    prompt → memory propagation over every frame (``segment_texts_in_clips``). An empty caption or an answer
+    without a fed-back ``[SEG]`` gives an all-False masklet; statistics as :func:`partner_segment`.
+
+    Args:
+        tile_embeds: ``model.project_vision(encoded.clips.vit_tokens)`` under the weights in effect.
+        samples: per caption, its sample's row in ``video`` (clip ``video.clip_index[sample]``).
+
+    Returns N bool ``[T, H, W]`` CPU masklets and the statistics.
+    """
+    clips = video.encoded
+    clip_rows = [video.clip_index[b] for b in samples]
+    answers, masklets = segment_texts_in_clips(model, processor, clips, captions, clip_rows,
+                                               max_new_tokens=max_new_tokens, decoding=decoding,
+                                               tile_embeds=tile_embeds, chunk_size=chunk_size)
+    pred_masks = [m if m is not None else torch.zeros((clips.num_frames(c), *clips.clips.image_sizes[c]),
+                                                      dtype=torch.bool) for m, c in zip(masklets, clip_rows)]
+    return pred_masks, _segment_stats(answers)
+
+
+@torch.no_grad()
+def partner_describe(model, processor, features: EncodedImages, tile_embeds: Tensor, pred_masks: Sequence[Tensor],
                      images: Sequence[int], sample_ids: Sequence[str], decoding: TextDecoding, *,
                      max_new_tokens: int, chunk_size: int | None) -> tuple[list[str], dict[str, float]]:
     """Loop 2's second half: describe each sampled mask with the weights in effect (the EMA partner).

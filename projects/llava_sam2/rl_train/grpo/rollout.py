@@ -90,6 +90,8 @@ class MaskReplay:
         action: the mask policy's sampled action for ``MaskPolicy.log_prob`` (shape set by the policy:
             ``[N, g, g]`` bool region cells for ``region``, ``[N, h', w']`` bool for ``bernoulli``, ``[N, 256]``
             fp32 for ``gaussian_seg``, ``[N]`` long for ``multimask``).
+        grounding_index: ``[N]`` long, the SAM2 row the mask is decoded on when it is not ``image_index``: a video
+            step's key frame (a frame row of the clips' features, chosen at rollout time); None for an image step.
     """
 
     prompt_ids: Tensor
@@ -98,6 +100,7 @@ class MaskReplay:
     seg_index: Tensor
     image_index: Tensor
     action: Tensor
+    grounding_index: Tensor | None = None
 
 
 @dataclass(frozen=True)

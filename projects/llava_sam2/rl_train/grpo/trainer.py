@@ -58,7 +58,7 @@ from ..rewards import RewardComposer
 from .advantages import group_advantages, reward_moments, std_from_moments
 from .config import GRPOConfig
 from .cycle import AnswerToMaskLoop, CaptionToMaskLoop, CycleContext, MaskToCaptionLoop
-from .features import StepFeatures, encode_step, loop_rows
+from .features import StepFeatures, encode_step, loop_features
 from .mask_policy import DETERMINISTIC_MASK, build_mask_policy
 from .passes import slice_rows
 from .rollout import AdvantagedStep, Rollout, SampledStep, ScoredStep
@@ -72,6 +72,9 @@ DEFAULT_REWARDS = {
     "mask_to_caption": [dict(type="iou", weight=1.0)],
     "caption_to_mask": [dict(type="meteor", weight=0.25), dict(type="dlc_judge", weight=0.75)],
 }
+# What a video step scores with where it differs and the loop's rewards are the default: loop 1 compares masklets
+# (J&F over the clip, rewards/video_metrics.py) instead of masks.
+DEFAULT_VIDEO_REWARDS = {"mask_to_caption": [dict(type="video_jf", weight=1.0, measure="jf")]}
 
 
 @dataclass
@@ -159,7 +162,8 @@ class CycleGRPO:
         processor: its ``Sa2VAProcessor``.
         weights: ``WeightSets`` over the model's trainable tensors (``use_reference=True`` when ``beta > 0``).
         rewards: per loop (``mask_to_caption`` / ``caption_to_mask``) a ``RewardComposer`` or a list of rewards /
-            reward configs; a missing key takes ``DEFAULT_REWARDS``. A loop-2 list with a mask reward (e.g.
+            reward configs; a missing key takes ``DEFAULT_REWARDS`` (on video steps ``DEFAULT_VIDEO_REWARDS`` where
+            it has the loop). A loop-2 list with a mask reward (e.g.
             ``[dict(type='iou')]``: sampled mask vs gt_mask) is the supervised ablation.
         config: ``GRPOConfig`` or its dict.
         minibatch_size: rollouts of each loop per ``train_step`` (a multiple of ``num_generations``); None puts
@@ -217,9 +221,13 @@ class CycleGRPO:
                 loop_cls = AnswerToMaskLoop  # the same loop with the answer text as its action
             weight = float(getattr(config, f"{loop_cls.name}_weight"))
             if weight > 0:
-                composer = build_composer((rewards or {}).get(loop_cls.name), config, loop_cls.name)
-                self.loops.append(loop_cls(self.context, composer, weight))
-        names = {r.name for loop in self.loops for r in loop.composer.rewards}
+                given = (rewards or {}).get(loop_cls.name)
+                loop = loop_cls(self.context, build_composer(given, config, loop_cls.name), weight)
+                video_default = DEFAULT_VIDEO_REWARDS.get(loop_cls.name) if given is None else None
+                loop.video_composer = loop.composer if video_default is None else build_composer(
+                    video_default, config, loop_cls.name)
+                self.loops.append(loop)
+        names = {r.name for loop in self.loops for c in (loop.composer, loop.video_composer) for r in c.rewards}
         unused = sorted(set(config.reward_weights or {}) - names)
         if unused:
             raise ValueError(f"CycleGRPO: reward_weights names {unused}, which no active loop's reward has (they have "
@@ -228,14 +236,15 @@ class CycleGRPO:
     # ---- the step ------------------------------------------------------------------------------------------
 
     def encode(self, batch: Sequence) -> StepFeatures:
-        """Frozen ViT and SAM2 features of the batch, once per distinct image (``grpo.features``)."""
+        """Frozen ViT and SAM2 features of the batch, once per distinct image or clip (``grpo.features``)."""
         keys = {loop.name for loop in self.loops}
         return encode_step(self.model, self.processor, batch, use_region_cells="mask_to_caption" in keys,
-                           use_prompt_texts="caption_to_mask" in keys)
+                           use_prompt_texts="caption_to_mask" in keys, mllm_frames=self.config.video_mllm_frames)
 
     def _split_by_loop(self, features: StepFeatures) -> dict[str, StepFeatures]:
-        """Each loop's share of ``features``: the samples that carry what it needs (all of them with paired data)."""
-        return {loop.name: features.select(loop_rows(features, loop.name)) for loop in self.loops}
+        """Each loop's share of ``features``: the samples that carry what it needs (all of them with paired data;
+        a video step's loop 1 sees their key frames, ``grpo.features.loop_features``)."""
+        return {loop.name: loop_features(features, loop.name) for loop in self.loops}
 
     def _num_chunks(self, features: StepFeatures) -> int:
         return len(group_chunks(features.num_samples, self.config.num_generations, self.minibatch_size))
@@ -255,8 +264,10 @@ class CycleGRPO:
     def score(self, sampled: SampledStep[StepFeatures]) -> ScoredStep[StepFeatures]:
         """Copies of the rollouts with ``rewards [B, G]`` (NaN where no reward applies) and ``reward_stats`` set."""
         rollouts = []
+        is_video = sampled.features.video is not None
         for rollout, inputs, stats in zip(sampled.rollouts, sampled.reward_inputs, sampled.rollout_stats):
-            total, reward_stats = self._loop_of(rollout).composer.compute(inputs)  # [N]
+            loop = self._loop_of(rollout)
+            total, reward_stats = (loop.video_composer if is_video else loop.composer).compute(inputs)  # [N]
             rewards = total.reshape(rollout.rewards.shape).to(rollout.rewards.dtype)  # [B, G]
             rollouts.append(rollout.with_rewards(rewards, {**reward_stats, **stats}))
         return ScoredStep(features=sampled.features, rollouts=tuple(rollouts))

@@ -157,6 +157,10 @@ def _per_rollout_metric(inputs: RewardInputs, reward_name: str, metric: str) -> 
         if pred is None:
             values.append(None)
             continue
+        if np.ndim(pred) == 3 and len(pred) > 1:  # one rollout's masklet [T, H, W]: a per-pair metric would keep frame 0
+            raise ValueError(f"reward {reward_name!r}, sample {inputs.sample_ids[i]}: got a masklet of "
+                             f"{len(pred)} frames; score video rollouts with the 'video_jf' reward "
+                             "(measure='j' is the per-frame IoU averaged over the clip).")
         try:
             values.append(float(mask_metrics(pred, gt)[metric][0]))
         except ValueError as error:

@@ -105,7 +105,8 @@ def loop_samples(data_batch, loop: str) -> list:
 
     samples = list(data_batch or [])
     needs = LOOP_NEEDS.get(loop)
-    if needs is None or not all(hasattr(s, "gt_mask") and hasattr(s, "captions") for s in samples):
+    if needs is None or not all((hasattr(s, "gt_mask") or hasattr(s, "gt_masks")) and hasattr(s, "captions")
+                                for s in samples):
         return samples
     return [s for s in samples if needs(s)]
 

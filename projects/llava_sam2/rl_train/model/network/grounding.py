@@ -235,9 +235,14 @@ class GroundingEncoder(nn.Module):
         present = (object_score_logits > 0).to(pointer.dtype)  # [M, 1]
         return present * pointer + (1 - present) * sam.no_obj_ptr
 
-    def propagate(self, prompt: torch.Tensor, features: GroundingFeatures, num_cond_frames: int) -> torch.Tensor:
+    def propagate(self, prompt: torch.Tensor, features: GroundingFeatures, num_cond_frames: int,
+                  clip_index: torch.Tensor | None = None, num_clips: int = 1) -> torch.Tensor:
         """Masklet logits ``[M, T, h, w]`` (fp32) of M ``[SEG]`` prompts ``[M, C]`` over the T frames of
         ``features`` (encoded with ``keep_memory_inputs=True``), as Sa2VA's SAM2 video predictor.
+
+        Several clips of T frames each can be tracked in one pass: ``features`` then holds ``num_clips`` clips
+        stacked clip-major (row ``c·T + t`` is frame t of clip c) and ``clip_index`` ``[M]`` names each prompt's
+        clip; every prompt reads only its own clip's frames and memories (the bank's rows are the prompts).
 
         Frames ``0 .. num_cond_frames - 1`` are conditioning frames: each is decoded with the prompt and no memory,
         exactly as the image path (``decode``). Every later frame is decoded without a prompt from its features
@@ -247,7 +252,16 @@ class GroundingEncoder(nn.Module):
         computation). The SAM2 weights must be in eval mode (SAM2 reads its memory bank differently in training).
         """
         sam = self.sam2_model
-        T, M = features.num_images, prompt.shape[0]
+        M = prompt.shape[0]
+        if num_clips < 1 or features.num_images % num_clips:
+            raise ValueError(f"propagate: {features.num_images} frames do not split into num_clips={num_clips} "
+                             "clips of equal length")
+        T = features.num_images // num_clips
+        if clip_index is None:
+            clip_index = torch.zeros(M, dtype=torch.long, device=prompt.device)
+        if tuple(clip_index.shape) != (M,):
+            raise ValueError(f"propagate: clip_index must be [M={M}], got {tuple(clip_index.shape)}")
+        first_frame = clip_index.to(device=prompt.device, dtype=torch.long) * T  # [M] row of each prompt's frame 0
         if features.backbone_embed is None or features.backbone_pos is None:
             raise ValueError("propagate needs the frames encoded with keep_memory_inputs=True")
         if not 1 <= num_cond_frames <= T:
@@ -261,7 +275,7 @@ class GroundingEncoder(nn.Module):
         bank: dict[str, dict] = {"cond_frame_outputs": {}, "non_cond_frame_outputs": {}}
         masklet = []
         for t in range(T):
-            frame = torch.full((M,), t, dtype=torch.long, device=prompt.device)  # [M]
+            frame = first_frame + t  # [M] feature rows of frame t of each prompt's clip
             vision = features.backbone_embed[frame].flatten(2).permute(2, 0, 1)  # [e·e, M, C]
             is_cond = t < num_cond_frames
             if is_cond:

@@ -33,11 +33,12 @@ class SegGroundingMixin:
         for frames that ``propagate_masklets`` will track."""
         return self.grounding_encoder.encode(g_pixel_values, keep_memory_inputs)
 
-    def propagate_masklets(self, prompt: torch.Tensor, features: GroundingFeatures, num_cond_frames: int
-                           ) -> torch.Tensor:
+    def propagate_masklets(self, prompt: torch.Tensor, features: GroundingFeatures, num_cond_frames: int,
+                           clip_index: torch.Tensor | None = None, num_clips: int = 1) -> torch.Tensor:
         """prompt [M, C_sam] over the T frames of ``features`` → masklet logits [M, T, h, w] (SAM2 memory
-        propagation; frames before ``num_cond_frames`` get the prompt)."""
-        return self.grounding_encoder.propagate(prompt, features, num_cond_frames)
+        propagation; frames before ``num_cond_frames`` get the prompt). ``features`` may stack ``num_clips``
+        clips clip-major, ``clip_index`` [M] naming each prompt's clip (``GroundingEncoder.propagate``)."""
+        return self.grounding_encoder.propagate(prompt, features, num_cond_frames, clip_index, num_clips)
 
     def decode_masks(self, prompt: torch.Tensor, features: GroundingFeatures, image_index: torch.Tensor
                      ) -> MaskDecoderOutput:

@@ -187,6 +187,22 @@ def iou_head_loss(low_res_logits: torch.Tensor, iou_scores: torch.Tensor, gt_mas
     return F.mse_loss(iou_scores.float(), target)
 
 
+def lm_forward(model, data: dict, image_embeds: list[torch.Tensor | None],
+               seg_lm_weight: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(llm_loss, hidden [B, L, D])`` of one teacher-forced LLM pass: ``data`` holds ``input_ids``, ``labels``,
+    ``attention_mask`` (and optionally ``position_ids``) on the model's device, ``image_embeds[b]`` the
+    ``<IMG_CONTEXT>`` fill of row b (``Sa2VAModel.build_image_embeds``); ``hidden`` is the final-norm state, whose
+    ``[SEG]`` rows feed ``text_hidden_fcs``. ``seg_lm_weight`` as in :func:`sft_forward`."""
+    input_ids = data["input_ids"]  # [B, L]
+    inputs_embeds = model.embed_inputs(input_ids, image_embeds)  # [B, L, D]
+    body, head = decoder_and_head(model.language_model)
+    hidden = body(inputs_embeds=inputs_embeds, attention_mask=data["attention_mask"].long(),
+                  position_ids=data.get("position_ids"), use_cache=False).last_hidden_state  # [B, L, D]
+    is_seg = input_ids == model.seg_token_id  # [B, L]
+    weights = None if seg_lm_weight == 1.0 else torch.where(is_seg[:, :-1], seg_lm_weight, 1.0)  # [B, L-1]
+    return llm_loss(head, hidden, data["labels"], weights), hidden
+
+
 def _image_embeds(model, data: dict) -> list[torch.Tensor | None]:
     """Per-row ``<IMG_CONTEXT>`` fills: every tile's projected tokens, then the region tokens
     (``prompt_masks``) of a sample whose ``vp_overall_mask`` marks one of its tiles (docs/sa2va_internals.md §4.2)."""
@@ -294,13 +310,9 @@ def sft_forward(
     if torch.is_tensor(data.get("vp_overall_mask")):
         data["vp_overall_mask"] = data["vp_overall_mask"].cpu()
     input_ids = data["input_ids"]  # [B, L]
-    inputs_embeds = model.embed_inputs(input_ids, _image_embeds(model, data))  # [B, L, D]
-    body, head = decoder_and_head(model.language_model)
-    hidden = body(inputs_embeds=inputs_embeds, attention_mask=data["attention_mask"].long(),
-                  position_ids=data.get("position_ids"), use_cache=False).last_hidden_state  # [B, L, D]
+    loss, hidden = lm_forward(model, data, _image_embeds(model, data), seg_lm_weight)
     is_seg = input_ids == model.seg_token_id  # [B, L]
-    weights = None if seg_lm_weight == 1.0 else torch.where(is_seg[:, :-1], seg_lm_weight, 1.0)  # [B, L-1]
-    losses = {"llm_loss": llm_loss(head, hidden, data["labels"], weights)}
+    losses = {"llm_loss": loss}
 
     mask_path = [*model.text_hidden_fcs.parameters(),
                  *model.grounding_encoder.sam2_model.sam_mask_decoder.parameters()]

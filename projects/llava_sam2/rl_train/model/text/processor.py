@@ -288,15 +288,17 @@ class Sa2VAProcessor:
     def segment_text(self, n_tiles: int, expression: str, question: str | None = None) -> str:
         """Referring-segmentation user text: the RES eval prompt (``question=None``) or a
         SEG_QUESTIONS template (``{class_name}`` ← expression) after ``<image>\\n`` (RefCOCO training)."""
+        return self.expand_image(self._segment_question(expression, question), n_tiles)
+
+    @staticmethod
+    def _segment_question(expression: str, question: str | None) -> str:
+        """The referring-segmentation user text with its ``<image>`` placeholder still in it."""
         if not isinstance(expression, str) or not expression.strip():
             raise ValueError(f"segment prompt: expression {expression!r} must be a non-empty string")
         if question is None:
-            text = RES_EVAL_PROMPT.format(sent=expression)
-        else:
-            text = question.format(class_name=expression)
-            if IMAGE_PLACEHOLDER not in text:
-                text = IMAGE_PLACEHOLDER + "\n" + text
-        return self.expand_image(text, n_tiles)
+            return RES_EVAL_PROMPT.format(sent=expression)
+        text = question.format(class_name=expression)
+        return text if IMAGE_PLACEHOLDER in text else IMAGE_PLACEHOLDER + "\n" + text
 
     def template_user_turn(self, text: str, round_index: int = 1) -> str:
         """The template's INSTRUCTION around ``text`` (no SYSTEM: Sa2VA never uses one)."""
@@ -309,6 +311,11 @@ class Sa2VAProcessor:
     def segment_prompt(self, n_tiles: int, expression: str, question: str | None = None) -> str:
         """Full templated user turn for referring segmentation."""
         return self.template_user_turn(self.segment_text(n_tiles, expression, question))
+
+    def video_segment_prompt(self, n_frames: int, expression: str, question: str | None = None) -> str:
+        """Full templated user turn for referring segmentation in a clip: the image RES text with one single-tile
+        block per MLLM frame (:meth:`expand_video`); one frame gives :meth:`segment_prompt` of a one-tile image."""
+        return self.template_user_turn(self.expand_video(self._segment_question(expression, question), n_frames))
 
     # ------------------------------------------------------------------------------- token ids
     def tokenize_prompts(self, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
