@@ -235,3 +235,22 @@ def test_lora_trains_the_upstream_set_and_exports_merged_into_upstreams_layout(r
     exported = our_outputs(load_pretrained(tmp_path, attn_implementation="eager"), tokenizer, inputs)
     for key in adapted:
         torch.testing.assert_close(exported[key], adapted[key], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_checkpoint_directory_as_upstream_writes_it_loads_with_its_processor_and_predicts(family, tmp_path):
+    """Weights + config.json (save_pretrained) and the processor beside them (tokenizer with its chat template, image
+    processor), as upstream's converter leaves a Sa2VA-Qwen checkpoint: the evaluation loader builds the Qwen-VL model
+    and the processor from that directory alone, and predict gives upstream's pinned answer and mask."""
+    from projects.llava_sam2.rl_train.evaluation.loading import load_system
+
+    tokenizer = tiny_qwen_tokenizer()
+    save_pretrained(seg_then_stop_model(family, tokenizer), tmp_path)
+    tiny_qwen_hf_processor(family, tokenizer).save_pretrained(str(tmp_path))
+    model, processor, meta = load_system(checkpoint=str(tmp_path))
+    assert isinstance(model, Sa2VAQwenModel) and isinstance(processor, Sa2VAQwenProcessor)
+    assert processor.tokenizer.chat_template and meta["source"] == f"checkpoint {tmp_path}"
+    result = predict(model, processor, predict_image(), PREDICT_TEXT)
+    with safe_open(str(DATA / f"qwen_vl_upstream_predict_{family}.safetensors"), framework="pt") as handle:
+        assert result["prediction"] == handle.metadata()["prediction"]
+        assert np.array_equal(np.stack(result["prediction_masks"]), handle.get_tensor("masks").bool().numpy())

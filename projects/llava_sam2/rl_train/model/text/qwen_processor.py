@@ -28,6 +28,7 @@ from .constants import IMAGE_PLACEHOLDER, SEG_TOKEN
 from .processor import Sa2VAProcessor
 from .prompts import RES_EVAL_PROMPT
 from .tiling import check_rgb_image, sam_pixel_values
+from .tokenizer import load_tokenizer
 
 QWEN_VISION_START, QWEN_VISION_END, QWEN_IMAGE_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"
 # upstream predict_forward: the pre-resize of qwen_vl_utils (factor 28, 4..16384 tokens), then the processor's budget
@@ -85,6 +86,16 @@ class Sa2VAQwenProcessor:
             image_processor = Qwen2VLImageProcessor(
                 patch_size=int(vision["patch_size"]), merge_size=int(vision.get("spatial_merge_size", 2)),
                 temporal_patch_size=int(vision.get("temporal_patch_size", 2)))
+        return cls(tokenizer, image_processor, sam_image_size=config.sam_image_size, **overrides)
+
+    @classmethod
+    def from_pretrained(cls, path: Any, config: Any, **overrides: Any) -> "Sa2VAQwenProcessor":
+        """The processor upstream's converter saves beside a Sa2VA-Qwen checkpoint: the tokenizer (with its chat
+        template) and the image processor of the local directory ``path`` (nothing is downloaded)."""
+        from transformers import AutoImageProcessor
+
+        tokenizer = load_tokenizer(path)
+        image_processor = AutoImageProcessor.from_pretrained(str(path), local_files_only=True)
         return cls(tokenizer, image_processor, sam_image_size=config.sam_image_size, **overrides)
 
     # ----------------------------------------------------------------------------------- images
