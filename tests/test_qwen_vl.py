@@ -26,7 +26,8 @@ from projects.llava_sam2.rl_train.model.network.lora import configure_trainable 
 from projects.llava_sam2.rl_train.model.network.presets import build_preset  # noqa: E402
 from projects.llava_sam2.rl_train.model.network.qwen_vl import Sa2VAQwenConfig, Sa2VAQwenModel  # noqa: E402
 from projects.llava_sam2.rl_train.model.pipeline.inference import predict  # noqa: E402
-from projects.llava_sam2.rl_train.model.pipeline.shared import PromptRow, encode_images, greedy_answers  # noqa: E402
+from projects.llava_sam2.rl_train.model.pipeline.shared import (  # noqa: E402
+    Answer, PromptRow, encode_images, greedy_answers, segment_texts)
 from projects.llava_sam2.rl_train.model.text.qwen_processor import Sa2VAQwenProcessor  # noqa: E402
 from qwen_vl_fixtures import (FAMILIES, PREDICT_IMAGE_SIZE, PREDICT_TEXT, our_outputs, pinned_outputs,  # noqa: E402
                               predict_image, reference_inputs, seg_then_stop_model, seg_writing_head,
@@ -161,6 +162,10 @@ def test_res_answers_run_the_shared_pipeline_and_read_seg_states_as_a_teacher_fo
     torch.testing.assert_close(torch.stack(answer.seg_prompts), forced, atol=1e-5, rtol=1e-5)
     result = predict(model, processor, image, "<image>Please segment the circle.", max_new_tokens=4)
     assert result["prediction"] == answer.text and len(result["prediction_masks"]) == answer.num_seg
+    segmented = segment_texts(model, processor, encoded, ["the circle", ""], [0, 0], max_new_tokens=4,
+                              seg_masks="first")  # the partner task "segment a text" on this family
+    assert isinstance(segmented[0], Answer) and segmented[1] is None
+    assert len(segmented[0].seg_masks) == min(1, segmented[0].num_seg)
 
 
 def test_the_family_refuses_a_region_input(replica, tokenizer):

@@ -279,6 +279,10 @@ def greedy_answers(model, processor, encoded: EncodedImages, rows: Sequence[Prom
             whole.
         image_masks: with ``seg_masks``, also decode each kept ``[SEG]``'s mask on its row's image; False keeps only
             their SAM2 prompts (``Answer.seg_prompts``: the video path decodes them over its frames instead).
+
+    The Qwen-VL family decodes each chunk with transformers' ``generate`` (``qwen_vl_decode``) and always reads the
+    ``[SEG]`` states from the decode, as upstream: ``decoding.decode_backend``, ``tile_embeds``,
+    ``use_decoder_states`` and ``prefill_by_image`` do not apply to it.
     """
     if seg_masks is not None and seg_masks not in SEG_MASK_RULES:
         raise ValueError(f"greedy_answers: seg_masks={seg_masks!r}; expected None or one of {sorted(SEG_MASK_RULES)}")
