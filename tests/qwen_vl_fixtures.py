@@ -69,7 +69,8 @@ def tiny_qwen_config(family: str) -> Sa2VAQwenConfig:
 
 
 def tiny_qwen_model(family: str, seed: int = 0) -> Sa2VAQwenModel:
-    """fp32 replica: torch's initialisation under ``seed``, then N(0, WEIGHT_NOISE²) on every parameter in name order."""
+    """fp32 replica: torch's initialisation under ``seed``, then N(0, WEIGHT_NOISE²) on every parameter in name
+    order."""
     torch.manual_seed(seed)
     model = Sa2VAQwenModel(tiny_qwen_config(family), attn_implementation="eager")
     generator = torch.Generator().manual_seed(seed)
@@ -176,15 +177,15 @@ def tiny_qwen_hf_processor(family: str, tokenizer):
 
 def seg_then_stop_model(family: str, tokenizer) -> Sa2VAQwenModel:
     """The replica with a head that answers ``PREDICT_TEXT`` about ``predict_image()`` with ``[SEG]<|im_end|>``: the
-    head's ``[SEG]`` and ``<|im_end|>`` rows (u, v) solve u·h0 = 1, v·h0 = 0, u·h1 = 0, v·h1 = 1 for the final states
-    h0 (first answer step) and h1 (after ``[SEG]`` is fed back), every other row 0: greedy decoding writes ``[SEG]``,
-    then stops, whatever the rest of the weights say."""
+    head's ``[SEG]`` and ``<|im_end|>`` rows (u, v) solve u·h0 = 1, v·h0 = 0, u·h1 = 0, v·h1 = 1 for the final
+    states h0 (first answer step) and h1 (after ``[SEG]`` is fed back), every other row 0: greedy decoding writes
+    ``[SEG]``, then stops, whatever the rest of the weights say."""
     from projects.llava_sam2.rl_train.model.text.qwen_processor import Sa2VAQwenProcessor
 
     model = tiny_qwen_model(family)
     model.bind_tokenizer(tokenizer)
-    processor = Sa2VAQwenProcessor.from_config(tokenizer, model.config,
-                                               image_processor=tiny_qwen_hf_processor(family, tokenizer).image_processor)
+    image_processor = tiny_qwen_hf_processor(family, tokenizer).image_processor
+    processor = Sa2VAQwenProcessor.from_config(tokenizer, model.config, image_processor=image_processor)
     inputs = processor.preprocess_image(predict_image())
     prompt = processor.template_user_turn(processor.expand_image(PREDICT_TEXT, inputs.n_tiles))
     ids = torch.tensor([tokenizer.encode(prompt, add_special_tokens=True) + [model.seg_token_id]])

@@ -319,7 +319,8 @@ def _shards(state: dict[str, torch.Tensor], limit: int) -> list[dict[str, torch.
     return shards
 
 
-def save_pretrained(model: Sa2VAModel | Sa2VAQwenModel, path: str | os.PathLike, max_shard_size: int | str = "5GB") -> None:
+def save_pretrained(model: Sa2VAModel | Sa2VAQwenModel, path: str | os.PathLike,
+                    max_shard_size: int | str = "5GB") -> None:
     """Write config.json and the weights in checkpoint names (LoRA merged, copies on CPU).
 
     config.json gains ``architectures`` / ``auto_map`` / ``vision_config.architectures`` when the config lacks them

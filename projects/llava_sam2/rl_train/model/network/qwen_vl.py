@@ -183,7 +183,8 @@ class Sa2VAQwenConfig:
 
 
 class Sa2VAQwenModel(SegGroundingMixin, nn.Module):
-    """``model`` (transformers Qwen-VL) + ``grounding_encoder`` (SAM2) + ``text_hidden_fcs``, named as upstream's keys."""
+    """``model`` (transformers Qwen-VL) + ``grounding_encoder`` (SAM2) + ``text_hidden_fcs``, named as upstream's
+    checkpoint keys."""
 
     family = "qwen_vl"
 

@@ -3,10 +3,11 @@
 Per image, as upstream's predict path: the image is first resized to a multiple of 28 px with at most 16384 and at
 least 4 tokens' worth of pixels (``smart_resize``, bicubic: what upstream's ``qwen_vl_utils.process_vision_info``
 does), then the checkpoint's Qwen image processor turns it into patches ``pixel_values [P, C·t·p²]`` and
-``image_grid_thw [3]`` with upstream's pixel budget (512·28² .. 2048·28²); the SAM2 input is the direct 1024 px resize
-as in the InternVL family. The image block is ``<|vision_start|>`` + one ``<|image_pad|>`` per LLM image token +
-``<|vision_end|>`` before the user text (upstream's message puts the image first and drops ``<image>``), and the user
-turn is the tokenizer's chat template when it has one (upstream calls ``apply_chat_template``), else qwen_chat.
+``image_grid_thw [3]`` with upstream's pixel budget (512·28² .. 2048·28²); the SAM2 input is the direct 1024 px
+resize as in the InternVL family. The image block is ``<|vision_start|>`` + one ``<|image_pad|>`` per LLM image
+token + ``<|vision_end|>`` before the user text (upstream's message puts the image first and drops ``<image>``), and
+the user turn is the tokenizer's chat template when it has one (upstream calls ``apply_chat_template``), else
+qwen_chat.
 
 The family has no region (visual-prompt) input upstream: ``caption_prompt`` / region cells raise.
 
