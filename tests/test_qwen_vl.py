@@ -27,7 +27,7 @@ from projects.llava_sam2.rl_train.model.network.presets import build_preset  # n
 from projects.llava_sam2.rl_train.model.network.qwen_vl import Sa2VAQwenConfig, Sa2VAQwenModel  # noqa: E402
 from projects.llava_sam2.rl_train.model.pipeline.inference import predict  # noqa: E402
 from projects.llava_sam2.rl_train.model.pipeline.shared import (  # noqa: E402
-    Answer, PromptRow, encode_images, greedy_answers, segment_texts)
+    Answer, PromptRow, describe_masks, encode_images, greedy_answers, segment_texts)
 from projects.llava_sam2.rl_train.model.text.qwen_processor import Sa2VAQwenProcessor  # noqa: E402
 from qwen_vl_fixtures import (FAMILIES, PREDICT_IMAGE_SIZE, PREDICT_TEXT, our_outputs, pinned_outputs,  # noqa: E402
                               predict_image, reference_inputs, seg_then_stop_model, seg_writing_head,
@@ -243,3 +243,39 @@ def test_a_checkpoint_directory_loads_with_its_processor_and_predicts_as_upstrea
     assert result["prediction"] == expected_text == "[SEG]<|im_end|>"
     assert expected_masks.any() and expected_masks.shape == (1, *PREDICT_IMAGE_SIZE)
     assert np.array_equal(np.stack(result["prediction_masks"]), expected_masks)
+
+
+def test_loop_1s_region_input_is_the_region_drawn_into_the_image(replica, tokenizer, monkeypatch):
+    """describe_masks on this family: the mask's outline is painted red into a copy of the image (pixels within the
+    outline width of the outside; nothing else changes), and the decoder is given that copy's vision inputs (not the
+    original's) with the outline-naming question; empty or missing masks get no caption."""
+    _, model = replica
+    model.bind_tokenizer(tokenizer)
+    processor = Sa2VAQwenProcessor.from_config(tokenizer, model.config, min_pixels=4 * 28 * 28, max_pixels=16 * 28 * 28)
+    image = Image.fromarray((np.random.default_rng(1).random((70, 100, 3)) * 255).astype(np.uint8))
+    region = np.zeros((70, 100), bool)
+    region[10:50, 20:80] = True
+    drawn = np.asarray(processor.draw_region(image, region))
+    changed = (drawn != np.asarray(image)).any(-1)  # [H, W]
+    width = 2  # max(2, 1% of 100 px)
+    outline = region.copy()
+    outline[10 + width:50 - width, 20 + width:80 - width] = False
+    assert not (changed & ~outline).any() and (drawn[outline] == (255, 0, 0)).all()
+    seen = []
+    generate = model.model.generate
+
+    def recording_generate(**kwargs):
+        seen.append(kwargs)
+        return generate(**kwargs)
+
+    monkeypatch.setattr(model.model, "generate", recording_generate)
+    encoded = encode_images(model, processor, [image], ["image 0"])
+    described = describe_masks(model, processor, encoded, [region, None, np.zeros_like(region)], [0, 0, 0],
+                               ["s0", "s1", "s2"], max_new_tokens=4, empty_region=None)
+    assert described[1] is None and described[2] is None and len(seen) == 1
+    assert torch.equal(described[0].region_cells, torch.from_numpy(region)) and described[0].answer.num_tokens > 0
+    expected = processor.preprocess_image(Image.fromarray(drawn))
+    assert torch.equal(seen[0]["pixel_values"], expected.pixel_values)
+    assert seen[0]["image_grid_thw"].tolist() == [expected.image_grid_thw.tolist()]
+    prompt = tokenizer.decode(seen[0]["input_ids"][0])
+    assert prompt == processor.drawn_region_caption_prompt(expected.n_tiles) and "outlined in red" in prompt

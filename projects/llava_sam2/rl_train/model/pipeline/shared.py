@@ -69,6 +69,7 @@ class EncodedImages:
         grounding: SAM2 ``GroundingFeatures`` of the I images.
         vision_inputs: Qwen-VL family only: per image ``(pixel_values [P_i, K], image_grid_thw [3])``; its
             ``tile_start`` counts LLM image tokens.
+        source_images: Qwen-VL family only: the PIL images (a region is drawn into a copy to describe it).
     """
 
     image_sizes: list[tuple[int, int]]
@@ -76,6 +77,7 @@ class EncodedImages:
     vit_tokens: Tensor | None
     grounding: GroundingFeatures
     vision_inputs: list[tuple[Tensor, Tensor]] | None = field(default=None, kw_only=True)
+    source_images: list | None = field(default=None, kw_only=True)
 
     @property
     def num_images(self) -> int:
@@ -108,7 +110,8 @@ def encode_images(model, processor, images: Sequence, where: Sequence[str]) -> E
     return EncodedImages(image_sizes=[tuple(x.size) for x in inputs],
                          tile_start=np.cumsum([0] + [x.n_tiles for x in inputs]).tolist(),
                          vit_tokens=vit_tokens, grounding=grounding,
-                         vision_inputs=[(x.pixel_values, x.image_grid_thw) for x in inputs] if is_qwen_vl else None)
+                         vision_inputs=[(x.pixel_values, x.image_grid_thw) for x in inputs] if is_qwen_vl else None,
+                         source_images=list(images) if is_qwen_vl else None)
 
 
 def is_qwen_vl_model(model) -> bool:
@@ -353,7 +356,8 @@ def segment_texts(model, processor, encoded: EncodedImages, texts: Sequence[str 
 
 @dataclass
 class RegionAnswer:
-    """A greedy answer about a region: the ``answer`` and the bool ``[g, g]`` ``region_cells`` its prompt showed."""
+    """A greedy answer about a region: the ``answer`` and the bool ``[g, g]`` ``region_cells`` its prompt showed (the
+    Qwen-VL family: the bool ``[H, W]`` mask drawn into its image)."""
 
     answer: Answer
     region_cells: Tensor
@@ -369,6 +373,12 @@ def describe_masks(model, processor, encoded: EncodedImages, masks: Sequence, im
     (``processor.caption_prompt`` with ``question``); None for a missing or all-False mask (no region to describe).
     One :func:`greedy_answers` call over the non-empty masks, in order, without masks."""
     kept = [n for n, mask in enumerate(masks) if mask is not None and bool(mask.any())]
+    if is_qwen_vl_model(model):  # the family seam: the region drawn into the image (model/text/qwen_processor.py)
+        from .qwen_vl_regions import describe_drawn_regions  # it builds on this module's greedy_answers
+
+        return describe_drawn_regions(model, processor, encoded, masks, images, sample_ids, kept,
+                                       max_new_tokens=max_new_tokens, question=question, decoding=decoding,
+                                       chunk_size=chunk_size)
     rows = []
     for n in kept:
         image = images[n]

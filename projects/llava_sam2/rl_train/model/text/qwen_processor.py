@@ -9,7 +9,11 @@ token + ``<|vision_end|>`` before the user text (upstream's message puts the ima
 the user turn is the tokenizer's chat template when it has one (upstream calls ``apply_chat_template``), else
 qwen_chat.
 
-The family has no region (visual-prompt) input upstream: ``caption_prompt`` / region cells raise.
+The family has no region (visual-prompt) input upstream (its SFT configs leave the visual-prompt data out, "not
+supported yet"), so its ``<vp>`` tokens were never trained and a mask-pooled region prompt would be an input the LLM
+never learned to read. A region is instead drawn into the image (:meth:`Sa2VAQwenProcessor.draw_region`: its outline
+in red), which the base Qwen-VL models' visual-prompt ability can read, and the caption question names the outline
+(``DRAWN_REGION_CAPTION_PROMPT``). ``caption_prompt`` / ``region_cells`` (the InternVL region-token path) raise.
 
 It answers the calls the shared pipeline makes of a processor; where the InternVL processor speaks of tiles
 (``n_tiles``), this one's count is LLM image tokens.
@@ -20,7 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 from PIL import Image
 from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
 from xtuner.utils import PROMPT_TEMPLATE
@@ -36,6 +42,10 @@ QWEN_VISION_START, QWEN_VISION_END, QWEN_IMAGE_PAD = "<|vision_start|>", "<|visi
 PRE_RESIZE_FACTOR = 28
 PRE_RESIZE_PIXELS = (4 * 28 * 28, 16384 * 28 * 28)
 PROCESSOR_PIXELS = (512 * 28 * 28, 2048 * 28 * 28)
+# the region drawn into the image (loop 1's region input for this family): outline colour and width
+REGION_OUTLINE_RGB = (255, 0, 0)
+REGION_OUTLINE_FRACTION = 0.01  # of the longer image side, at least 2 px
+DRAWN_REGION_CAPTION_PROMPT = "<image>\nPlease give me a short description of the region outlined in red."
 
 
 @dataclass(frozen=True)
@@ -120,8 +130,9 @@ class Sa2VAQwenProcessor:
     def expand_image(self, text: str, n_tiles: int, region_cells: Any = None) -> str:
         """Drop the single ``<image>`` and put the image block first, as upstream's message does."""
         if region_cells is not None:
-            raise ValueError("the Qwen-VL family has no region (visual-prompt) input; upstream's Sa2VAChatModelQwen "
-                             "takes none")
+            raise ValueError("the Qwen-VL family has no region (visual-prompt) token input, as upstream's "
+                             "Sa2VAChatModelQwen; describe a region by drawing it into the image (draw_region, "
+                             "drawn_region_caption_prompt: what describe_masks does for this family)")
         if text.count(IMAGE_PLACEHOLDER) != 1:
             raise ValueError(f"user text must contain '<image>' exactly once, got {text.count(IMAGE_PLACEHOLDER)} in "
                              f"{text[:80]!r}")
@@ -148,12 +159,37 @@ class Sa2VAQwenProcessor:
         return self.template_user_turn(self.segment_text(n_tiles, expression, question))
 
     def caption_prompt(self, n_tiles: int, region_cells: Any, question: str | None = None) -> str:
-        raise ValueError("the Qwen-VL family has no region (visual-prompt) input, so it cannot describe a mask "
-                         "natively; upstream's Sa2VAChatModelQwen takes none")
+        raise ValueError("the Qwen-VL family has no region (visual-prompt) token input, as upstream's "
+                         "Sa2VAChatModelQwen; describe a region by drawing it into the image (draw_region, "
+                         "drawn_region_caption_prompt: what describe_masks does for this family)")
 
     def region_cells(self, *args: Any, **kwargs: Any):
-        raise ValueError("the Qwen-VL family has no region (visual-prompt) input; upstream's Sa2VAChatModelQwen "
-                         "takes none")
+        raise ValueError("the Qwen-VL family has no region (visual-prompt) token input, as upstream's "
+                         "Sa2VAChatModelQwen; describe a region by drawing it into the image (draw_region, "
+                         "drawn_region_caption_prompt: what describe_masks does for this family)")
+
+    def draw_region(self, image: Image.Image, region_mask: Any) -> Image.Image:
+        """A copy of ``image`` with the outline of the bool ``[H, W]`` region (its pixels within ``w`` px of the
+        outside, w = ``REGION_OUTLINE_FRACTION`` of the longer side, at least 2) painted ``REGION_OUTLINE_RGB``."""
+        check_rgb_image(image)
+        mask = torch.as_tensor(np.asarray(region_mask), dtype=torch.bool)  # [H, W]
+        if tuple(mask.shape) != (image.height, image.width):
+            raise ValueError(f"draw_region: region mask is {tuple(mask.shape)} but the image is "
+                             f"{(image.height, image.width)} (H, W)")
+        width = max(2, round(REGION_OUTLINE_FRACTION * max(image.height, image.width)))
+        outside = (~mask).float()[None, None]  # [1, 1, H, W]
+        near_outside = F.max_pool2d(outside, 2 * width + 1, stride=1, padding=width)[0, 0] > 0  # [H, W]
+        outline = (mask & near_outside).numpy()  # region pixels within width of the outside
+        pixels = np.array(image.convert("RGB"))  # [H, W, 3]
+        pixels[outline] = REGION_OUTLINE_RGB
+        return Image.fromarray(pixels)
+
+    def drawn_region_caption_prompt(self, n_tiles: int, question: str | None = None) -> str:
+        """The region-caption user turn for an image with the region drawn in (``question`` must name the outline)."""
+        text = DRAWN_REGION_CAPTION_PROMPT if question is None else question
+        if IMAGE_PLACEHOLDER not in text:
+            text = IMAGE_PLACEHOLDER + text
+        return self.template_user_turn(self.expand_image(text, n_tiles))
 
     def tokenize_prompts(self, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded ``input_ids`` [N, L] and bool ``attention_mask`` [N, L], as the InternVL processor."""
