@@ -115,7 +115,8 @@ def test_no_module_edits_sys_path_or_loads_a_script_by_path():
     assert not offenders, f"these files edit sys.path or import a script by path: {offenders}"
 
 
-UPSTREAM_SCRIPTS = {"tools/dist.sh"}  # upstream Sa2VA's launcher, in the user's checkout, not in this repository
+# upstream Sa2VA's launcher and codebase v2's converters, in the user's checkout, not in this repository
+UPSTREAM_SCRIPTS = {"tools/dist.sh", "tools/convert_to_hf.py", "tools/convert_to_pth.py"}
 
 
 def test_package_messages_name_only_scripts_that_exist():

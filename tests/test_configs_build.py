@@ -19,6 +19,7 @@ from mmengine.registry import HOOKS, MODELS, RUNNERS
 from projects.llava_sam2.rl_train.cli.setup_checkpoint import make_tiny_checkpoint
 from projects.llava_sam2.rl_train.data import CocoRegionDataset
 from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
+from projects.llava_sam2.rl_train.data.shapes_video import ShapesVideoWorld
 from projects.llava_sam2.rl_train.engine.checkpointing import unwrap_model
 from projects.llava_sam2.rl_train.engine.loop import GRPOLoop
 from projects.llava_sam2.rl_train.engine.prompt_filter import FORMAT as PREFILTER_FORMAT
@@ -58,7 +59,8 @@ def local_files(tmp_path_factory) -> dict[str, str]:
     prompts.write_text(json.dumps({"format": PREFILTER_FORMAT,
                                    "keep_ids": [regions.sample_id(i) for i in range(len(regions))]}))
     world = ShapesWorld("train", 4, 0, image_size=64, domain="target")
-    return {"checkpoint": str(make_tiny_checkpoint(root / "tiny", seed=0)), "reward_net": str(root / "reward_net"),
+    clips = ShapesVideoWorld("train", 2, 0, image_size=64, num_frames=3, domain="target")
+    return {"sav": clips.write_sav(str(root / "sav")), "mevis": clips.write_mevis(str(root / "mevis")),"checkpoint": str(make_tiny_checkpoint(root / "tiny", seed=0)), "reward_net": str(root / "reward_net"),
             "annotations": annotations, "prompts": str(prompts),
             "target": str(root / "target"), "regions": world.write_coco(str(root / "target"), keep="regions"),
             "texts": world.write_coco(str(root / "target_texts"), keep="texts", write_images=False)}
@@ -83,6 +85,10 @@ def local_options(name: str, files: dict[str, str]) -> dict:
         **{f"rl/demo/grpo_shapes_{variant}_cpu.py": {"model.pretrained_path": ckpt,
                                                       "train_dataloader.dataset.ann_file": ann}
            for variant in ("dense", "dense_light", "deterministic", "field")},
+        "rl/demo/grpo_shapes_video_cpu.py": {
+            "model.pretrained_path": ckpt,
+            **{f"train_dataloader.dataset.regions.{k}": v for k, v in files["sav"].items()},
+            **{f"train_dataloader.dataset.texts.{k}": v for k, v in files["mevis"].items()}},
         "rl/tiny_grpo_prefiltered_cpu.py": {"train_dataloader.dataset.dataset.ann_file": ann,
                                              "train_dataloader.dataset.keep_ids_file": files["prompts"]},
         "rl/demo/grpo_shapes_oracle_iou_cpu.py": {"model.pretrained_path": ckpt,

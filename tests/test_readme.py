@@ -58,9 +58,10 @@ def test_docs_name_only_commands_that_exist(doc):
             assert sub in table, f"{doc.name}: `sa2va-rl {name} {sub}` does not exist ({sorted(table)})"
 
 
-# Files of the user's Sa2VA checkout that the "from your SFT run" section names: upstream's launcher and the RL
-# config the user writes beside upstream's configs.
-USER_CHECKOUT_FILES = {"tools/dist.sh", "projects/llava_sam2/configs/rl/sa2va_4b_rl.py"}
+# Files of the user's Sa2VA checkout that the docs name: upstream's launcher, codebase v2's converters and fine-tuning
+# guide, and the RL config the user writes beside upstream's configs.
+USER_CHECKOUT_FILES = {"tools/dist.sh", "tools/convert_to_hf.py", "tools/convert_to_pth.py", "docs/finetune.md",
+                       "projects/llava_sam2/configs/rl/sa2va_4b_rl.py"}
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)

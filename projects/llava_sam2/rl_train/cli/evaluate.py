@@ -11,6 +11,9 @@ Loop-2 cycle METEOR, with bootstrap 95% CIs; writes ``OUT/metrics.json`` and ``O
         --weights work_dirs/tiny_grpo/iter_4.pth --dataset shapes ...
     # a COCO-style annotations.json (captions / expressions per annotation)
     sa2va-rl evaluate --checkpoint DIR --dataset coco --ann-file data/val/annotations.json ...
+    # the video cycle tasks on MeViS-layout clips (every frame of each clip)
+    sa2va-rl evaluate --checkpoint DIR --dataset mevis --expression-file meta_expressions.json \
+        --mask-file mask_dict.json --image-root JPEGImages --tasks video_cycle_jf video_cycle_caption ...
 
 Compare systems with ``sa2va-rl report``.
 """
@@ -23,9 +26,10 @@ from pathlib import Path
 import torch
 
 from projects.llava_sam2.rl_train.evaluation.loading import load_system, read_state_dict
-from projects.llava_sam2.rl_train.evaluation.metrics import TASKS
+from projects.llava_sam2.rl_train.evaluation.metrics import TASKS, VIDEO_TASKS
 from projects.llava_sam2.rl_train.evaluation.results import build_dataset, save_run
 from projects.llava_sam2.rl_train.evaluation.tasks import EvalConfig, config_dict, evaluate
+from projects.llava_sam2.rl_train.evaluation.video_cycle_tasks import evaluate_video
 from projects.llava_sam2.rl_train.model.checkpoints.dtypes import DTYPES, as_torch_dtype
 
 PROG = "sa2va-rl evaluate"
@@ -46,7 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     source.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     source.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="weight dtype (default: checkpoint's)")
     data = parser.add_argument_group("held-out data")
-    data.add_argument("--dataset", choices=("shapes", "coco"), default="shapes")
+    data.add_argument("--dataset", choices=("shapes", "coco", "mevis"), default="shapes",
+                      help="mevis: clips in MeViS's layout, for the video tasks")
     data.add_argument("--split", default="val", help="shapes split (val/test are held out from train)")
     data.add_argument("--num-samples", type=int, default=200, help="samples to evaluate (shapes: split size)")
     data.add_argument("--data-seed", type=int, default=0, help="shapes world seed")
@@ -56,9 +61,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     data.add_argument("--shift", type=float, default=1.0, help="strength of the target domain's pixel shift")
     data.add_argument("--ann-file", help="COCO-style annotations.json (--dataset coco)")
     data.add_argument("--image-root", help="folder that file_name is relative to (default: the json's folder)")
-    data.add_argument("--name", default="coco", help="dataset name used in sample ids (--dataset coco)")
+    data.add_argument("--name", default="coco", help="dataset name used in sample ids (--dataset coco / mevis)")
+    data.add_argument("--expression-file", help="MeViS meta_expressions.json (--dataset mevis)")
+    data.add_argument("--mask-file", help="MeViS mask_dict.json (--dataset mevis)")
     run = parser.add_argument_group("evaluation")
-    run.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
+    run.add_argument("--tasks", nargs="+", choices=TASKS + VIDEO_TASKS, default=None,
+                     help=f"default: {' '.join(TASKS)} (image data) or {' '.join(VIDEO_TASKS)} (--dataset mevis)")
+    run.add_argument("--video-mllm-frames", type=int, default=5,
+                     help="video tasks: frames of each clip the language model sees (upstream: 5)")
     run.add_argument("--out", required=True, help="output directory (metrics.json, records/)")
     run.add_argument("--batch-size", type=int, default=8)
     run.add_argument("--max-new-tokens", type=int, default=64)
@@ -76,6 +86,11 @@ def dataset_spec(args: argparse.Namespace) -> dict:
     if args.dataset == "shapes":
         return {"kind": "shapes", "split": args.split, "seed": args.data_seed, "num_samples": args.num_samples,
                 "image_size": args.image_size, "domain": args.domain, "shift": args.shift}
+    if args.dataset == "mevis":
+        if not (args.expression_file and args.mask_file and args.image_root):
+            raise SystemExit("--dataset mevis needs --expression-file, --mask-file and --image-root")
+        return {"kind": "mevis", "expression_file": args.expression_file, "mask_file": args.mask_file,
+                "image_root": args.image_root, "name": args.name, "num_samples": args.num_samples}
     if not args.ann_file:
         raise SystemExit("--dataset coco needs --ann-file path/to/annotations.json")
     return {"kind": "coco", "ann_file": args.ann_file, "image_root": args.image_root, "name": args.name,
@@ -109,6 +124,13 @@ def load_from_config(config: str, weights: str | None, device: str):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    spec = dataset_spec(args)  # data and task checks first: they stop before the model loads
+    is_video = spec["kind"] == "mevis"
+    tasks = args.tasks or list(VIDEO_TASKS if is_video else TASKS)
+    wrong = [t for t in tasks if (t in VIDEO_TASKS) != is_video]
+    if wrong:
+        raise SystemExit(f"--tasks {' '.join(wrong)}: {'image' if is_video else 'video'} tasks do not run on "
+                         f"--dataset {args.dataset}; video tasks ({' '.join(VIDEO_TASKS)}) need --dataset mevis")
     dtype = as_torch_dtype(args.dtype, "--dtype")
     overrides = {"empty_region": args.empty_region}
     if args.config:
@@ -122,13 +144,14 @@ def main(argv: list[str] | None = None) -> int:
         model_b, processor_b, partner = load_system(checkpoint=args.partner_checkpoint, device=args.device,
                                                     torch_dtype=dtype, processor_overrides=overrides)
         meta["partner"] = partner["source"]
-    spec = dataset_spec(args)
     config = EvalConfig(batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, multi_seg=args.multi_seg,
+                        video_mllm_frames=args.video_mllm_frames,
                         caption_cleaning=args.caption_cleaning, empty_region=args.empty_region,
                         use_meteor15=args.meteor15, n_resamples=args.n_resamples, seed=args.seed,
                         show_progress=not args.no_progress)
-    results = evaluate(model, processor, build_dataset(spec), args.tasks, config, model_b=model_b,
-                       processor_b=processor_b, num_samples=args.num_samples)
+    run = evaluate_video if is_video else evaluate
+    results = run(model, processor, build_dataset(spec), tasks, config, model_b=model_b, processor_b=processor_b,
+                  num_samples=args.num_samples)
     system = args.system or Path(args.out).name
     path = save_run(args.out, results, {"system": system, "model": meta, "dataset": spec,
                                         "config": config_dict(config)})

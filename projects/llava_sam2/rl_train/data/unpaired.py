@@ -5,18 +5,34 @@ regions of images (e.g. automatic masks), loop 2 (caption -> mask -> caption') o
 ``UnpairedRegionDataset`` zips two region datasets so that every item holds one sample of each: item ``i`` is
 ``(regions[i], texts[i % len(texts)])``; ``region_collate`` lays the pairs out flat, so a batch of B items carries
 B region-only and B text-only samples and each loop gets B prompts, as with paired data.
+
+The same zip serves video: two datasets of ``VideoRegionSample`` (e.g. SA-V masklets without text for loop 1, MeViS
+expressions with their masklets dropped for loop 2) give region-only clips and text-only clips; the region of a clip
+is its masklet ``gt_masks``.
 """
 from __future__ import annotations
+
+from dataclasses import replace
 
 from torch.utils.data import Dataset
 
 from .bad_samples import SkippedSample
-from .types import RegionSample
+from .types import RegionSample, VideoRegionSample
+
+# the field holding a sample's region: an image's mask, a clip's masklet
+REGION_FIELD = {RegionSample: "gt_mask", VideoRegionSample: "gt_masks"}
 
 
-def has_region(sample: RegionSample) -> bool:
-    """The sample carries a region mask (loop 1 can use it)."""
-    return sample.gt_mask is not None
+def _region_field(sample) -> str:
+    if type(sample) not in REGION_FIELD:
+        raise TypeError(f"UnpairedRegionDataset: sample {getattr(sample, 'sample_id', sample)!r} is a "
+                        f"{type(sample).__name__}; the datasets must yield RegionSample or VideoRegionSample")
+    return REGION_FIELD[type(sample)]
+
+
+def has_region(sample: RegionSample | VideoRegionSample) -> bool:
+    """The sample carries a region mask, or a masklet for a clip (loop 1 can use it)."""
+    return getattr(sample, _region_field(sample)) is not None
 
 
 def has_text(sample: RegionSample) -> bool:
@@ -25,7 +41,7 @@ def has_text(sample: RegionSample) -> bool:
 
 
 class UnpairedRegionDataset(Dataset):
-    """Items ``(region sample, text sample)`` from two region datasets of disjoint images.
+    """Items ``(region sample, text sample)`` from two region datasets of disjoint images (or clips).
 
     Args:
         regions: samples with a mask (their texts, if any, are dropped so no loop can read a paired caption).
@@ -53,9 +69,9 @@ class UnpairedRegionDataset(Dataset):
                                  f"{'region' if needs is has_region else 'text'} set has no "
                                  f"{'mask' if needs is has_region else 'caption or expression'}")
             if drop == "texts":
-                sample = RegionSample(sample.image, sample.gt_mask, [], [], sample.sample_id, sample.source, None)
+                sample = replace(sample, captions=[], expressions=[], category=None)
             else:
-                sample = RegionSample(sample.image, None, list(sample.captions), list(sample.expressions),
-                                      sample.sample_id, sample.source, sample.category)
+                sample = replace(sample, **{_region_field(sample): None}, captions=list(sample.captions),
+                                 expressions=list(sample.expressions))
             out.append(sample)
         return tuple(out)

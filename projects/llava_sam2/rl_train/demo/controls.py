@@ -28,6 +28,9 @@
    (paired bootstrap CIs), loop 1 alone per seed, the text-dependence changes, the training-reward curves of the
    mask variants and the CPU seconds of every run.
 
+``--video``: the video demo (demo/video.py) once per seed, then ``WORK_DIR/report.md`` with the table of every seed's
+paired differences and their mean ± std; the video demo has no controls (GRPO is compared with the start model).
+
 Finished steps are skipped when run again (same bookkeeping as the demo). Cost: one GRPO run + one evaluation per
 control and seed, ``--jobs`` processes at a time (default 2).
 """
@@ -212,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     per_seed = {seed: DemoSettings(**{**settings.__dict__, "work_dir": root / f"seed{seed}", "seed": seed})
                 for seed in seeds}
     first = per_seed[seeds[0]]
+    if settings.video:
+        return video_seeds(root, per_seed, args, parser)
     names = list(control_specs(first, 0)) if args.controls is None else list(args.controls)
     unknown = sorted(set(names) - set(control_specs(first, 0)))
     if unknown:
@@ -230,6 +235,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\ncontrols FAILED: {error}", file=sys.stderr)
         return error.returncode
     write_controls_report(root, per_seed, controls, default_variant=mask_variant_name(algorithm_config(first)))
+    return 0
+
+
+def video_seeds(root: Path, per_seed: dict, args, parser) -> int:
+    """``--video``: the video demo once per seed and the seed table (no controls: the video demo compares GRPO with
+    the start model only)."""
+    from projects.llava_sam2.rl_train.demo.video import write_seeds_report
+
+    if args.controls:
+        parser.error(f"--controls {' '.join(args.controls)}: the video demo has no controls; leave --controls out")
+    if not args.report_only:
+        try:
+            for seed, s in per_seed.items():
+                banner(f"seed {seed}: the video demo pipeline")
+                run_demo(s, force=args.force)
+        except JobError as error:
+            print(f"\nvideo seeds FAILED: {error}", file=sys.stderr)
+            return error.returncode
+    write_seeds_report(root, {seed: s.work_dir for seed, s in per_seed.items()})
     return 0
 
 

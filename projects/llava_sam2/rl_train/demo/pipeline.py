@@ -5,7 +5,8 @@ world; GRPO adapts it to the target domain (``--target-shift``: the same scenes 
 data/shapes.py ``DomainShift``) from unpaired target data only (loop 1: regions without text; loop 2: texts
 without masks, on other images), and every evaluation scores the target domain's held-out ``--eval-split``
 (``test`` for reporting; ``val`` while choosing settings). ``--target-shift 0 --rl-data paired`` is the same-domain
-demo of earlier sessions (paired source data, ``grpo_shapes_cpu.py``).
+demo of earlier sessions (paired source data, ``grpo_shapes_cpu.py``). ``--video`` runs the same pipeline on moving
+shapes clips (demo/video.py: the data, config, start checkpoint, evaluation tasks and report of the video demo).
 
     sa2va-rl demo --work-dir work_dirs/demo            # what `make demo` runs
     sa2va-rl demo --work-dir work_dirs/demo --force    # run every stage again
@@ -53,17 +54,23 @@ CLI = ("-m", "projects.llava_sam2.rl_train.cli")  # `sa2va-rl` without the conso
 TEXT_DEPENDENCE = ("-m", "projects.llava_sam2.rl_train.evaluation.text_dependence")
 CONFIG_DIR = REPO_ROOT / "projects/llava_sam2/configs/rl/demo"
 PRETRAINED = REPO_ROOT / "projects/llava_sam2/rl_train/assets/tiny_shapes_pretrained"
+VIDEO_PRETRAINED = REPO_ROOT / "projects/llava_sam2/rl_train/assets/tiny_video_pretrained"
+VIDEO_CONFIG = "grpo_shapes_video_cpu.py"  # the video demo's GRPO (unpaired SA-V masklets + MeViS texts)
+VIDEO_FIELDS = ("video", "num_frames", "video_mllm_frames")
+# mode-dependent defaults of the fields left at 0: (images, video)
+MODE_DEFAULTS = {"train_samples": (2000, 80), "val_samples": (200, 48)}
 LISTENER = ("-m", "projects.llava_sam2.rl_train.evaluation.listener")
 RL_DATA = {"unpaired": "grpo_shapes_unpaired_cpu.py", "paired": "grpo_shapes_cpu.py"}  # --rl-data -> its config
 # stages of a row run side by side, one process (core) each
 PIPELINE = (("data",), ("sft",), ("rl", "eval_base"), ("eval_rl", "text_rl"), ("report",))
-_EVAL = ("val_samples", "eval_batch_size", "eval_max_new_tokens", "text_scenes", "listener_checkpoint")
+_EVAL = ("val_samples", "eval_batch_size", "eval_max_new_tokens", "text_scenes", "listener_checkpoint",
+         "video_mllm_frames")
 # stage -> (settings it reads, stages it starts from): a finished stage is redone when its fingerprint changes
 STAGE_INPUTS = {
     "data": (("data_seed", "train_samples", "val_samples", "image_size", "all_objects", "rl_train_samples",
-              "target_shift", "rl_data", "eval_split"), ()),
+              "target_shift", "rl_data", "eval_split", "video", "num_frames"), ()),
     "sft": (("seed", "start_checkpoint", "sft_config", "sft_iters", "sft_options"), ("data",)),
-    "rl": (("seed", "rl_config", "rl_iters", "rl_options"), ("sft", "data")),
+    "rl": (("seed", "rl_config", "rl_iters", "rl_options", "video_mllm_frames"), ("sft", "data")),
     "eval_base": (_EVAL, ("sft", "data")),
     "eval_rl": (_EVAL, ("rl",)),
     "text_rl": (_EVAL, ("rl",)),
@@ -71,11 +78,30 @@ STAGE_INPUTS = {
 }
 
 
+def check_video_settings(s) -> None:
+    """The settings the video demo cannot honour raise, saying what to change."""
+    problems = [message for broken, message in (
+        (s.rl_data != "unpaired", f"rl_data={s.rl_data!r}: the video demo trains on unpaired clips only"),
+        (s.sft_iters != 0, f"sft_iters={s.sft_iters}: the demo SFT config is image-only; use 0"),
+        (s.all_objects, "all_objects: the video writers annotate the target of each clip; leave it off"),
+        (s.num_frames < 1 or not 1 <= s.video_mllm_frames <= s.num_frames,
+         f"need 1 <= video_mllm_frames ({s.video_mllm_frames}) <= num_frames ({s.num_frames})")) if broken]
+    if problems:
+        raise ValueError("demo --video: " + "; ".join(problems))
+
+
 @dataclass
 class DemoSettings:
     """What the demo runs; a finished stage stays valid while the fields it reads are unchanged (STAGE_INPUTS)."""
 
     work_dir: Path
+    video: bool = False
+    """the video demo (demo/video.py): moving shapes clips; loop 1 on SA-V-layout masklets without text, loop 2 on
+    MeViS-layout expressions without masks, evaluation on held-out MeViS-layout clips (video cycle tasks, J&F)."""
+    num_frames: int = 6
+    """video demo: frames per clip (every frame goes to SAM2)."""
+    video_mllm_frames: int = 3
+    """video demo: frames of each clip the language model sees, in GRPO and in the evaluation (upstream: 5)."""
     seed: int = 0
     """training seed: LoRA init, data order, RL sampling (the data and the held-out split stay the same)."""
     data_seed: int = 0
@@ -88,23 +114,25 @@ class DemoSettings:
     training scenes) or 'paired' (every training scene with its mask and texts)."""
     eval_split: str = "test"
     """held-out split every evaluation scores: 'test' (reporting) or 'val' (choosing settings)."""
-    train_samples: int = 2000
-    """training scenes (GRPO prompts, and SFT items when --sft-iters > 0)."""
-    val_samples: int = 200
-    """held-out scenes (of --eval-split) scored by every evaluation task (>= 200 for the bootstrap CIs)."""
+    train_samples: int = 0
+    """training scenes (GRPO prompts, and SFT items when --sft-iters > 0); 0: 2000 (images) or 80 clips (video)."""
+    val_samples: int = 0
+    """held-out scenes (of --eval-split) scored by every evaluation task; 0: 200 (images; >= 200 for the bootstrap
+    CIs) or 48 clips (video: its evaluation costs ~2 s of CPU per clip and system)."""
     image_size: int = 128
-    """side of the shapes images in pixels."""
+    """side of the shapes images (video: frames) in pixels."""
     all_objects: bool = False
     """annotate every object of a training scene (RefCOCO-style), not only its target."""
     rl_train_samples: int = 0
     """RL prompts: the first N training scenes (written as ``data/rl_train``); 0 = all training scenes."""
-    start_checkpoint: str = str(PRETRAINED)
-    """HF-layout Sa2VA checkpoint (with its tokenizer) the demo starts from: the committed text-aware tiny model."""
+    start_checkpoint: str = ""
+    """HF-layout Sa2VA checkpoint (with its tokenizer) the demo starts from; empty: the committed text-aware tiny model
+    (video: the video-pretrained one, assets/tiny_video_pretrained, when the checkout has it, else the image one)."""
     sft_config: str = str(CONFIG_DIR / "sft_shapes_cpu.py")
     """SFT config of the optional sft stage."""
     rl_config: str = ""
     """GRPO config (stage rl); empty: grpo_shapes_unpaired_cpu.py for --rl-data unpaired, grpo_shapes_cpu.py for
-    paired."""
+    paired, grpo_shapes_video_cpu.py for --video."""
     sft_iters: int = 0
     """SFT iterations on the demo task before GRPO; 0 = no SFT, GRPO starts from start_checkpoint (docs/demo.md: a
     short SFT did not help)."""
@@ -127,6 +155,13 @@ class DemoSettings:
     """held-out samples per before/after example figure."""
 
     def __post_init__(self):
+        for name, defaults in MODE_DEFAULTS.items():
+            if not getattr(self, name):
+                setattr(self, name, defaults[self.video])
+        if not self.start_checkpoint:
+            self.start_checkpoint = str(VIDEO_PRETRAINED if self.video and VIDEO_PRETRAINED.is_dir() else PRETRAINED)
+        if self.video:
+            check_video_settings(self)
         if self.rl_data not in RL_DATA:
             raise ValueError(f"demo: rl_data={self.rl_data!r}; use one of {RL_DATA}")
         if self.eval_split not in ("val", "test"):
@@ -137,7 +172,7 @@ class DemoSettings:
             raise ValueError(f"demo: rl_train_samples={self.rl_train_samples} > train_samples={self.train_samples}; "
                              "the unpaired RL sets reuse the training scenes' images")
         if not self.rl_config:
-            self.rl_config = str(CONFIG_DIR / RL_DATA[self.rl_data])
+            self.rl_config = str(CONFIG_DIR / (VIDEO_CONFIG if self.video else RL_DATA[self.rl_data]))
 
     @property
     def world(self) -> dict:
@@ -151,7 +186,8 @@ class DemoSettings:
         fields, upstream = STAGE_INPUTS[stage]
         if stage == "sft" and not self.sft_iters:  # no training: only the checkpoint matters, not the seed
             fields = ("start_checkpoint", "sft_iters")
-        values = {k: str(getattr(self, k)) for k in fields}
+        # the video fields count only in video mode, so image runs keep the fingerprints they were recorded with
+        values = {k: str(getattr(self, k)) for k in fields if self.video or k not in VIDEO_FIELDS}
         values.update({f"<{u}>": self.fingerprint(u) for u in upstream})
         return hashlib.sha1(json.dumps(values, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -180,6 +216,10 @@ def stage_data(s: DemoSettings) -> dict:
     ``rl_train_samples`` training scenes (``rl_train``)."""
     from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
 
+    if s.video:
+        from projects.llava_sam2.rl_train.demo.video import stage_data_video
+
+        return stage_data_video(s)
     files = {}
     splits = [("train", "train", s.train_samples, 0, "paired", s.all_objects, True),
               ("eval", s.eval_split, s.val_samples, 0, "paired", False, True)]
@@ -250,6 +290,10 @@ def rl_split(s: DemoSettings) -> str:
 def rl_data_options(s: DemoSettings) -> list[str]:
     """--cfg-options pointing the GRPO config's dataset at the demo's files (both unpaired halves, or the paired
     set)."""
+    if s.video:
+        from projects.llava_sam2.rl_train.demo.video import rl_video_options
+
+        return rl_video_options(s)
     if s.rl_data == "paired":
         return [f"train_dataloader.dataset.ann_file={s.path(rl_split(s), 'annotations.json')}"]
     return [f"train_dataloader.dataset.{half}.{key}={value}" for half in ("regions", "texts")
@@ -273,6 +317,12 @@ def rl_job(s: DemoSettings) -> Job:
 
 def eval_command(s: DemoSettings, checkpoint: str, key: str, label: str) -> Command:
     """``sa2va-rl evaluate`` of the HF checkpoint on the held-out split, into ``WORK_DIR/eval/<key>``."""
+    if s.video:
+        from projects.llava_sam2.rl_train.demo.video import video_eval_arguments
+
+        return Command([*_python(), *CLI, "evaluate", "--checkpoint", checkpoint, *video_eval_arguments(s),
+                        "--out", str(s.path("eval", key)), "--system", label],
+                       s.path("logs", f"eval_{key.replace('/', '_')}.log"), TQDM_PROGRESS, "evaluate")
     argv = [*_python(), *CLI, "evaluate", "--checkpoint", checkpoint,
             "--dataset", "coco", "--ann-file", str(s.path("data/eval/annotations.json")),
             "--name", f"shapes_{s.world['domain']}_{s.eval_split}",
@@ -292,7 +342,7 @@ def text_command(s: DemoSettings, checkpoint: str, key: str) -> list[Command]:
     """The text-dependence measure (own vs other-text IoU on ``text_scenes`` held-out multi-object scenes of the
     evaluation's split and domain) and listener accuracy (the frozen listener segments the system's captions), into
     ``WORK_DIR/eval/<key>/{text_dependence,listener}.json``; none when ``text_scenes`` is 0."""
-    if not s.text_scenes:
+    if not s.text_scenes or s.video:  # scene-level measures of the image world
         return []
     tag = key.replace('/', '_')
     text = [*_python(), *TEXT_DEPENDENCE, "--checkpoint", checkpoint, "--scenes", str(s.text_scenes),
@@ -314,6 +364,10 @@ def stage_report(s: DemoSettings) -> dict:
     from projects.llava_sam2.rl_train.demo.summary import summarize_demo
 
     names = s.systems
+    if s.video:
+        from projects.llava_sam2.rl_train.demo.video import video_report
+
+        return video_report(s, read_stages(s))
     return summarize_demo(s.work_dir, {names[k]: s.path("eval", k) for k in ("base", "rl")}, names["base"],
                           rl_work_dir=s.path("rl"), num_examples=s.num_examples, stages=read_stages(s))
 

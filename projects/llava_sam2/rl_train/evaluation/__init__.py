@@ -1,5 +1,5 @@
-"""Held-out evaluation: RES (cIoU/gIoU), region captions (METEOR), the two cycle tasks, bootstrap CIs,
-reports and plots (docs/evaluation.md).
+"""Held-out evaluation: RES (cIoU/gIoU), region captions (METEOR), the two cycle tasks and their video forms,
+bootstrap CIs, reports and plots (docs/evaluation.md).
 
 Public names resolve lazily (PEP 562): importing ``evaluation.bootstrap`` alone does not load torch.
 """
@@ -19,6 +19,7 @@ _EXPORTS = {
     "write_records": ".records",
     "METRICS": ".metrics",
     "TASKS": ".metrics",
+    "VIDEO_TASKS": ".metrics",
     "compare": ".metrics",
     "summarize": ".metrics",
     "EvalConfig": ".tasks",
@@ -28,6 +29,7 @@ _EXPORTS = {
     "evaluate_cycle_caption": ".tasks",
     "evaluate_cycle_iou": ".tasks",
     "evaluate_res": ".tasks",
+    "evaluate_video": ".video_cycle_tasks",
     "Run": ".results",
     "build_dataset": ".results",
     "load_run": ".results",

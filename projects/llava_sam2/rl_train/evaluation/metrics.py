@@ -31,6 +31,7 @@ from .bootstrap import (
 from .records import EvalRecord, MaskStats, align
 
 TASKS = ("res", "caption", "cycle_iou", "cycle_caption")
+VIDEO_TASKS = ("video_res", "video_cycle_jf", "video_cycle_caption")  # evaluation/video_cycle_tasks.py
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,14 @@ def _mask(record: EvalRecord) -> MaskStats:
         raise ValueError(f"sample {record.sample_id!r} ({record.task}): record has no mask stats; re-run "
                          "`sa2va-rl evaluate` for this task")
     return record.mask
+
+
+def _frame_mean(record: EvalRecord, name: str) -> float:
+    values = getattr(record, name)
+    if not values:
+        raise ValueError(f"sample {record.sample_id!r} ({record.task}): record has no {name}; re-run the video "
+                         "evaluation for this task")
+    return sum(values) / len(values)
 
 
 def giou_term(stats: MaskStats) -> float:
@@ -102,16 +111,46 @@ METRICS: dict[str, list[Metric]] = {
                              "mean IoU of A's intermediate mask vs GT"),
                       Metric("cycle_caption", "no_seg_rate", "mean", lambda r: (float(not _mask(r).has_mask),),
                              "fraction of A answers without a fed-back [SEG]", higher_is_better=False)],
+    "video_res": [
+        Metric("video_res", "j_and_f", "mean", lambda r: (r.score,), "mean J&F(gt masklet, A's masklet), every frame"),
+        Metric("video_res", "j_and_f_memory_free", "mean", lambda r: (r.frames_j_and_f("memory_free"),),
+               "mean J&F over the frames the language model saw (segmented without memory, as the image path)"),
+        Metric("video_res", "j_and_f_propagated", "mean", lambda r: (r.frames_j_and_f("propagated"),),
+               "mean J&F over the other frames (decoded from SAM2's memory)",
+               needs=lambda r: r.mllm_frames is not None and len(r.frame_j or ()) > r.mllm_frames),
+        Metric("video_res", "J", "mean", lambda r: (_frame_mean(r, "frame_j"),), "mean per-frame region similarity"),
+        Metric("video_res", "F", "mean", lambda r: (_frame_mean(r, "frame_f"),), "mean per-frame boundary measure"),
+        Metric("video_res", "no_seg_rate", "mean", lambda r: (float(not _mask(r).has_mask),),
+               "fraction of answers without a fed-back [SEG]", higher_is_better=False)],
+    "video_cycle_jf": [
+        Metric("video_cycle_jf", "cycle_JF", "mean", lambda r: (r.score,),
+               "mean J&F(gt masklet, B's masklet) of masklet → key-frame caption (A) → masklet (B): the video "
+               "Loop-1 reward"),
+        Metric("video_cycle_jf", "cycle_J", "mean", lambda r: (_frame_mean(r, "frame_j"),),
+               "mean over masklets of the mean per-frame region similarity J"),
+        Metric("video_cycle_jf", "cycle_F", "mean", lambda r: (_frame_mean(r, "frame_f"),),
+               "mean over masklets of the mean per-frame boundary measure F"),
+        Metric("video_cycle_jf", "no_seg_rate", "mean", lambda r: (float(not _mask(r).has_mask),),
+               "fraction of B answers without a fed-back [SEG]", higher_is_better=False),
+        Metric("video_cycle_jf", "empty_caption_rate", "mean", lambda r: (float(not (r.caption or "").strip()),),
+               "fraction of empty captions from A", higher_is_better=False)],
+    "video_cycle_caption": [
+        *_caption_metrics("video_cycle_caption", "cycle_"),
+        Metric("video_cycle_caption", "masklet_JF", "mean", lambda r: (r.j_and_f,),
+               "mean J&F of A's intermediate masklet vs the gt masklet"),
+        Metric("video_cycle_caption", "no_seg_rate", "mean", lambda r: (float(not _mask(r).has_mask),),
+               "fraction of A answers without a fed-back [SEG]", higher_is_better=False)],
 }
 
 # Headline metrics per task (report bar charts, first columns of the table).
 PRIMARY = {"res": ("cIoU", "gIoU"), "caption": ("METEOR_nltk", "METEOR15_mean"), "cycle_iou": ("cycle_IoU",),
-           "cycle_caption": ("cycle_METEOR_nltk",)}
+           "cycle_caption": ("cycle_METEOR_nltk",), "video_res": ("j_and_f",), "video_cycle_jf": ("cycle_JF",),
+           "video_cycle_caption": ("cycle_METEOR_nltk",)}
 
 
 def get_metric(task: str, name: str) -> Metric:
     if task not in METRICS:
-        raise ValueError(f"task {task!r}: expected one of {TASKS}")
+        raise ValueError(f"task {task!r}: expected one of {tuple(METRICS)}")
     for metric in METRICS[task]:
         if metric.name == name:
             return metric

@@ -13,6 +13,15 @@ caption         —                      cleaned A caption   A caption given B  
 mask            A's mask vs GT         —                   B's mask vs GT      A's mask vs GT
 score           IoU                    METEOR nltk         IoU (Loop-1 reward)  METEOR nltk
 ==============  =====================  ==================  ==================  ========================
+
+The video tasks (``evaluation/video_cycle_tasks.py``) use the same fields as their image counterparts (``video_res``
+as ``res``, ``video_cycle_jf`` as ``cycle_iou``, both with J&F as ``score``; ``video_cycle_caption`` as
+``cycle_caption``), with
+``mask`` counting pixels over every frame of the masklet (no ``rle``) and four video fields: ``frame_j`` /
+``frame_f`` (J and F of each frame of the scored masklet: B's in ``video_cycle_jf``, A's otherwise), ``masklet``
+(that masklet as one RLE per frame, when masks are kept), ``key_frame`` (the frame the caption was written from: the
+gt masklet's largest frame, or the largest-mask MLLM frame of A's masklet) and ``mllm_frames`` (n: frames 0..n-1 went
+to the language model and were segmented without memory, the rest were propagated).
 """
 from __future__ import annotations
 
@@ -77,6 +86,7 @@ class EvalRecord:
         num_tokens: generated tokens over all stages; is_truncated: any stage hit ``max_new_tokens``.
         region_tokens: region cells shown in the caption prompt (caption tasks), else None.
         meteor15: METEOR 1.5 segment score of ``caption`` (when the jar ran), else None.
+        frame_j / frame_f / masklet / key_frame / mllm_frames: video tasks only (module doc), else None.
     """
 
     task: str
@@ -92,6 +102,32 @@ class EvalRecord:
     is_truncated: bool = False
     region_tokens: int | None = None
     meteor15: float | None = None
+    frame_j: list[float] | None = None
+    frame_f: list[float] | None = None
+    masklet: list[dict] | None = None
+    key_frame: int | None = None
+    mllm_frames: int | None = None
+
+    @property
+    def j_and_f(self) -> float:
+        """(mean J + mean F) / 2 over the frames of a video record's scored masklet."""
+        return self.frames_j_and_f("all")
+
+    def frames_j_and_f(self, group: str) -> float:
+        """(mean J + mean F) / 2 over the frames of ``group``: ``'all'``, ``'memory_free'`` (t < ``mllm_frames``) or
+        ``'propagated'`` (t >= ``mllm_frames``)."""
+        if not self.frame_j or not self.frame_f:
+            raise ValueError(f"sample {self.sample_id!r} ({self.task}): the record has no per-frame J and F; it is "
+                             "not a video task's record")
+        if group != "all" and self.mllm_frames is None:
+            raise ValueError(f"sample {self.sample_id!r} ({self.task}): the record does not say which frames went to "
+                             "the language model (mllm_frames)")
+        frames = {"all": slice(None), "memory_free": slice(0, self.mllm_frames),
+                  "propagated": slice(self.mllm_frames, None)}[group]
+        j, f = self.frame_j[frames], self.frame_f[frames]
+        if not j:
+            raise ValueError(f"sample {self.sample_id!r} ({self.task}): no frame in group {group!r}")
+        return (sum(j) / len(j) + sum(f) / len(f)) / 2
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False)

@@ -8,8 +8,10 @@ lets a report rebuild the same samples.
                           "records": "records/<task>.jsonl",
                           "metrics": {"<name>": {"value", "low", "high", "n", "confidence", "n_resamples"}}}}}
 
-Dataset specs: ``{"kind": "shapes", "split", "seed", "num_samples", "image_size"}`` or
-``{"kind": "coco", "ann_file", "image_root", "name", "num_samples"}`` (``num_samples`` may be null).
+Dataset specs: ``{"kind": "shapes", "split", "seed", "num_samples", "image_size"}``,
+``{"kind": "coco", "ann_file", "image_root", "name", "num_samples"}`` or (clips, every frame)
+``{"kind": "mevis", "expression_file", "mask_file", "image_root", "name", "num_samples"}`` (``num_samples`` may be
+null).
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from .records import EvalRecord, read_records, write_records
 from .tasks import TaskResult
 
 METRICS_FILE = "metrics.json"
-DATASET_KINDS = ("shapes", "coco")
+DATASET_KINDS = ("shapes", "coco", "mevis")
 
 
 def save_run(out_dir: str, results: Mapping[str, TaskResult], meta: Mapping) -> str:
@@ -79,7 +81,7 @@ def load_run(run_dir: str) -> Run:
 
 
 def build_dataset(spec: Mapping):
-    """The dataset a spec describes (``ShapesWorld`` or ``CocoRegionDataset``)."""
+    """The dataset a spec describes (``ShapesWorld``, ``CocoRegionDataset`` or ``MeViSDataset``)."""
     kind = spec.get("kind") if isinstance(spec, Mapping) else None
     if kind == "shapes":
         from ..data.shapes import ShapesWorld
@@ -92,5 +94,11 @@ def build_dataset(spec: Mapping):
 
         return CocoRegionDataset(spec["ann_file"], spec.get("image_root"), name=spec.get("name", "coco"),
                                  on_bad_sample=spec.get("on_bad_sample", "raise"))
+    if kind == "mevis":
+        from ..data.video_formats.mevis import MeViSDataset
+
+        return MeViSDataset(spec["expression_file"], spec["mask_file"], spec["image_root"],
+                            name=spec.get("name", "mevis"), num_frames=None,
+                            on_bad_sample=spec.get("on_bad_sample", "raise"))
     raise ValueError(f"dataset spec {dict(spec) if isinstance(spec, Mapping) else spec!r}: 'kind' must be one of "
                      f"{DATASET_KINDS}")

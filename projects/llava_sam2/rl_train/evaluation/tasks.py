@@ -53,6 +53,8 @@ class EvalConfig:
     """greedy answer cap (HF predict_forward uses 2048; short answers need far fewer)."""
     multi_seg: str = "first"
     """mask of an answer with several [SEG]: 'first' (original Sa2VA RefCOCO eval) or 'union' (newer eval)."""
+    video_mllm_frames: int = 5
+    """video tasks: frames of each clip the language model sees (upstream: the first 5)."""
     # prompts
     segment_question: str | None = None
     """RES question template with '{class_name}'; None: Sa2VA's RES eval prompt."""
@@ -85,6 +87,8 @@ class EvalConfig:
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"EvalConfig.{name}={getattr(self, name)!r}: expected one of {allowed}")
+        if self.video_mllm_frames < 1:
+            raise ValueError(f"EvalConfig.video_mllm_frames={self.video_mllm_frames}: use >= 1 (upstream: 5)")
         if self.batch_size < 1 or self.max_new_tokens < 1:
             raise ValueError(f"EvalConfig: batch_size={self.batch_size} and max_new_tokens={self.max_new_tokens} "
                              "must both be >= 1")
@@ -102,7 +106,7 @@ class TaskResult:
     skipped: list[str] = field(default_factory=list)
 
 
-def _first_text(sample, order: Sequence[str]) -> str:
+def first_text(sample, order: Sequence[str]) -> str:
     for attribute in order:
         texts = [t for t in getattr(sample, attribute) if isinstance(t, str) and t.strip()]
         if texts:
@@ -171,7 +175,7 @@ class _Batch:
 def _res(batch: _Batch) -> list[EvalRecord]:
     cfg = batch.config
     order = ("expressions", "captions") if cfg.text_source == "expression" else ("captions", "expressions")
-    texts = [_first_text(s, order) for s in batch.samples]
+    texts = [first_text(s, order) for s in batch.samples]
     records = []
     for sample, text, answer in zip(batch.samples, texts, batch.segment("a", texts)):
         stats = MaskStats.from_masks(answer_mask(answer), sample.gt_mask, answer.num_seg, keep_rle=cfg.keep_masks,
@@ -213,7 +217,7 @@ def _cycle_iou(batch: _Batch) -> list[EvalRecord]:
 def _cycle_caption(batch: _Batch) -> list[EvalRecord]:
     cfg = batch.config
     clean = get_cleaner(cfg.caption_cleaning)
-    texts = [_first_text(s, ("captions", "expressions")) for s in batch.samples]
+    texts = [first_text(s, ("captions", "expressions")) for s in batch.samples]
     answers_a = batch.segment("a", texts)
     described = batch.describe("b", [answer_mask(a) for a in answers_a], "dilate_to_one_cell")
     answers_b = [None if d is None else d.answer for d in described]
@@ -234,7 +238,7 @@ def _cycle_caption(batch: _Batch) -> list[EvalRecord]:
 TASK_FUNCTIONS = {"res": _res, "caption": _caption, "cycle_iou": _cycle_iou, "cycle_caption": _cycle_caption}
 
 
-def _batches(samples: Iterable, batch_size: int, num_samples: int | None, skipped: list[str]):
+def sample_batches(samples: Iterable, batch_size: int, num_samples: int | None, skipped: list[str]):
     """Lists of up to ``batch_size`` RegionSample; SkippedSample entries are dropped and named in ``skipped``."""
     batch = []
     for index, sample in enumerate(samples):
@@ -251,7 +255,7 @@ def _batches(samples: Iterable, batch_size: int, num_samples: int | None, skippe
         yield batch
 
 
-def _iterate(dataset, num_samples: int | None) -> tuple[Iterable, int | None]:
+def iterate_samples(dataset, num_samples: int | None) -> tuple[Iterable, int | None]:
     """Samples (random access when the dataset has ``__len__``) and the total for the progress bar."""
     if hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__"):
         total = len(dataset) if num_samples is None else min(num_samples, len(dataset))
@@ -288,10 +292,10 @@ def evaluate(model, processor, dataset: Iterable, tasks: Sequence[str] = TASKS, 
     processor_b = processor if processor_b is None else processor_b
     results = {task: TaskResult(task, []) for task in tasks}
     skipped: list[str] = []
-    samples, total = _iterate(dataset, num_samples)
+    samples, total = iterate_samples(dataset, num_samples)
     with tqdm(total=total, desc=f"evaluate {'+'.join(tasks)}", unit="sample",
               disable=not config.show_progress) as bar:
-        for samples_b in _batches(samples, config.batch_size, num_samples, skipped):
+        for samples_b in sample_batches(samples, config.batch_size, num_samples, skipped):
             batch = _Batch(samples_b, model, processor, model_b, processor_b, config)
             for task in tasks:
                 results[task].records.extend(TASK_FUNCTIONS[task](batch))
