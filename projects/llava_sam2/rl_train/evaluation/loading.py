@@ -16,8 +16,10 @@ import torch
 
 from ..model.checkpoints.hf_checkpoint import checkpoint_state_dict, load_pretrained, module_state_from_checkpoint
 from ..model.network.presets import build_preset
+from ..model.network.qwen_vl import Sa2VAQwenConfig, Sa2VAQwenModel
 from ..model.network.sa2va import Sa2VAModel
 from ..model.text.processor import Sa2VAProcessor
+from ..model.text.qwen_processor import Sa2VAQwenProcessor
 from ..model.text.tokenizer import sa2va_tokenizer
 
 _PREFIXES = ("sa2va.", "module.")
@@ -69,8 +71,9 @@ def load_weights(model: Sa2VAModel, path: str) -> int:
 def load_system(*, checkpoint: str | None = None, preset: str | None = None, weights: str | None = None,
                 init_seed: int = 0, tokenizer: str | None = None, device: str = "cpu",
                 torch_dtype: torch.dtype | None = None, processor_overrides: dict | None = None
-                ) -> tuple[Sa2VAModel, Sa2VAProcessor, dict]:
-    """(model in eval mode with its tokenizer bound, processor, meta describing the source)."""
+                ) -> tuple[Sa2VAModel | Sa2VAQwenModel, Sa2VAProcessor | Sa2VAQwenProcessor, dict]:
+    """(model in eval mode with its tokenizer bound, processor, meta describing the source). A Qwen-VL family
+    checkpoint gets the processor saved beside it (``Sa2VAQwenProcessor.from_pretrained``)."""
     if (checkpoint is None) == (preset is None):
         raise ValueError(f"load_system: give exactly one of checkpoint (HF-layout dir) and preset; got "
                          f"checkpoint={checkpoint!r}, preset={preset!r}")
@@ -80,12 +83,18 @@ def load_system(*, checkpoint: str | None = None, preset: str | None = None, wei
         source = f"checkpoint {checkpoint}"
     else:
         torch.manual_seed(init_seed)
-        model = Sa2VAModel(build_preset(preset, vocab_size=len(tok)))
+        config = build_preset(preset, vocab_size=len(tok))
+        model = (Sa2VAQwenModel if isinstance(config, Sa2VAQwenConfig) else Sa2VAModel)(config)
         model.to(device=device, dtype=torch_dtype) if torch_dtype is not None else model.to(device)
         source = f"preset {preset} (init seed {init_seed})"
     if weights is not None:
         count = load_weights(model, weights)
         source += f" + {count} tensors from {weights}"
     model.bind_tokenizer(tok)
-    processor = Sa2VAProcessor.from_config(tok, model.config, **dict(processor_overrides or {}))
+    overrides = dict(processor_overrides or {})
+    if isinstance(model, Sa2VAQwenModel):
+        processor = Sa2VAQwenProcessor.from_pretrained(checkpoint, model.config, **overrides) if checkpoint else \
+            Sa2VAQwenProcessor.from_config(tok, model.config, **overrides)
+    else:
+        processor = Sa2VAProcessor.from_config(tok, model.config, **overrides)
     return model.eval(), processor, {"source": source}

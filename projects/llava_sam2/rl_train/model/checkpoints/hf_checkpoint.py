@@ -9,6 +9,10 @@ Module names differ from checkpoint names in exactly these places, all listed he
   written merged, W' = W + scale·B@A, without touching the live weights.
 * A model whose LM head was tied at load (checkpoint without ``lm_head``) is saved without it again.
 
+The Qwen-VL family (``network.qwen_vl``: upstream's ``Sa2VAChatModelQwen`` layout) goes through the same functions: its
+module names are its checkpoint names except the SAM2 rename, and its config.json is the Qwen-VL config itself
+(recognised by ``qwen_vl.is_qwen_vl_config``).
+
 ``config.json`` always carries the class fields upstream's codebase-v2 reader needs (``hf_config``).
 """
 from __future__ import annotations
@@ -29,6 +33,7 @@ from transformers.modeling_utils import no_init_weights
 
 from ..network.configuration import Sa2VAConfig
 from ..network.language import LanguageKeyMap
+from ..network.qwen_vl import Sa2VAQwenConfig, Sa2VAQwenModel, is_qwen_vl_config
 from ..network.sa2va import Sa2VAModel
 from .dtypes import as_torch_dtype, default_dtype
 from .hf_config import with_upstream_class_fields
@@ -111,7 +116,7 @@ def _merge_lora(state: dict[str, torch.Tensor], dot: str, layer) -> None:
             state[dot + name] = tensor
 
 
-def _module_state(model: Sa2VAModel) -> dict[str, torch.Tensor]:
+def _module_state(model: Sa2VAModel | Sa2VAQwenModel) -> dict[str, torch.Tensor]:
     """Full state in module names (language_model unwrapped and merged), checkpoint order."""
     out: dict[str, torch.Tensor] = {}
     for child_name, child in model.named_children():
@@ -122,8 +127,10 @@ def _module_state(model: Sa2VAModel) -> dict[str, torch.Tensor]:
     return out
 
 
-def checkpoint_state_dict(model: Sa2VAModel) -> dict[str, torch.Tensor]:
+def checkpoint_state_dict(model: Sa2VAModel | Sa2VAQwenModel) -> dict[str, torch.Tensor]:
     """Module state → checkpoint names (see the module docstring for every rename)."""
+    if isinstance(model, Sa2VAQwenModel):
+        return {(_sam_to_checkpoint(k) if k.startswith(_SAM) else k): v for k, v in _module_state(model).items()}
     lm_map = LanguageKeyMap(model.config.llm_config)
     state = _module_state(model)
     lm_part = {k[len(_LM):]: v for k, v in state.items() if k.startswith(_LM)}
@@ -141,12 +148,15 @@ def checkpoint_state_dict(model: Sa2VAModel) -> dict[str, torch.Tensor]:
     return out
 
 
-def checkpoint_layout(model: Sa2VAModel) -> dict[str, tuple[int, ...]]:
+def checkpoint_layout(model: Sa2VAModel | Sa2VAQwenModel) -> dict[str, tuple[int, ...]]:
     """{checkpoint key: shape} of what ``save_pretrained`` writes; works on a meta-device model."""
     return {key: tuple(tensor.shape) for key, tensor in checkpoint_state_dict(model).items()}
 
 
-def module_state_from_checkpoint(model: Sa2VAModel, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def module_state_from_checkpoint(model: Sa2VAModel | Sa2VAQwenModel, state: dict[str, torch.Tensor]
+                                 ) -> dict[str, torch.Tensor]:
+    if isinstance(model, Sa2VAQwenModel):
+        return {(_sam_to_module(k) if k.startswith(_SAM) else k): v for k, v in state.items()}
     lm_map = LanguageKeyMap(model.config.llm_config)
     lm_part = {k[len(_LM):]: v for k, v in state.items() if k.startswith(_LM)}
     out = {_LM + k: v for k, v in lm_map.to_module(lm_part).items()}
@@ -231,8 +241,10 @@ _SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch
 
 
 def load_pretrained(path: str | os.PathLike, torch_dtype: str | torch.dtype | None = None,
-                    device: str | torch.device | None = None, attn_implementation: str = "sdpa") -> Sa2VAModel:
-    """Build from ``config.json`` and load every tensor strictly.
+                    device: str | torch.device | None = None, attn_implementation: str = "sdpa"
+                    ) -> Sa2VAModel | Sa2VAQwenModel:
+    """Build from ``config.json`` and load every tensor strictly: a :class:`Sa2VAModel` (InternVL family) or, for a
+    Sa2VA-Qwen config.json, a :class:`Sa2VAQwenModel`.
 
     ``torch_dtype``: a ``torch.dtype`` or its name (``'bfloat16'``, ``dtypes.DTYPES``); None keeps the
     checkpoint's floating dtype when it has one (else float32).
@@ -242,7 +254,8 @@ def load_pretrained(path: str | os.PathLike, torch_dtype: str | torch.dtype | No
     config_file = path / CONFIG_NAME
     if not config_file.is_file():
         raise FileNotFoundError(f"{path}: no {CONFIG_NAME}; expected a Sa2VA HF checkpoint directory")
-    config = Sa2VAConfig.from_json_file(config_file)
+    config = _read_config(config_file)
+    model_cls = Sa2VAQwenModel if isinstance(config, Sa2VAQwenConfig) else Sa2VAModel
     files = _weight_files(path)
     found, where, dtypes = read_layout(files)
     float_dtypes = [d for d in dtypes if d in _SAFETENSORS_DTYPES]
@@ -251,11 +264,14 @@ def load_pretrained(path: str | os.PathLike, torch_dtype: str | torch.dtype | No
         torch_dtype = _SAFETENSORS_DTYPES[float_dtypes[0]] if len(float_dtypes) == 1 else torch.float32
     device = torch.device(device or "cpu")
     with torch.device(device), default_dtype(torch_dtype), no_init_weights():
-        model = Sa2VAModel(config, attn_implementation=attn_implementation)
+        model = model_cls(config, attn_implementation=attn_implementation)
     # No model.to(torch_dtype): it would also cast fp32 buffers such as the RoPE inv_freq.
-    lm_head_key = _LM + LanguageKeyMap(config.llm_config).lm_head_key()
-    check_layout(checkpoint_layout(model), found, path, optional={lm_head_key})
-    if lm_head_key not in found:
+    if isinstance(model, Sa2VAQwenModel):  # upstream's converter always writes the head (tie_word_embeddings False)
+        check_layout(checkpoint_layout(model), found, path)
+    else:
+        lm_head_key = _LM + LanguageKeyMap(config.llm_config).lm_head_key()
+        check_layout(checkpoint_layout(model), found, path, optional={lm_head_key})
+    if not isinstance(model, Sa2VAQwenModel) and lm_head_key not in found:
         model.language_model.config.tie_word_embeddings = True
         model.language_model.tie_weights()
         model.lm_head_tied = True
@@ -266,6 +282,16 @@ def load_pretrained(path: str | os.PathLike, torch_dtype: str | torch.dtype | No
         if result.unexpected_keys:
             raise ValueError(f"{file}: keys not in the model: {result.unexpected_keys[:_MAX_LISTED]}")
     return model.eval()  # as transformers' from_pretrained; call .train() to fine-tune
+
+
+def _read_config(config_file: Path) -> Sa2VAConfig | Sa2VAQwenConfig:
+    try:
+        data = json.loads(config_file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{config_file}: not valid JSON ({err}); re-export the checkpoint's config.json") from err
+    if isinstance(data, dict) and is_qwen_vl_config(data):
+        return Sa2VAQwenConfig.from_json_file(config_file)
+    return Sa2VAConfig.from_json_file(config_file)
 
 
 # ---------------------------------------------------------------------------------------------- writing
@@ -293,7 +319,8 @@ def _shards(state: dict[str, torch.Tensor], limit: int) -> list[dict[str, torch.
     return shards
 
 
-def save_pretrained(model: Sa2VAModel, path: str | os.PathLike, max_shard_size: int | str = "5GB") -> None:
+def save_pretrained(model: Sa2VAModel | Sa2VAQwenModel, path: str | os.PathLike,
+                    max_shard_size: int | str = "5GB") -> None:
     """Write config.json and the weights in checkpoint names (LoRA merged, copies on CPU).
 
     config.json gains ``architectures`` / ``auto_map`` / ``vision_config.architectures`` when the config lacks them
@@ -328,8 +355,15 @@ def save_pretrained(model: Sa2VAModel, path: str | os.PathLike, max_shard_size: 
     if len(shards) > 1:
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (path / WEIGHTS_INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-    config = with_upstream_class_fields(model.config)
     first_float = next((t for t in state.values() if t.is_floating_point()), None)
-    if first_float is not None:
-        config.extra["torch_dtype"] = str(first_float.dtype).removeprefix("torch.")
+    dtype_name = None if first_float is None else str(first_float.dtype).removeprefix("torch.")
+    if isinstance(model, Sa2VAQwenModel):  # to_dict adds upstream's architectures / auto_map where missing
+        config = model.config.copy()
+        if dtype_name is not None:
+            config.data["torch_dtype" if "torch_dtype" in config.data else "dtype"] = dtype_name
+        config.to_json_file(path / CONFIG_NAME)
+        return
+    config = with_upstream_class_fields(model.config)
+    if dtype_name is not None:
+        config.extra["torch_dtype"] = dtype_name
     config.to_json_file(path / CONFIG_NAME)

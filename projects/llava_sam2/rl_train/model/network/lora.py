@@ -91,7 +91,7 @@ def configure_trainable(model: nn.Module, *, train_embeddings: bool = False,
                         train_mask_decoder: bool = True) -> dict[str, nn.Parameter]:
     """Freeze ``model`` (a Sa2VAModel), then unfreeze the upstream SFT set.
 
-    Trainable: LoRA tensors of ``language_model``, ``mlp1``, ``grounding_encoder.sam2_model.
+    Trainable: LoRA tensors of ``language_model``, ``mlp1`` (InternVL family), ``grounding_encoder.sam2_model.
     sam_mask_decoder`` (unless ``train_mask_decoder=False``, upstream's ``frozen_sam2_decoder=True``),
     ``text_hidden_fcs``; with ``train_embeddings`` also the LLM input embeddings and LM head (as
     upstream SFT). With frozen embeddings and gradient checkpointing, the LLM's input embeddings are
@@ -111,12 +111,13 @@ def configure_trainable(model: nn.Module, *, train_embeddings: bool = False,
     for name, param in language_model.named_parameters():
         if "lora_" in name:
             param.requires_grad_(True)
-    model.mlp1.requires_grad_(True)
+    if hasattr(model, "mlp1"):  # the InternVL family's projector (the Qwen-VL family's is in its frozen vision tower)
+        model.mlp1.requires_grad_(True)
     model.grounding_encoder.sam2_model.sam_mask_decoder.requires_grad_(train_mask_decoder)
     model.text_hidden_fcs.requires_grad_(True)
     if train_embeddings:
-        language_model.get_input_embeddings().requires_grad_(True)
-        language_model.get_output_embeddings().requires_grad_(True)
+        model.get_input_embeddings().requires_grad_(True)
+        model.get_output_embeddings().requires_grad_(True)
     elif getattr(language_model, "is_gradient_checkpointing", False) and \
             not has_input_require_grads_hook(language_model):
         language_model.enable_input_require_grads()

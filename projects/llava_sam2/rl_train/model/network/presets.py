@@ -5,9 +5,14 @@ InternLM2.5-7B + SAM 2.0 Hiera-L) and §9 for the InternVL3 family (``in3_2b`` /
 with Qwen2.5-1.5B / -7B / -14B). They are for shapes (layouts, memory plans, benchmarks with random
 weights); a real checkpoint always brings its own config.json, which wins. Values not confirmed against
 a released config.json (rope_theta, rms_norm_eps, max_position_embeddings) are InternVL2.5 defaults
-[verify]. ``tiny`` is the CPU test model of /tmp/tiny_spec.md; ``tiny_qwen3`` is it with a Qwen3 LLM. No Sa2VA
+[verify]. ``tiny`` is the CPU test model; ``tiny_qwen3`` is it with a Qwen3 LLM. No Sa2VA
 checkpoint with a Qwen3 LLM in the InternVL family is released upstream (its model zoo at codebase v2), so there is no
 released-size Qwen3 preset.
+
+``QWEN_VL_PRESETS`` are the Qwen-VL family (``qwen_vl``): Sa2VA-Qwen2.5-VL-3B / -7B and Sa2VA-Qwen3-VL-4B, the
+base models' config.json fields (Qwen2.5-VL-3B/7B-Instruct, Qwen3-VL-4B-Instruct) in the layout upstream's converter
+writes, with the vocabulary grown by Sa2VA's five special tokens. ``build_preset`` returns a ``Sa2VAQwenConfig`` for
+them; building one needs the transformers release that has the family (``QWEN_VL_FAMILIES``).
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ import copy
 from typing import Any
 
 from .configuration import Sa2VAConfig
+from .qwen_vl import QWEN_VL_ARCHITECTURES, QWEN_VL_AUTO_MAP, Sa2VAQwenConfig
 
 _HF_EXTRA = {
     "architectures": ["Sa2VAChatModel"],
@@ -183,6 +189,48 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+# Qwen2.5-VL's vision tower (both sizes): 32 blocks, window attention except the 4 full-attention blocks.
+def _qwen25_vl_vision(out_hidden: int) -> dict[str, Any]:
+    return {"model_type": "qwen2_5_vl", "depth": 32, "hidden_size": 1280, "hidden_act": "silu",
+            "intermediate_size": 3420, "num_heads": 16, "in_channels": 3, "patch_size": 14, "spatial_merge_size": 2,
+            "temporal_patch_size": 2, "tokens_per_second": 2, "window_size": 112,
+            "fullatt_block_indexes": [7, 15, 23, 31], "out_hidden_size": out_hidden}
+
+
+def _qwen25_vl_text(hidden: int, layers: int, heads: int, kv_heads: int, ffn: int) -> dict[str, Any]:
+    return {"model_type": "qwen2_5_vl_text", "hidden_size": hidden, "num_hidden_layers": layers,
+            "num_attention_heads": heads, "num_key_value_heads": kv_heads, "intermediate_size": ffn,
+            "hidden_act": "silu", "max_position_embeddings": 128000, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+            "rope_scaling": {"type": "mrope", "rope_type": "default", "mrope_section": [16, 24, 24]},
+            "use_sliding_window": False, "sliding_window": 32768, "max_window_layers": layers,
+            "tie_word_embeddings": False, "bos_token_id": 151643, "eos_token_id": 151645,
+            "vocab_size": 151665 + 5}
+
+
+def _qwen_vl_top(text: dict[str, Any], vision: dict[str, Any]) -> dict[str, Any]:
+    return {"text_config": text, "vision_config": vision, "image_token_id": 151655, "video_token_id": 151656,
+            "vision_start_token_id": 151652, "vision_end_token_id": 151653, "tie_word_embeddings": False,
+            "template": "qwen_chat", "architectures": list(QWEN_VL_ARCHITECTURES), "auto_map": dict(QWEN_VL_AUTO_MAP),
+            "torch_dtype": "bfloat16"}
+
+
+QWEN_VL_PRESETS: dict[str, dict[str, Any]] = {
+    "qwen25vl_3b": _qwen_vl_top(_qwen25_vl_text(2048, 36, 16, 2, 11008), _qwen25_vl_vision(2048)),
+    "qwen25vl_7b": _qwen_vl_top(_qwen25_vl_text(3584, 28, 28, 4, 18944), _qwen25_vl_vision(3584)),
+    "qwen3vl_4b": _qwen_vl_top(
+        {"model_type": "qwen3_vl_text", "hidden_size": 2560, "num_hidden_layers": 36, "num_attention_heads": 32,
+         "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 9728, "hidden_act": "silu",
+         "max_position_embeddings": 262144, "rms_norm_eps": 1e-6, "rope_theta": 5000000.0,
+         "rope_scaling": {"rope_type": "default", "mrope_interleaved": True, "mrope_section": [24, 20, 20]},
+         "attention_bias": False, "tie_word_embeddings": False, "bos_token_id": 151643, "eos_token_id": 151645,
+         "vocab_size": 151669 + 5},
+        {"model_type": "qwen3_vl", "depth": 24, "hidden_size": 1024, "hidden_act": "gelu_pytorch_tanh",
+         "intermediate_size": 4096, "num_heads": 16, "in_channels": 3, "patch_size": 16, "spatial_merge_size": 2,
+         "temporal_patch_size": 2, "num_position_embeddings": 2304, "deepstack_visual_indexes": [5, 11, 17],
+         "out_hidden_size": 2560}),
+}
+
+
 def _tiny_vocab_size() -> int:
     try:
         from ..text.tokenizer import load_tiny_tokenizer
@@ -193,11 +241,16 @@ def _tiny_vocab_size() -> int:
     return len(load_tiny_tokenizer())
 
 
-def build_preset(name: str, vocab_size: int | None = None) -> Sa2VAConfig:
-    """Config of a named size. ``vocab_size`` overrides ``llm_config.vocab_size`` (tiny sizes: the tiny
-    tokenizer's length by default)."""
+def build_preset(name: str, vocab_size: int | None = None) -> Sa2VAConfig | Sa2VAQwenConfig:
+    """Config of a named size. ``vocab_size`` overrides ``llm_config.vocab_size`` (``text_config.vocab_size`` for the
+    Qwen-VL presets; tiny: the tiny tokenizer's length by default)."""
+    if name in QWEN_VL_PRESETS:
+        data = copy.deepcopy(QWEN_VL_PRESETS[name])
+        if vocab_size is not None:
+            data["text_config"]["vocab_size"] = int(vocab_size)
+        return Sa2VAQwenConfig(data)
     if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS) + sorted(QWEN_VL_PRESETS)}")
     data = copy.deepcopy(PRESETS[name])
     is_tiny = name.startswith("tiny")
     if vocab_size is None and is_tiny:

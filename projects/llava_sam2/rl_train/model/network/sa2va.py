@@ -3,7 +3,8 @@
 Submodules are named as the HF checkpoint keys (docs/sa2va_internals.md §1.1): ``vision_model``,
 ``language_model``, ``mlp1``, ``grounding_encoder.sam2_model``, ``text_hidden_fcs``. The methods
 implement docs/architecture.md (model/ → grpo/, engine/): frozen encoders run without grad, the
-trainable pieces (``mlp1``, LLM, ``text_hidden_fcs``, SAM2 mask decoder) are plain differentiable calls.
+trainable pieces (``mlp1``, LLM, ``text_hidden_fcs``, SAM2 mask decoder) are plain differentiable calls. The
+grounding steps (``[SEG]`` → SAM2) are the families' shared ``seg_head.SegGroundingMixin``.
 Differs from upstream Sa2VA: no monolithic ``forward(data)``; callers compose these steps, and a
 ``<IMG_CONTEXT>`` count mismatch raises instead of repeating/truncating features (§4.2).
 """
@@ -16,12 +17,13 @@ from torch import nn
 
 from ..text.constants import IMG_CONTEXT_TOKEN, SEG_TOKEN
 from .configuration import Sa2VAConfig
-from .grounding import GroundingEncoder, GroundingFeatures, MaskDecoderOutput, logits_to_masks
+from .grounding import GroundingEncoder
 from .language import build_language_model
+from .seg_head import SegGroundingMixin, build_text_hidden_fcs
 from .vision import InternVisionModel, build_mlp1, pixel_shuffle
 
 
-class Sa2VAModel(nn.Module):
+class Sa2VAModel(SegGroundingMixin, nn.Module):
     def __init__(self, config: Sa2VAConfig, attn_implementation: str = "sdpa"):
         super().__init__()
         if not isinstance(config, Sa2VAConfig):
@@ -32,9 +34,7 @@ class Sa2VAModel(nn.Module):
         self.language_model = build_language_model(config.llm_config, attn_implementation)
         self.mlp1 = build_mlp1(config.vit_hidden_size, config.downsample_ratio, D)
         self.grounding_encoder = GroundingEncoder(config.grounding)
-        self.text_hidden_fcs = nn.Sequential(
-            nn.Linear(D, D), nn.ReLU(inplace=True), nn.Linear(D, config.sam_hidden_dim), nn.Dropout(0.0)
-        )
+        self.text_hidden_fcs = build_text_hidden_fcs(D, config.sam_hidden_dim)
         self.img_context_token_id: int | None = None
         self.seg_token_id: int | None = None
         self.lm_head_tied = False  # set by the loader when a checkpoint has no LM head (§8.10)
@@ -137,29 +137,3 @@ class Sa2VAModel(nn.Module):
         embeds = embeds.clone()
         embeds[is_ctx] = torch.cat(fills, dim=0)  # row-major over (b, position)
         return embeds
-
-    # ------------------------------------------------------------------ grounding path
-    def seg_hidden_to_prompt(self, seg_hidden: torch.Tensor) -> torch.Tensor:
-        """text_hidden_fcs: [SEG] final-norm hidden [M, D] → SAM2 prompt [M, C_sam]."""
-        return self.text_hidden_fcs(seg_hidden.to(self.text_hidden_fcs[0].weight.dtype))
-
-    def encode_grounding(self, g_pixel_values: torch.Tensor, keep_memory_inputs: bool = False) -> GroundingFeatures:
-        """g_pixel_values [B, 3, S_sam, S_sam] (0..255) → frozen SAM2 features (no grad); ``keep_memory_inputs``
-        for frames that ``propagate_masklets`` will track."""
-        return self.grounding_encoder.encode(g_pixel_values, keep_memory_inputs)
-
-    def propagate_masklets(self, prompt: torch.Tensor, features: GroundingFeatures, num_cond_frames: int,
-                           clip_index: torch.Tensor | None = None, num_clips: int = 1) -> torch.Tensor:
-        """prompt [M, C_sam] over the T frames of ``features`` → masklet logits [M, T, h, w] (SAM2 memory
-        propagation; frames before ``num_cond_frames`` get the prompt). ``features`` may stack ``num_clips``
-        clips clip-major, ``clip_index`` [M] naming each prompt's clip (``GroundingEncoder.propagate``)."""
-        return self.grounding_encoder.propagate(prompt, features, num_cond_frames, clip_index, num_clips)
-
-    def decode_masks(self, prompt: torch.Tensor, features: GroundingFeatures, image_index: torch.Tensor
-                     ) -> MaskDecoderOutput:
-        """prompt [M, C_sam], image_index [M] (rows of ``features``) → multimask logits [M, 3, h, w]."""
-        return self.grounding_encoder.decode(prompt, features, image_index)
-
-    def logits_to_masks(self, best_logits: torch.Tensor, sizes: Sequence[tuple[int, int]]) -> list[torch.Tensor]:
-        """best_logits [M, h, w] → M bool masks [H, W] (bilinear h→S_sam→(H, W), sigmoid > 0.5)."""
-        return logits_to_masks(best_logits, list(sizes), self.config.sam_image_size)

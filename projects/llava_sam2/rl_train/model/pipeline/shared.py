@@ -27,8 +27,13 @@ The two partner tasks of the cycle (``segment_texts``, ``describe_masks``) are w
 EMA partner (grpo/passes.py) and the held-out evaluation's cycle tasks (evaluation/tasks.py) both run them, with one
 convention: an empty text gets no answer (no mask), and so does an empty mask (no caption).
 
-Every decode goes through ``decoding.sample_text`` (one call site of ``fast_generation.decode_completions``), and
-every greedy answer through :func:`greedy_answers`, which sees each row's image: rows about one image share its
+The Qwen-VL family (``network.qwen_vl.Sa2VAQwenModel``, ``model.family == "qwen_vl"``) takes two seams here: its
+images are encoded into the Qwen vision inputs (kept per image, ``EncodedImages.vision_inputs``) beside the same SAM2
+features, and its greedy answers are decoded by transformers' ``generate`` (``qwen_vl_decode``: M-RoPE positions and
+Qwen3-VL's deepstack are transformers' code); the answers, ``[SEG]`` states and masks after that are the code below.
+
+Every InternVL decode goes through ``decoding.sample_text`` (one call site of ``fast_generation.decode_completions``),
+and every greedy answer through :func:`greedy_answers`, which sees each row's image: rows about one image share its
 prefilled image block (:func:`image_prefix_prompts`), and the fast decoder runs on merged LoRA weights.
 """
 from __future__ import annotations
@@ -44,6 +49,7 @@ from ..decoding.generation import Completions, SharedPrefix, completion_hidden
 from ..decoding.text_decoding import (
     TextDecoding, answer_texts, completion_texts, eval_mode, fed_back_seg_positions, sample_text)
 from ..network.grounding import GroundingFeatures, MaskDecoderOutput
+from .qwen_vl_decode import qwen_vl_completions
 
 SEG_ANSWER = "Sure, [SEG]."  # one of Sa2VA's five RES answers: the default teacher-forced answer
 
@@ -59,14 +65,19 @@ class EncodedImages:
         image_sizes: I pairs (H, W) of the original images.
         tile_start: I + 1 offsets: image i owns ``vit_tokens[tile_start[i]:tile_start[i + 1]]``.
         vit_tokens: ``[n_tiles_total, t, 4C]`` ViT tokens after pixel shuffle, image by image (thumbnail last
-            within an image).
+            within an image); None for the Qwen-VL family.
         grounding: SAM2 ``GroundingFeatures`` of the I images.
+        vision_inputs: Qwen-VL family only: per image ``(pixel_values [P_i, K], image_grid_thw [3])``; its
+            ``tile_start`` counts LLM image tokens.
+        source_images: Qwen-VL family only: the PIL images (a region is drawn into a copy to describe it).
     """
 
     image_sizes: list[tuple[int, int]]
     tile_start: list[int]
-    vit_tokens: Tensor
+    vit_tokens: Tensor | None
     grounding: GroundingFeatures
+    vision_inputs: list[tuple[Tensor, Tensor]] | None = field(default=None, kw_only=True)
+    source_images: list | None = field(default=None, kw_only=True)
 
     @property
     def num_images(self) -> int:
@@ -91,12 +102,21 @@ def encode_images(model, processor, images: Sequence, where: Sequence[str]) -> E
                          "(the sample id) per image, at least one image")
     inputs = [processor.preprocess_image(image, where=name) for image, name in zip(images, where)]
     device = model.device
+    is_qwen_vl = is_qwen_vl_model(model)
     with eval_mode(model):
-        vit_tokens = model.encode_vision(torch.cat([x.pixel_values for x in inputs]).to(device))  # [n, t, 4C]
+        vit_tokens = None if is_qwen_vl else \
+            model.encode_vision(torch.cat([x.pixel_values for x in inputs]).to(device))  # [n, t, 4C]
         grounding = model.encode_grounding(torch.stack([x.g_pixel_values for x in inputs]).to(device))
     return EncodedImages(image_sizes=[tuple(x.size) for x in inputs],
                          tile_start=np.cumsum([0] + [x.n_tiles for x in inputs]).tolist(),
-                         vit_tokens=vit_tokens, grounding=grounding)
+                         vit_tokens=vit_tokens, grounding=grounding,
+                         vision_inputs=[(x.pixel_values, x.image_grid_thw) for x in inputs] if is_qwen_vl else None,
+                         source_images=list(images) if is_qwen_vl else None)
+
+
+def is_qwen_vl_model(model) -> bool:
+    """The Qwen-VL family (its LLM is fed by transformers' Qwen-VL code, not by ``inputs_embeds``)."""
+    return getattr(model, "family", None) == "qwen_vl"
 
 
 def image_fills(model, encoded: EncodedImages, tile_embeds: Tensor, images: Sequence[int],
@@ -232,7 +252,7 @@ def _answer_masks(model, encoded: EncodedImages, images: Sequence[int], embeds: 
         prompts[row].append(prompt)
     if not image_masks:
         return masks, prompts
-    image_index = torch.tensor([images[row] for row in owner], device=embeds.device)  # [M]
+    image_index = torch.tensor([images[row] for row in owner], device=seg_prompt.device)  # [M]
     best_logits = model.decode_masks(seg_prompt, encoded.grounding, image_index).best_logits  # [M, h, w]
     sizes = [encoded.image_sizes[images[row]] for row in owner]
     for row, pred_mask in zip(owner, model.logits_to_masks(best_logits, sizes)):
@@ -262,19 +282,32 @@ def greedy_answers(model, processor, encoded: EncodedImages, rows: Sequence[Prom
             whole.
         image_masks: with ``seg_masks``, also decode each kept ``[SEG]``'s mask on its row's image; False keeps only
             their SAM2 prompts (``Answer.seg_prompts``: the video path decodes them over its frames instead).
+
+    The Qwen-VL family decodes each chunk with transformers' ``generate`` (``qwen_vl_decode``) and always reads the
+    ``[SEG]`` states from the decode, as upstream: ``decoding.decode_backend``, ``tile_embeds``,
+    ``use_decoder_states`` and ``prefill_by_image`` do not apply to it.
     """
     if seg_masks is not None and seg_masks not in SEG_MASK_RULES:
         raise ValueError(f"greedy_answers: seg_masks={seg_masks!r}; expected None or one of {sorted(SEG_MASK_RULES)}")
     decoding = decoding or TextDecoding.from_processor(processor)
     step = max(1, len(rows) if chunk_size is None else chunk_size)
     answers: list[Answer] = []
+    is_qwen_vl = is_qwen_vl_model(model)
     with eval_mode(model):
-        tiles = model.project_vision(encoded.vit_tokens) if tile_embeds is None else tile_embeds  # [n_tiles, t, D]
+        tiles = None if is_qwen_vl else \
+            model.project_vision(encoded.vit_tokens) if tile_embeds is None else tile_embeds  # [n_tiles, t, D]
         for r0 in range(0, len(rows), step):
             chunk = rows[r0:r0 + step]
             images = [row.image for row in chunk]
             ids, attention = processor.tokenize_prompts([row.text for row in chunk])  # [n, L] on the host
             cells = [row.region_cells for row in chunk]
+            if is_qwen_vl:  # the family seam: transformers' generate, decode states always kept (module doc)
+                if any(c is not None for c in cells):
+                    raise ValueError("greedy_answers: the Qwen-VL family has no region input (region_cells given)")
+                out = qwen_vl_completions(model, encoded, images, ids, attention, decoding,
+                                          max_new_tokens=max_new_tokens, return_hidden=seg_masks is not None)
+                answers += _answers(model, encoded, images, None, None, out, decoding, seg_masks, None, image_masks)
+                continue
             split = image_prefix_prompts(model, encoded, tiles, ids, attention, images, cells,
                                          processor.pad_token_id) if prefill_by_image else None
             if split is None:
@@ -283,14 +316,23 @@ def greedy_answers(model, processor, encoded: EncodedImages, rows: Sequence[Prom
             prefix, embeds, attention = split
             out = sample_text(model, embeds, attention, decoding, max_new_tokens=max_new_tokens, do_sample=False,
                               return_hidden=seg_masks is not None and use_decoder_states, prefix=prefix)
-            positions = fed_back_seg_positions(out, model.seg_token_id)
-            masks, prompts = ([[] for _ in chunk], [[] for _ in chunk]) if seg_masks is None else \
-                _answer_masks(model, encoded, images, embeds, attention, out, positions, seg_masks, prefix, image_masks)
-            lengths = out.completion_mask.sum(-1).tolist()
-            answers += [Answer(text, plain, int(n), bool(truncated), len(p), m, q)
-                        for text, plain, n, truncated, p, m, q in zip(answer_texts(out, decoding), completion_texts(out, decoding), lengths,
-                               out.is_truncated.tolist(), positions, masks, prompts)]
+            answers += _answers(model, encoded, images, embeds, attention, out, decoding, seg_masks, prefix,
+                                image_masks)
     return answers
+
+
+def _answers(model, encoded: EncodedImages, images: Sequence[int], embeds: Tensor | None, attention: Tensor | None,
+             out: Completions, decoding: TextDecoding, seg_masks: str | None, prefix: SharedPrefix | None,
+             image_masks: bool) -> list[Answer]:
+    """A decoded chunk → its :class:`Answer` rows (texts, fed-back ``[SEG]`` positions, their prompts and masks)."""
+    positions = fed_back_seg_positions(out, model.seg_token_id)
+    masks, prompts = ([[] for _ in images], [[] for _ in images]) if seg_masks is None else \
+        _answer_masks(model, encoded, images, embeds, attention, out, positions, seg_masks, prefix, image_masks)
+    lengths = out.completion_mask.sum(-1).tolist()
+    return [Answer(text, plain, int(n), bool(truncated), len(p), m, q)
+            for text, plain, n, truncated, p, m, q in zip(answer_texts(out, decoding), completion_texts(out, decoding),
+                                                          lengths, out.is_truncated.tolist(), positions, masks,
+                                                          prompts)]
 
 
 def segment_texts(model, processor, encoded: EncodedImages, texts: Sequence[str | None], images: Sequence[int], *,
@@ -314,7 +356,8 @@ def segment_texts(model, processor, encoded: EncodedImages, texts: Sequence[str 
 
 @dataclass
 class RegionAnswer:
-    """A greedy answer about a region: the ``answer`` and the bool ``[g, g]`` ``region_cells`` its prompt showed."""
+    """A greedy answer about a region: the ``answer`` and the bool ``[g, g]`` ``region_cells`` its prompt showed (the
+    Qwen-VL family: the bool ``[H, W]`` mask drawn into its image)."""
 
     answer: Answer
     region_cells: Tensor
@@ -330,6 +373,12 @@ def describe_masks(model, processor, encoded: EncodedImages, masks: Sequence, im
     (``processor.caption_prompt`` with ``question``); None for a missing or all-False mask (no region to describe).
     One :func:`greedy_answers` call over the non-empty masks, in order, without masks."""
     kept = [n for n, mask in enumerate(masks) if mask is not None and bool(mask.any())]
+    if is_qwen_vl_model(model):  # the family seam: the region drawn into the image (model/text/qwen_processor.py)
+        from .qwen_vl_regions import describe_drawn_regions  # it builds on this module's greedy_answers
+
+        return describe_drawn_regions(model, processor, encoded, masks, images, sample_ids, kept,
+                                       max_new_tokens=max_new_tokens, question=question, decoding=decoding,
+                                       chunk_size=chunk_size)
     rows = []
     for n in kept:
         image = images[n]
