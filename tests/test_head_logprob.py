@@ -7,6 +7,8 @@ one-position shift or a padded vocabulary column in the softmax moves them by 1e
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -212,3 +214,14 @@ def test_loop1_loss_pass_on_tiny_sa2va_is_the_same_with_the_fused_head(train_hea
         old_logp = caption_logp(model, features, model.project_vision(features.vit_tokens), replay, completion_mask,
                                 samples, G, temperature, "fused")
     assert torch.equal(old_logp, new_logp)
+
+
+def test_gpu_configs_score_with_the_fused_head_and_cpu_configs_with_the_reference():
+    from mmengine.config import Config
+
+    root = Path(__file__).resolve().parents[1] / "projects/llava_sam2/configs/rl"
+    head = {name: Config.fromfile(str(root / name)).train_cfg["algorithm"]["config"]["logprob_head"]
+            for name in ("sa2va_4b_grpo_cycle.py", "sa2va_in3_8b_grpo_cycle.py", "tiny_grpo_cycle_cpu.py",
+                         "demo/grpo_shapes_unpaired_cpu.py")}
+    assert head == {"sa2va_4b_grpo_cycle.py": "fused", "sa2va_in3_8b_grpo_cycle.py": "fused",
+                    "tiny_grpo_cycle_cpu.py": "reference", "demo/grpo_shapes_unpaired_cpu.py": "reference"}
