@@ -149,7 +149,13 @@ def test_released_size_config_builds_on_the_meta_device(path):
     assert model.sa2va.language_model.peft_config["default"].r == cfg.model.lora.r
     hooks = {name: HOOKS.build(dict(hook)) for name, hook in cfg.default_hooks.items()}
     assert {name: type(hooks[name]).__name__ for name in GRPO_HOOKS} == GRPO_HOOKS
-    assert cfg.train_dataloader.dataset.type.__name__ == "DLCRegionDataset"  # data path: a local default to edit
+    dataset = cfg.train_dataloader.dataset  # data paths: local defaults to edit
+    if "video" in path.name:  # loop 1 on SA-V masklets, loop 2 on MeViS expressions, unpaired
+        kinds = (dataset.type.__name__, dataset.regions.type.__name__, dataset.texts.type.__name__)
+        assert kinds == ("unpaired_region_dataset", "SAVMaskletDataset", "MeViSDataset")
+        assert [r["type"].__name__ for r in cfg.train_cfg.algorithm.rewards.mask_to_caption] == ["VideoJFReward"]
+    else:
+        assert dataset.type.__name__ == "DLCRegionDataset"
 
 
 @pytest.mark.parametrize("path", sorted(GPU_SMOKE), ids=rel)
