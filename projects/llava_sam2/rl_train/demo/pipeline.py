@@ -127,7 +127,7 @@ class DemoSettings:
     """RL prompts: the first N training scenes (written as ``data/rl_train``); 0 = all training scenes."""
     start_checkpoint: str = ""
     """HF-layout Sa2VA checkpoint (with its tokenizer) the demo starts from; empty: the committed text-aware tiny model
-    (video: the video-pretrained one, assets/tiny_video_pretrained, when the checkout has it, else the image one)."""
+    (video: the video-pretrained one, assets/tiny_video_pretrained)."""
     sft_config: str = str(CONFIG_DIR / "sft_shapes_cpu.py")
     """SFT config of the optional sft stage."""
     rl_config: str = ""
@@ -159,7 +159,7 @@ class DemoSettings:
             if not getattr(self, name):
                 setattr(self, name, defaults[self.video])
         if not self.start_checkpoint:
-            self.start_checkpoint = str(VIDEO_PRETRAINED if self.video and VIDEO_PRETRAINED.is_dir() else PRETRAINED)
+            self.start_checkpoint = str(VIDEO_PRETRAINED if self.video else PRETRAINED)
         if self.video:
             check_video_settings(self)
         if self.rl_data not in RL_DATA:
