@@ -15,19 +15,23 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from scipy import ndimage
+from scipy.spatial import cKDTree
 
 from projects.llava_sam2.rl_train.rewards import video_metrics
 from projects.llava_sam2.rl_train.rewards.video_metrics import (
     MaskletScores,
     boundary_tolerance_pixels,
+    dilate_by_disk,
     score_masklet,
+    score_masklets,
     series_statistics,
     summarize_objects,
     tolerance_disk,
 )
 
-from davis_fixtures import build_case, label_map
+from davis_fixtures import build_case, label_map, perturbed, random_blob
 
 REFERENCE = json.loads((Path(__file__).parent / "data" / "davis_reference_jf.json").read_text())
 AGGREGATE_TOLERANCE = 1e-12
@@ -112,25 +116,21 @@ def test_referring_split_equals_sa2va_protocol():
 
 def _four_neighbour_boundary(masks):
     """A common alternative boundary: mask pixels with a 4-neighbour outside the mask."""
-    masks = np.asarray(masks, dtype=bool)
-    structure = np.zeros((1,) * (masks.ndim - 2) + (3, 3), dtype=bool)
-    structure[..., 1, :] = structure[..., :, 1] = True
-    return masks & ~ndimage.binary_erosion(masks, structure=structure, border_value=0)
+    masks = torch.as_tensor(masks).bool()
+    padded = torch.nn.functional.pad(masks, (1, 1, 1, 1))
+    interior = padded[..., :-2, 1:-1] & padded[..., 2:, 1:-1] & padded[..., 1:-1, :-2] & padded[..., 1:-1, 2:]
+    return masks & ~interior
 
 
-def _empty_pair_scores_zero(gt_masks, pred_masks):
-    gt, pred = np.asarray(gt_masks, bool), np.asarray(pred_masks, bool)
-    union = np.count_nonzero(gt | pred, axis=(-2, -1))
-    return np.count_nonzero(gt & pred, axis=(-2, -1)) / np.maximum(union, 1)
-
-
+def _empty_pair_scores_zero(intersection, union):
+    return intersection / np.maximum(union, 1)
 PLAUSIBLE_BUGS = {
     "F without the distance tolerance": ("boundary_tolerance_pixels", lambda height, width, bound_th=0.008: 0),
     "tolerance from the longer side, not the diagonal":
         ("boundary_tolerance_pixels",
          lambda height, width, bound_th=0.008: int(np.ceil(bound_th * max(height, width)))),
     "boundary from a 4-neighbour erosion": ("boundary_map", _four_neighbour_boundary),
-    "J of two empty masks is 0": ("region_similarity", _empty_pair_scores_zero),
+    "J of two empty masks is 0": ("_region_similarity", _empty_pair_scores_zero),
 }
 
 
@@ -155,20 +155,141 @@ def test_decay_bins_without_shared_edges_are_caught(monkeypatch):
     assert statistics_mismatches(), "the fixtures do not detect Decay over disjoint quarters"
 
 
-@pytest.mark.parametrize("radius", [1, 2, 3, 5, 8])
-def test_matching_equals_disk_dilation(radius):
-    """F's k-d tree count equals, frame by frame, counting inside a dilation by DAVIS's disk (skimage's ``disk``);
-    no match crosses frames."""
-    rng = np.random.default_rng(radius)
-    targets, points = rng.random((2, 3, 37, 53)) < 0.02  # two boundary maps of 3 frames
-    points[1] = False  # a frame with no points
-    targets[2] = False  # a frame with no targets
-    counted = video_metrics._matched_per_frame(np.argwhere(points), np.argwhere(targets), radius, n_frames=3)
-    dilated = [ndimage.binary_dilation(frame, structure=tolerance_disk(radius)) for frame in targets]
-    assert counted.tolist() == [np.count_nonzero(p & d) for p, d in zip(points, dilated)]
-    assert counted[0] > 0 and counted[1] == counted[2] == 0
+@pytest.mark.parametrize("radius", [0, 1, 2, 3, 5, 8, 32])
+def test_dilation_equals_scipy_dilation_by_davis_disk(radius):
+    """F's matching region, frame by frame, equals scipy's binary dilation by DAVIS's disk (scikit-image's ``disk``),
+    set pixels on every border included and a radius beyond the frame; no dilation crosses frames."""
+    maps = torch.from_numpy(np.random.default_rng(radius).random((3, 23, 31)) < 0.03)
+    maps[1] = False  # an empty frame
+    maps[2, [0, 0, -1, -1], [0, -1, 0, -1]] = True  # the four corners
+    dilated = dilate_by_disk(maps, radius)
+    expected = [ndimage.binary_dilation(frame, structure=tolerance_disk(radius)) for frame in maps.numpy()]
+    assert np.array_equal(dilated.numpy(), np.stack(expected))
+    assert dilated[0].any() and not dilated[1].any()
     skimage_morphology = pytest.importorskip("skimage.morphology")
     assert np.array_equal(tolerance_disk(radius), skimage_morphology.disk(radius).astype(bool))
+
+
+# ---- the k-d tree implementation this module replaced, kept as an independent oracle --------------------------------
+
+def _kd_tree_boundary_map(mask: np.ndarray) -> np.ndarray:
+    edge = np.zeros_like(mask)
+    inner = mask[..., :-1, :-1]
+    edge[..., :-1, :-1] = (inner != mask[..., :-1, 1:]) | (inner != mask[..., 1:, :-1]) | (inner != mask[..., 1:, 1:])
+    edge[..., -1, :-1] = mask[..., -1, :-1] != mask[..., -1, 1:]
+    edge[..., :-1, -1] = mask[..., :-1, -1] != mask[..., 1:, -1]
+    return edge
+
+
+def _kd_tree_matched(points: np.ndarray, targets: np.ndarray, radius: int) -> int:
+    """How many ``points`` [n, 2] have a ``targets`` pixel within ``radius`` (exact integer distance test)."""
+    if len(points) == 0 or len(targets) == 0:
+        return 0
+    _, nearest = cKDTree(targets).query(points, k=1, distance_upper_bound=radius + 0.5)
+    found = nearest < len(targets)
+    offsets = points[found] - targets[nearest[found]]
+    return int(np.count_nonzero(np.einsum("ij,ij->i", offsets, offsets) <= radius * radius))
+
+
+def kd_tree_scores(gt: np.ndarray, pred: np.ndarray, bound_th: float) -> tuple[list[float], list[float]]:
+    """Per-frame J and F of masklets ``[T, H, W]`` as the k-d tree implementation computed them."""
+    radius = boundary_tolerance_pixels(*gt.shape[-2:], bound_th=bound_th)
+    j_values, f_values = [], []
+    for g, p in zip(gt, pred):
+        union = np.count_nonzero(g | p)
+        j_values.append(1.0 if union == 0 else np.count_nonzero(g & p) / union)
+        g_points, p_points = np.argwhere(_kd_tree_boundary_map(g)), np.argwhere(_kd_tree_boundary_map(p))
+        if len(g_points) == 0 or len(p_points) == 0:
+            f_values.append(1.0 if len(g_points) == len(p_points) else 0.0)
+            continue
+        precision = _kd_tree_matched(p_points, g_points, radius) / float(len(p_points))
+        recall = _kd_tree_matched(g_points, p_points, radius) / float(len(g_points))
+        f_values.append(0.0 if precision + recall == 0 else 2 * precision * recall / (precision + recall))
+    return j_values, f_values
+
+
+ORACLE_SIZES = [(1, 1), (1, 9), (9, 1), (2, 2), (5, 3), (17, 31), (64, 48), (45, 100)]
+ORACLE_TOLERANCES = [0.008, 0.02, 3, 12]  # 12 px exceeds the small frames
+
+
+def oracle_masklets(seed: int, height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """A masklet pair of one frame size whose frames cover the edge cases: blobs and their shifted noisy copies,
+    pixel noise, empty, full, one-pixel masks anywhere and in the bottom-right corner (an empty boundary map)."""
+    rng = np.random.default_rng(seed)
+    empty, full = np.zeros((height, width), dtype=bool), np.ones((height, width), dtype=bool)
+
+    def pixel(row: int, col: int) -> np.ndarray:
+        mask = empty.copy()
+        mask[row, col] = True
+        return mask
+
+    def anywhere() -> np.ndarray:
+        return pixel(int(rng.integers(height)), int(rng.integers(width)))
+
+    blobs = [random_blob(rng, height, width, n_shapes=2, noise=0.0) for _ in range(3)]
+    frames = [(blob, perturbed(rng, blob, max_shift=4, noise=0.01)) for blob in blobs]
+    frames += [(rng.random((height, width)) < 0.3, rng.random((height, width)) < 0.3), (empty, blobs[0]),
+               (blobs[1], empty), (empty, empty), (full, full), (full, empty), (full, blobs[2]),
+               (anywhere(), anywhere()), (pixel(height - 1, width - 1), pixel(height - 1, width - 1)),
+               (pixel(height - 1, width - 1), anywhere()), (anywhere(), pixel(0, 0))]
+    return np.stack([g for g, _ in frames]), np.stack([p for _, p in frames])
+
+
+def oracle_mismatches(bound_th: float) -> list[str]:
+    """Frame sizes whose per-frame J or F (one batched call over all sizes) differ from the k-d tree oracle's."""
+    pairs = [oracle_masklets(seed, *size) for seed, size in enumerate(ORACLE_SIZES)]
+    scores = score_masklets([g for g, _ in pairs], [p for _, p in pairs], bound_th=bound_th)
+    mismatches = []
+    for size, (gt, pred), ours in zip(ORACLE_SIZES, pairs, scores):
+        j_values, f_values = kd_tree_scores(gt, pred, bound_th)
+        if not (np.array_equal(ours.j, j_values) and np.array_equal(ours.f, f_values)):
+            mismatches.append(f"{size}: J {ours.j.tolist()} vs {j_values}, F {ours.f.tolist()} vs {f_values}")
+    return mismatches
+
+
+@pytest.mark.parametrize("bound_th", ORACLE_TOLERANCES)
+def test_scores_equal_the_kd_tree_implementation(bound_th):
+    assert oracle_mismatches(bound_th) == []
+
+
+def _square_dilation(maps, radius):
+    if maps.numel() == 0:  # a chunk without boundary pixels
+        return maps
+    return torch.nn.functional.max_pool2d(maps[:, None].float(), 2 * radius + 1, stride=1, padding=radius)[:, 0] > 0
+
+
+ORACLE_BUGS = {"a square instead of the disk": _square_dilation,
+               "a radius one pixel short": lambda maps, radius: dilate_by_disk(maps, max(radius - 1, 0))}
+
+
+@pytest.mark.parametrize("bug", sorted(ORACLE_BUGS))
+def test_oracle_comparison_catches_a_wrong_matching_region(bug, monkeypatch):
+    monkeypatch.setattr(video_metrics, "dilate_by_disk", ORACLE_BUGS[bug])
+    assert oracle_mismatches(0.008), f"the oracle cases do not detect {bug}"
+
+
+@pytest.mark.parametrize("chunk_pixels", [1, 2 ** 30])
+def test_batched_forms_and_frame_chunks_give_the_same_scores(chunk_pixels, monkeypatch):
+    """One frame per chunk or all at once; a list or an array [N, T, H, W] of objects, bool or uint8 (a recurring gt
+    masklet is converted once, so a converted one must not be mistaken for another); score_masklet alone: the same
+    scores."""
+    monkeypatch.setattr(video_metrics, "CPU_CHUNK_PIXELS", chunk_pixels)
+    pairs = [oracle_masklets(seed, 17, 31) for seed in range(4)]
+    gts, preds = np.stack([g for g, _ in pairs]), np.stack([p for _, p in pairs])  # [N, T, H, W]
+    alone = [score_masklet(g, p) for g, p in pairs]
+    for scores in (score_masklets(gts, preds), score_masklets(gts.astype(np.uint8), preds),
+                   score_masklets([torch.from_numpy(g) for g in gts], list(preds)),
+                   score_masklets(torch.from_numpy(gts), torch.from_numpy(preds))):
+        assert [(s.j.tolist(), s.f.tolist()) for s in scores] == [(s.j.tolist(), s.f.tolist()) for s in alone]
+    assert [(s.j.tolist(), s.f.tolist()) for s in alone] == [kd_tree_scores(g, p, 0.008) for g, p in pairs]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_counting_on_cuda_gives_the_cpu_scores():
+    pairs = [oracle_masklets(seed, *size) for seed, size in enumerate(ORACLE_SIZES)]
+    on_cpu = score_masklets([g for g, _ in pairs], [p for _, p in pairs])
+    on_cuda = score_masklets([g for g, _ in pairs], [torch.from_numpy(p).cuda() for _, p in pairs])
+    assert [(s.j.tolist(), s.f.tolist()) for s in on_cuda] == [(s.j.tolist(), s.f.tolist()) for s in on_cpu]
 
 
 def test_tolerance_radius():
@@ -201,6 +322,10 @@ def test_bad_inputs_are_named():
         score_masklet(frames, frames, semi_supervised=True)
     with pytest.raises(ValueError, match=r"\[T, H, W\]"):
         score_masklet(frames[0], frames[0])
+    with pytest.raises(ValueError, match="masklet 1: gt_masks"):
+        score_masklets([frames, frames], [frames, frames[:, :, :4]])
+    with pytest.raises(ValueError, match="clip b: expected at least one frame"):
+        score_masklets([frames, frames[:0]], [frames, frames[:0]], names=["clip a", "clip b"])
     with pytest.raises(ValueError, match="T >= 1"):
         series_statistics([])
     with pytest.raises(ValueError, match="no objects"):

@@ -70,7 +70,7 @@ class _VideoBatch:
             answers, masklets = segment_texts_in_clips(
                 model, processor, self.encoded[which], texts, range(len(texts)),
                 max_new_tokens=self.config.max_new_tokens, question=self.config.segment_question)
-            self._segmented[key] = answers, [None if m is None else m.numpy() for m in masklets]
+            self._segmented[key] = answers, [None if m is None else m.cpu().numpy() for m in masklets]
         return self._segmented[key]
 
     def describe(self, which: str, encoded, masks: Sequence, rows: Sequence[int]) -> list:

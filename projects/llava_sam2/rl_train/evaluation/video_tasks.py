@@ -23,7 +23,7 @@ from ..model.pipeline.shared import greedy_answers
 from ..model.pipeline.video import MLLM_FRAMES, encode_video, masklet_masks, video_masklet_logits, video_prompt
 from ..model.text.prompts import RES_EVAL_PROMPT
 from .bootstrap import Estimate, bootstrap_mean
-from .video_metrics import score_masklet
+from .video_metrics import score_masklets
 
 VIDEO_TASKS = ("video_res",)
 FRAME_GROUPS = ("all", "memory_free", "propagated")
@@ -82,13 +82,14 @@ def evaluate_video_res(model, processor, dataset: Iterable, *, num_samples: int 
         answers = greedy_answers(model, processor, video.encoded, rows, max_new_tokens=max_new_tokens,
                                  decoding=decoding, seg_masks="first", use_decoder_states=False, image_masks=False)
         with_seg = [i for i, a in enumerate(answers) if a.seg_prompts]
-        masklets = {}
+        masklets = {}  # on the model's device, where J&F counts them
         if with_seg:
             logits = video_masklet_logits(model, video, torch.stack([answers[i].seg_prompts[0] for i in with_seg]))
-            masklets = {i: masklet_masks(model, logits[k], video.size).cpu().numpy() for k, i in enumerate(with_seg)}
-        gt = np.asarray(sample.gt_masks, dtype=bool)  # [T, H, W]
-        for i, (text, answer) in enumerate(zip(texts, answers)):
-            scores = score_masklet(gt, masklets.get(i, np.zeros_like(gt)))
+            masklets = {i: masklet_masks(model, logits[k], video.size) for k, i in enumerate(with_seg)}
+        gt = torch.as_tensor(np.asarray(sample.gt_masks, dtype=bool))  # [T, H, W]
+        empty = torch.zeros_like(gt)
+        scored = score_masklets([gt] * len(texts), [masklets.get(i, empty) for i in range(len(texts))])
+        for i, (text, answer, scores) in enumerate(zip(texts, answers, scored)):
             records.append(VideoRecord(sample.sample_id, text, answer.text, i in masklets, video.num_mllm_frames,
                                        scores.j.tolist(), scores.f.tolist()))
     return VideoTaskResult("video_res", records, summarize_video(records, n_resamples=n_resamples, seed=seed))

@@ -55,7 +55,7 @@ from ..model.pipeline.region_chain import MaskChain
 from ..model.pipeline.video import largest_mask_frames, masklet_masks, video_masklet_logits
 from ..model.sft.sft_loss import mask_loss_per_mask, resize_gt_masks
 from ..rewards.base import RewardInputs
-from ..rewards.video_metrics import j_and_f
+from ..rewards.video_metrics import score_masklets
 from .dense import best_in_group, dense_rollout_weights, weighted_mean
 from .features import StepFeatures
 from .losses import PolicyLoss
@@ -455,16 +455,17 @@ class CaptionToMaskLoop:
         key_frames = largest_mask_frames(model, clips, video.clip_index, prompts)
         rows = [clips.frame_start[c] + k for c, k in zip(video.clip_index, key_frames)]
         grounding_index = torch.tensor(rows, dtype=torch.long, device=replay.image_index.device)
-        scores = []
+        gts, masklets = [], []  # the masklets stay on the model's device: J&F counts there
         for b in range(B):
             if features.gt_masks[b] is None:
                 continue
             clip = clips.video(video.clip_index[b])
             logits = video_masklet_logits(model, clip, prompts[b:b + 1])[0]  # [T, h, w]
-            scores.append(j_and_f(features.gt_masks[b].numpy(), masklet_masks(model, logits, clip.size).cpu().numpy()))
+            gts.append(features.gt_masks[b])
+            masklets.append(masklet_masks(model, logits, clip.size))
         stats = {"video/key_frame": sum(key_frames) / B}
-        if scores:
-            stats["video/policy_jf"] = sum(scores) / len(scores)
+        if masklets:
+            stats["video/policy_jf"] = sum(s.j_and_f for s in score_masklets(gts, masklets)) / len(masklets)
         return replace(replay, grounding_index=grounding_index.repeat_interleave(G)), key_frames, stats
 
 

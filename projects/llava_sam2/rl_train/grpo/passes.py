@@ -80,7 +80,8 @@ def partner_segment_video(model, processor, video: VideoStep, tile_embeds: Tenso
         tile_embeds: ``model.project_vision(encoded.clips.vit_tokens)`` under the weights in effect.
         samples: per caption, its sample's row in ``video`` (clip ``video.clip_index[sample]``).
 
-    Returns N bool ``[T, H, W]`` CPU masklets and the statistics.
+    Returns N bool ``[T, H, W]`` masklets on the model's device (the video reward counts them there) and the
+    statistics.
     """
     clips = video.encoded
     clip_rows = [video.clip_index[b] for b in samples]
@@ -88,7 +89,8 @@ def partner_segment_video(model, processor, video: VideoStep, tile_embeds: Tenso
                                                max_new_tokens=max_new_tokens, decoding=decoding,
                                                tile_embeds=tile_embeds, chunk_size=chunk_size)
     pred_masks = [m if m is not None else torch.zeros((clips.num_frames(c), *clips.clips.image_sizes[c]),
-                                                      dtype=torch.bool) for m, c in zip(masklets, clip_rows)]
+                                                      dtype=torch.bool, device=tile_embeds.device)
+                  for m, c in zip(masklets, clip_rows)]
     return pred_masks, _segment_stats(answers)
 
 

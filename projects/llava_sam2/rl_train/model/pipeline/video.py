@@ -286,9 +286,10 @@ def segment_texts_in_clips(model, processor, clips: EncodedClips, texts: Sequenc
                            decoding: TextDecoding | None = None, tile_embeds: Tensor | None = None,
                            chunk_size: int | None = None) -> tuple[list[Answer | None], list[Tensor | None]]:
     """The partner task "segment a text" in a clip: per text, the greedy answer to its video RES prompt
-    (``processor.video_segment_prompt`` over the clip's MLLM frames) and the masklet bool ``[T, H, W]`` (CPU) of
-    its first fed-back ``[SEG]`` (SAM2 propagation over every frame, all masklets of a clip in one batched
-    propagation). None for an empty text (no answer) and for an answer without a fed-back ``[SEG]`` (no masklet).
+    (``processor.video_segment_prompt`` over the clip's MLLM frames) and the masklet bool ``[T, H, W]`` (on the
+    model's device) of its first fed-back ``[SEG]`` (SAM2 propagation over every frame, all masklets of a clip in one
+    batched propagation). None for an empty text (no answer) and for an answer without a fed-back ``[SEG]`` (no
+    masklet).
     """
     kept = [n for n, text in enumerate(texts) if text]
     rows = [PromptRow(clip_rows[n], processor.video_segment_prompt(clips.num_mllm_frames(clip_rows[n]), texts[n],
@@ -307,5 +308,5 @@ def segment_texts_in_clips(model, processor, clips: EncodedClips, texts: Sequenc
         video = clips.video(clip)
         logits = video_masklet_logits(model, video, torch.stack([answers[n].seg_prompts[0] for n in owners]))
         for n, masklet in zip(owners, logits):  # [T, h, w] each
-            masklets[n] = masklet_masks(model, masklet, video.size).cpu()
+            masklets[n] = masklet_masks(model, masklet, video.size)
     return answers, masklets
