@@ -37,6 +37,9 @@ $(NLTK_DATA)/corpora/wordnet/lexnames: tools/setup/provision_wordnet.py | $(STAM
 	$(BIN)/python tools/setup/provision_wordnet.py --target $(NLTK_DATA)
 
 test: setup
+	# yapf (imported by mmengine.config) writes its grammar pickles into its package on the first import; two
+	# pytest workers doing that first import at once can read a half-written pickle (EOFError). Import it once here.
+	$(BIN)/python -c "import yapf"
 	$(BIN)/python -m pytest $(PYTEST_ARGS) -m "not demo" tests
 
 # The embedded demo: shapes world + the committed pretrained tiny Sa2VA -> GRPO cycle RL -> held-out report.
