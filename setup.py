@@ -57,6 +57,7 @@ setup(
         "scipy",
         "opencv-python",  # mp4 frames of SA-V videos (data/video.py); MMEngine installs it too
         "tqdm",
+        "packaging",  # the Qwen-VL family checks the transformers release it needs (model/network/qwen_vl.py)
     ],
     extras_require=EXTRAS,
     entry_points={"console_scripts": ["sa2va-rl=projects.llava_sam2.rl_train.cli.main:main"]},
