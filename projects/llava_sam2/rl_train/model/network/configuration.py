@@ -132,7 +132,33 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-class Sa2VAConfig:
+class GroundingSizes:
+    """The SAM2 sizes of a Sa2VA config (both families), from its ``grounding_config`` over the Hiera-L defaults."""
+
+    grounding_config: dict[str, Any] | None
+
+    @property
+    def grounding(self) -> dict[str, Any]:
+        """Resolved SAM2 sizes: Hiera-L defaults overridden by ``grounding_config``."""
+        return _merge(SAM2_HIERA_L, self.grounding_config or {})
+
+    @property
+    def sam_image_size(self) -> int:
+        """Side S_sam of the square SAM2 input (1024 for released models)."""
+        return int(self.grounding["image_size"])
+
+    @property
+    def sam_hidden_dim(self) -> int:
+        """SAM2 prompt/decoder width (256 for released models) = text_hidden_fcs output."""
+        return int(self.grounding["hidden_dim"])
+
+    @property
+    def sam_low_res_size(self) -> int:
+        """Side h of the low-res mask logits = S_sam / backbone_stride * 4 (256 for 1024 px)."""
+        return self.sam_image_size // int(self.grounding["backbone_stride"]) * 4
+
+
+class Sa2VAConfig(GroundingSizes):
     """In-memory form of Sa2VA's ``config.json``.
 
     Attributes mirror the JSON keys (``template``, ``force_image_size``, ``downsample_ratio``,
@@ -232,26 +258,6 @@ class Sa2VAConfig:
     @property
     def vit_hidden_size(self) -> int:
         return int(self.vision_config.hidden_size)
-
-    @property
-    def grounding(self) -> dict[str, Any]:
-        """Resolved SAM2 sizes: Hiera-L defaults overridden by ``grounding_config``."""
-        return _merge(SAM2_HIERA_L, self.grounding_config or {})
-
-    @property
-    def sam_image_size(self) -> int:
-        """Side S_sam of the square SAM2 input (1024 for released models)."""
-        return int(self.grounding["image_size"])
-
-    @property
-    def sam_hidden_dim(self) -> int:
-        """SAM2 prompt/decoder width (256 for released models) = text_hidden_fcs output."""
-        return int(self.grounding["hidden_dim"])
-
-    @property
-    def sam_low_res_size(self) -> int:
-        """Side h of the low-res mask logits = S_sam / backbone_stride * 4 (256 for 1024 px)."""
-        return self.sam_image_size // int(self.grounding["backbone_stride"]) * 4
 
     # ------------------------------------------------------------------ (de)serialisation
     @classmethod

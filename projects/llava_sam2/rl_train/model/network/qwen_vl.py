@@ -31,7 +31,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from torch import nn
 
 from ..text.constants import SEG_TOKEN
-from .configuration import SAM2_HIERA_L, _merge
+from .configuration import GroundingSizes
 from .grounding import GroundingEncoder
 from .seg_head import SegGroundingMixin, build_text_hidden_fcs
 from .transformers_seams import set_attention_implementation
@@ -61,7 +61,7 @@ def is_qwen_vl_config(data: dict[str, Any]) -> bool:
     return bool(set(archs) & set(QWEN_VL_ARCHITECTURES)) or vision_type in QWEN_VL_FAMILIES
 
 
-class Sa2VAQwenConfig:
+class Sa2VAQwenConfig(GroundingSizes):
     """In-memory form of a Sa2VA-Qwen ``config.json``; every key is kept verbatim (``data``) for the round trip.
 
     Attributes: ``data`` (the JSON object without ``grounding_config``), ``grounding_config`` (None for released
@@ -105,23 +105,6 @@ class Sa2VAQwenConfig:
     @property
     def vocab_size(self) -> int:
         return int(self.text_config["vocab_size"])
-
-    @property
-    def grounding(self) -> dict[str, Any]:
-        """Resolved SAM2 sizes: Hiera-L defaults overridden by ``grounding_config``."""
-        return _merge(SAM2_HIERA_L, self.grounding_config or {})
-
-    @property
-    def sam_image_size(self) -> int:
-        return int(self.grounding["image_size"])
-
-    @property
-    def sam_hidden_dim(self) -> int:
-        return int(self.grounding["hidden_dim"])
-
-    @property
-    def sam_low_res_size(self) -> int:
-        return self.sam_image_size // int(self.grounding["backbone_stride"]) * 4
 
     # ------------------------------------------------------------------ transformers side
     def transformers_classes(self) -> tuple[type, type]:
