@@ -95,6 +95,21 @@ def position_ids_from_attention(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def continuation_positions(prompt_positions: torch.Tensor, length: int, num_generations: int = 1) -> torch.Tensor:
+    """Positions of ``length`` text tokens that continue prompts whose positions are given: each row goes on from its
+    largest prompt position + 1, one per token (a left-padded 1-D row: its real-token count onwards; a Qwen-VL M-RoPE
+    row ``[3, B, L]``: past the image's largest index, the same on all three axes). Rows are repeated
+    ``num_generations`` times (row ``b·G + g`` continues prompt b).
+
+    ``[B, L]`` → ``[B·G, length]``; ``[3, B, L]`` → ``[3, B·G, length]``.
+    """
+    start = prompt_positions.amax(dim=-1) + 1  # [B] or [3, B]
+    if start.dim() == 2:
+        start = start.amax(dim=0, keepdim=True).expand_as(start)  # every axis continues from the largest
+    steps = torch.arange(length, device=prompt_positions.device)  # [length]
+    return (start.repeat_interleave(num_generations, dim=-1)[..., None] + steps).long()
+
+
 def decoder_and_head(lm: nn.Module) -> tuple[nn.Module, nn.Module]:
     """The decoder body (returns final-norm ``last_hidden_state``) and the output head of ``lm``.
 

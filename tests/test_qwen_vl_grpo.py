@@ -1,0 +1,96 @@
+"""The GRPO step's shared passes on the Qwen-VL family: the family seam (``pipeline.qwen_vl_prompts``: M-RoPE
+positions, Qwen3-VL's deepstack) gives the grouped teacher-forced scoring transformers' own Qwen-VL values.
+
+Needs transformers >= 4.57 (Qwen3-VL): skipped on an older stack."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+pytest.importorskip("transformers", minversion="4.57")  # Qwen3VLForConditionalGeneration
+
+from projects.llava_sam2.rl_train.model.decoding.generation import position_ids_from_attention  # noqa: E402
+from projects.llava_sam2.rl_train.model.decoding.grouped_scoring import grouped_completion_logprobs  # noqa: E402
+from projects.llava_sam2.rl_train.model.pipeline.qwen_vl_prompts import qwen_vl_prompt_inputs  # noqa: E402
+from projects.llava_sam2.rl_train.model.pipeline.shared import encode_images  # noqa: E402
+from projects.llava_sam2.rl_train.model.text.qwen_processor import Sa2VAQwenProcessor  # noqa: E402
+from qwen_vl_fixtures import FAMILIES, tiny_qwen_model, tiny_qwen_tokenizer  # noqa: E402
+
+G = 2  # completions per prompt
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_qwen_tokenizer()
+
+
+def _batch(family: str, tokenizer):
+    """Replica, its processor, two encoded images of different grids, and two left-padded RES prompts about them."""
+    model = tiny_qwen_model(family)
+    model.bind_tokenizer(tokenizer)
+    processor = Sa2VAQwenProcessor.from_config(tokenizer, model.config, min_pixels=4 * 28 * 28,
+                                               max_pixels=16 * 28 * 28)
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray((rng.random(shape) * 255).astype(np.uint8)) for shape in ((70, 100, 3), (60, 60, 3))]
+    encoded = encode_images(model, processor, images, ["image 0", "image 1"])
+    assert encoded.vision_inputs[0][1].tolist() != encoded.vision_inputs[1][1].tolist()  # two different grids
+    prompts = [processor.segment_prompt(encoded.n_tiles(0), "the circle"),
+               processor.segment_prompt(encoded.n_tiles(1), "the small blue square on the left")]
+    ids, attention = processor.tokenize_prompts(prompts)  # [2, L], left padded
+    assert not attention[0].all() and attention[1].all()
+    return model, encoded, ids, attention.bool()
+
+
+def _completions(seed: int = 0):
+    """N = 2·G right-padded completions of plain text tokens (lengths 5, 3, 4, 1)."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(20, 200, (2 * G, 5), generator=generator)  # [N, T]
+    mask = torch.arange(5)[None] < torch.tensor([5, 3, 4, 1])[:, None]  # [N, T]
+    return ids, mask
+
+
+def _transformers_logprobs(model, encoded, ids, attention, completion_ids, completion_mask) -> torch.Tensor:
+    """``[N, T]``: each completion scored by the Qwen-VL model's own forward (pixel_values path) over its prompt's
+    unpadded tokens + its real tokens, one row at a time."""
+    out = torch.zeros(completion_ids.shape)
+    for n in range(len(completion_ids)):
+        b = n // G
+        prompt = ids[b][attention[b]]
+        answer = completion_ids[n][completion_mask[n]]
+        full = torch.cat([prompt, answer])[None]  # [1, L_b + T_n]
+        pixels, grid = encoded.vision_inputs[b]
+        logits = model.llm_forward(full, torch.ones_like(full), pixels, grid[None]).logits[0]  # [L_b + T_n, V]
+        logp = torch.log_softmax(logits[len(prompt) - 1:-1].float(), dim=-1)  # position L_b - 1 + t predicts c_t
+        out[n, :len(answer)] = logp.gather(-1, answer[:, None])[:, 0]
+    return out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_grouped_scoring_of_a_qwen_vl_prompt_equals_transformers_own_forward(family, tokenizer):
+    """Two prompts about two images of different grids (one left padded), G = 2 completions each: the grouped
+    teacher-forced log-probs, given the family seam's embeddings, M-RoPE positions and (Qwen3-VL) deepstack
+    additions, equal the transformers Qwen-VL forward on the same tokens. Without the seam's positions and additions
+    (the 1-D positions every family got before) they do not."""
+    model, encoded, ids, attention = _batch(family, tokenizer)
+    completion_ids, completion_mask = _completions()
+    with torch.no_grad():
+        expected = _transformers_logprobs(model, encoded, ids, attention, completion_ids, completion_mask)
+        inputs = qwen_vl_prompt_inputs(model, encoded, [0, 1], ids, attention)
+        assert inputs.positions.shape == (3, *ids.shape)
+        assert len(inputs.layer_additions) == (0 if family == "qwen2_5_vl" else
+                                               len(model.model.config.vision_config.deepstack_visual_indexes))
+        ours = grouped_completion_logprobs(model.hf_model, inputs.embeds, attention, completion_ids, completion_mask,
+                                           num_generations=G, prompt_positions=inputs.positions,
+                                           prefix_additions=inputs.layer_additions)
+        torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
+        text_positions = position_ids_from_attention(attention)[None].expand(3, -1, -1)  # 1-D on every axis
+        one_d = grouped_completion_logprobs(model.hf_model, inputs.embeds, attention, completion_ids,
+                                            completion_mask, num_generations=G, prompt_positions=text_positions)
+        no_deepstack = grouped_completion_logprobs(model.hf_model, inputs.embeds, attention, completion_ids,
+                                                   completion_mask, num_generations=G,
+                                                   prompt_positions=inputs.positions)
+    assert (one_d - expected).abs().max() > 1e-4  # the replica is sensitive to the positions: the test can fail
+    if inputs.layer_additions:  # Qwen3-VL: and to the deepstack features
+        assert (no_deepstack - expected).abs().max() > 1e-4
