@@ -14,9 +14,13 @@ pytest.importorskip("transformers", minversion="4.57")  # Qwen3VLForConditionalG
 from projects.llava_sam2.rl_train.model.decoding.generation import position_ids_from_attention  # noqa: E402
 from projects.llava_sam2.rl_train.model.decoding.grouped_scoring import grouped_completion_logprobs  # noqa: E402
 from projects.llava_sam2.rl_train.model.pipeline.qwen_vl_prompts import qwen_vl_prompt_inputs  # noqa: E402
-from projects.llava_sam2.rl_train.model.pipeline.shared import encode_images  # noqa: E402
+from projects.llava_sam2.rl_train.model.network.lora import configure_trainable  # noqa: E402
+from projects.llava_sam2.rl_train.model.pipeline.inference import predict  # noqa: E402
+from projects.llava_sam2.rl_train.model.pipeline.shared import (  # noqa: E402
+    PromptRow, encode_images, forced_answer_masks, forced_answer_seg_prompts, greedy_answers)
 from projects.llava_sam2.rl_train.model.text.qwen_processor import Sa2VAQwenProcessor  # noqa: E402
-from qwen_vl_fixtures import FAMILIES, tiny_qwen_model, tiny_qwen_tokenizer  # noqa: E402
+from qwen_vl_fixtures import (FAMILIES, PREDICT_TEXT, predict_image, seg_then_stop_model,  # noqa: E402
+                              tiny_qwen_hf_processor, tiny_qwen_model, tiny_qwen_tokenizer)
 
 G = 2  # completions per prompt
 
@@ -94,3 +98,51 @@ def test_grouped_scoring_of_a_qwen_vl_prompt_equals_transformers_own_forward(fam
     assert (one_d - expected).abs().max() > 1e-4  # the replica is sensitive to the positions: the test can fail
     if inputs.layer_additions:  # Qwen3-VL: and to the deepstack features
         assert (no_deepstack - expected).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_forced_seg_answer_gives_the_mask_and_seg_prompt_of_the_familys_predict(family, tokenizer):
+    """The replica whose head answers ``[SEG]<|im_end|>``: the forced answer ``[SEG]<|im_end|>`` (loop 2's policy
+    pass, ``forced_answer_masks``) on its RES prompt, left padded beside a longer prompt, gives the SAM2 prompt the
+    family's greedy decode read from transformers' generate and, at image size, predict's mask pixel for pixel."""
+    model = seg_then_stop_model(family, tokenizer)
+    processor = Sa2VAQwenProcessor.from_config(tokenizer, model.config, image_processor=tiny_qwen_hf_processor(
+        family, tokenizer).image_processor)
+    image = predict_image()
+    expected_masks = predict(model, processor, image, PREDICT_TEXT)["prediction_masks"]
+    assert len(expected_masks) == 1 and np.asarray(expected_masks[0]).any()
+    encoded = encode_images(model, processor, [image], ["image 0"])
+    prompts = [processor.template_user_turn(processor.expand_image(text, encoded.n_tiles(0)))
+               for text in (PREDICT_TEXT, PREDICT_TEXT + " It is the round one near the top left corner.")]
+    greedy, = greedy_answers(model, processor, encoded, [PromptRow(0, prompts[0])], max_new_tokens=4,
+                             seg_masks="first")
+    assert greedy.text == "[SEG]<|im_end|>"
+    ids, attention = processor.tokenize_prompts(prompts)  # [2, L], the first row left padded
+    assert not attention[0].all()
+    answer_ids = torch.tensor(tokenizer.encode("[SEG]<|im_end|>", add_special_tokens=False))
+    with torch.no_grad():
+        decoded = forced_answer_masks(model, encoded, None, ids, attention, [0, 0], answer_ids, 0)
+    masks = model.logits_to_masks(decoded.best_logits[:1], [encoded.image_sizes[0]])
+    assert np.array_equal(masks[0].cpu().numpy(), np.asarray(expected_masks[0]))
+    with torch.no_grad():
+        forced = forced_answer_seg_prompts(model, encoded, None, ids, attention, [0, 0], answer_ids[None].expand(2, -1),
+                                           torch.zeros(2, dtype=torch.long))  # [2, C_sam]
+    torch.testing.assert_close(forced[0], greedy.seg_prompts[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_seg_state_norm_flag_says_what_transformers_hidden_states_hold(family, tokenizer):
+    """``seg_state_after_final_norm`` pins what ``output_hidden_states[-1]`` (upstream's [SEG] state) is in the
+    installed transformers: the head on it gives the logits exactly when it is after the final norm."""
+    model = tiny_qwen_model(family)
+    model.bind_tokenizer(tokenizer)
+    processor = Sa2VAQwenProcessor.from_config(tokenizer, model.config, min_pixels=4 * 28 * 28,
+                                               max_pixels=16 * 28 * 28)
+    encoded = encode_images(model, processor, [predict_image()], ["image 0"])
+    ids, attention = processor.tokenize_prompts([processor.segment_prompt(encoded.n_tiles(0), "the circle")])
+    pixels, grid = encoded.vision_inputs[0]
+    with torch.no_grad():
+        out = model.llm_forward(ids, attention.long(), pixels, grid[None])
+        state = out.hidden_states[-1]
+        normed = model.language_model.norm(state) if not model.seg_state_after_final_norm else state
+        torch.testing.assert_close(model.get_output_embeddings()(normed), out.logits, atol=1e-5, rtol=1e-5)

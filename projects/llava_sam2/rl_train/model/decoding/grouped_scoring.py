@@ -116,8 +116,9 @@ def _text_axis(positions: Tensor) -> Tensor:
 
 def grouped_hidden(lm: nn.Module, prompt_embeds: Tensor, prompt_attention: Tensor, continuation_ids: Tensor,
                    completion_mask: Tensor, num_generations: int, prompt_positions: Tensor | None = None,
-                   prefix_additions: list[Tensor] | None = None) -> tuple[Tensor, Tensor]:
-    """Final-norm states of the prompts' last position ``[B, D]`` and of the continuation inputs ``[N, T', D]``.
+                   prefix_additions: list[Tensor] | None = None, final_norm: bool = True) -> tuple[Tensor, Tensor]:
+    """Final-norm states of the prompts' last position ``[B, D]`` and of the continuation inputs ``[N, T', D]``
+    (``final_norm=False``: the last decoder layer's output, before the final norm).
 
     Args:
         prompt_embeds: ``[B, L, D]``; prompt_attention: ``[B, L]`` LEFT padded.
@@ -158,6 +159,8 @@ def grouped_hidden(lm: nn.Module, prompt_embeds: Tensor, prompt_attention: Tenso
             h_prefix, h_continuation = checkpoint(step, h_prefix, h_continuation, use_reentrant=False)
         else:
             h_prefix, h_continuation = step(h_prefix, h_continuation)
+    if not final_norm:
+        return h_prefix[:, -1], h_continuation
     return body.norm(h_prefix[:, -1]), body.norm(h_continuation)  # [B, D], [N, T', D]
 
 

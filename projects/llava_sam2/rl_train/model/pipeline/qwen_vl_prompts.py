@@ -9,7 +9,8 @@ The shared passes (grouped scoring of the GRPO loss, forced answers) run the LLM
 * Qwen3-VL only: the deepstack features, added to the image rows' states after each of the first LLM layers.
 
 :func:`qwen_vl_prompt_inputs` is the one place that builds them; the passes take the positions and the per-layer
-additions as given.
+additions as given: ``grouped_scoring.grouped_completion_logprobs`` (the GRPO loss's teacher-forced log-probs) and
+:func:`qwen_vl_answer_states` (a forced answer's ``[SEG]`` state, ``shared.forced_answer_seg_prompts``).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..decoding.grouped_scoring import grouped_hidden
 from .qwen_vl_decode import row_vision_inputs
 
 
@@ -59,3 +61,17 @@ def qwen_vl_prompt_inputs(model, encoded, images: Sequence[int], prompt_ids: Ten
     additions = [embeds.new_zeros(embeds.shape).masked_scatter(image_rows[..., None], layer.to(embeds.dtype))
                  for layer in deepstack]  # per layer [B, L, D]
     return QwenPromptInputs(embeds, positions, additions)
+
+
+def qwen_vl_answer_states(model, encoded, images: Sequence[int], prompt_ids: Tensor, attention: Tensor,
+                          answer_ids: Tensor) -> Tensor:
+    """The family's ``[SEG]``-reading states ``[n, A, D]`` (``model.seg_state_after_final_norm``: after the final
+    norm, or the last layer's output before it) at the positions whose inputs are the teacher-forced
+    ``answer_ids [n, A]`` after left-padded prompts ``[n, L]`` about ``images``: one grouped pass (a group of one)
+    with the family's positions and deepstack additions; carries grad."""
+    inputs = qwen_vl_prompt_inputs(model, encoded, images, prompt_ids, attention)
+    answer_ids = answer_ids.to(inputs.embeds.device)
+    _, states = grouped_hidden(model.hf_model, inputs.embeds, attention.to(inputs.embeds.device).bool(), answer_ids,
+                               torch.ones_like(answer_ids, dtype=torch.bool), 1, inputs.positions,
+                               inputs.layer_additions, final_norm=model.seg_state_after_final_norm)
+    return states  # [n, A, D]
