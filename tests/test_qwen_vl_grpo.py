@@ -146,3 +146,50 @@ def test_the_seg_state_norm_flag_says_what_transformers_hidden_states_hold(famil
         state = out.hidden_states[-1]
         normed = model.language_model.norm(state) if not model.seg_state_after_final_norm else state
         torch.testing.assert_close(model.get_output_embeddings()(normed), out.logits, atol=1e-5, rtol=1e-5)
+
+
+def _loss_grads(model, encoded, ids, attention, completion_ids, completion_mask) -> dict[str, torch.Tensor]:
+    """Grads of a GRPO-shaped loss on the seam's two passes: the grouped log-probs of the completions (loop 1's
+    caption action) + the forced ``[SEG]`` answer's mask logits (loop 2's mask head)."""
+    model.zero_grad(set_to_none=True)
+    inputs = qwen_vl_prompt_inputs(model, encoded, [0, 1], ids, attention)
+    logp = grouped_completion_logprobs(model.hf_model, inputs.embeds, attention, completion_ids, completion_mask,
+                                       num_generations=G, prompt_positions=inputs.positions,
+                                       prefix_additions=inputs.layer_additions)
+    seg_answer = torch.tensor([model.seg_token_id, 30])  # [SEG] then a plain token
+    mask_logits = forced_answer_masks(model, encoded, None, ids, attention, [0, 1], seg_answer, 0).best_logits
+    (logp.sum() + mask_logits.sigmoid().mean()).backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.requires_grad and p.grad is not None}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_seam_passes_train_lora_and_the_mask_decoder_with_or_without_checkpointing(family, tokenizer):
+    """With LoRA (upstream's targets) and the trainable set of the family, a loss over both seam passes gives finite
+    grads on every LoRA layer, ``text_hidden_fcs`` and the SAM2 mask decoder, none on the vision tower; activation
+    checkpointing (the grouped layer recomputed in backward, deepstack additions included) gives the same grads."""
+    model, encoded, ids, attention = _batch(family, tokenizer)
+    model.apply_lora(r=4, lora_alpha=8, lora_dropout=0.0)
+    trainable = configure_trainable(model)
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for name, param in trainable.items():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.05)
+    completion_ids, completion_mask = _completions(seed=1)
+    model.train()
+    plain = _loss_grads(model, encoded, ids, attention, completion_ids, completion_mask)
+    unreached = set(trainable) - set(plain)  # only the heads a best-of-multimask mask loss does not differentiate
+    assert set(plain) <= set(trainable) and all(".iou_prediction_head." in n or ".pred_obj_score_head." in n
+                                                 for n in unreached)
+    assert {n for n in trainable if "lora_" in n} <= set(plain)
+    assert all(torch.isfinite(g).all() for g in plain.values())
+    lora_layers = {name.split(".lora_")[0] for name in plain if "lora_" in name}
+    assert lora_layers and all(any(plain[n].abs().sum() > 0 for n in plain if n.startswith(layer + ".lora_"))
+                               for layer in lora_layers)
+    for part in ("text_hidden_fcs.", "grounding_encoder.sam2_model.sam_mask_decoder."):
+        assert sum(g.abs().sum() for n, g in plain.items() if n.startswith(part)) > 0, part
+    model.hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert model.language_model.gradient_checkpointing
+    checkpointed = _loss_grads(model, encoded, ids, attention, completion_ids, completion_mask)
+    for name, grad in plain.items():
+        torch.testing.assert_close(checkpointed[name], grad, atol=1e-6, rtol=1e-5, msg=name)
