@@ -19,10 +19,12 @@ from projects.llava_sam2.rl_train.model.pipeline.inference import predict  # noq
 from projects.llava_sam2.rl_train.model.pipeline.shared import (  # noqa: E402
     PromptRow, encode_images, forced_answer_masks, forced_answer_seg_prompts, greedy_answers)
 from projects.llava_sam2.rl_train.model.text.qwen_processor import Sa2VAQwenProcessor  # noqa: E402
+from grpo_tiny import make_algo, one_thread, run_rollout, shapes_batch, step_loss  # noqa: E402
 from qwen_vl_fixtures import (FAMILIES, PREDICT_TEXT, predict_image, seg_then_stop_model,  # noqa: E402
                               tiny_qwen_hf_processor, tiny_qwen_model, tiny_qwen_tokenizer)
 
 G = 2  # completions per prompt
+_one_thread = pytest.fixture(autouse=True)(one_thread)
 
 
 @pytest.fixture(scope="module")
@@ -193,3 +195,39 @@ def test_the_seam_passes_train_lora_and_the_mask_decoder_with_or_without_checkpo
     checkpointed = _loss_grads(model, encoded, ids, attention, completion_ids, completion_mask)
     for name, grad in plain.items():
         torch.testing.assert_close(checkpointed[name], grad, atol=1e-6, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_one_loop_2_grpo_step_trains_lora_and_the_mask_decoder(family, tokenizer):
+    """Loop 2 (caption → mask → caption') on the family: rollout (forced ``[SEG]`` answer through the seam, G = 4
+    Bernoulli masks per caption, the EMA partner describing each mask drawn into its image), IoU reward, one policy
+    loss: finite, with grads on LoRA, ``text_hidden_fcs`` and the mask decoder. The region mask policy, which needs
+    the InternVL region-token grid, is refused with the policies that work here."""
+    model = tiny_qwen_model(family)
+    model.bind_tokenizer(tokenizer)
+    model.apply_lora(r=4, lora_alpha=8, lora_dropout=0.0)
+    trainable = configure_trainable(model)
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, param in trainable.items():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+    processor = Sa2VAQwenProcessor.from_config(tokenizer, model.config, min_pixels=4 * 28 * 28,
+                                               max_pixels=16 * 28 * 28)
+    loop2 = dict(mask_to_caption_weight=0.0, caption_to_mask_weight=1.0, seg_noise_std=1.0)
+    algo, _ = make_algo(model, processor, {"caption_to_mask": [dict(type="iou")]}, use_partner_captions=True,
+                        mask_policy="bernoulli", **loop2)
+    model.zero_grad(set_to_none=True)
+    step = run_rollout(algo, shapes_batch(2))
+    assert step.rollouts[0].advantages.abs().sum() > 0
+    loss = step_loss(algo, model, step)["loss"]
+    assert torch.isfinite(loss)
+    grads = {n: p.grad for n, p in model.named_parameters() if p.requires_grad and p.grad is not None}
+    assert all(torch.isfinite(g).all() for g in grads.values())
+    for part in ("lora_", "text_hidden_fcs.", ".sam_mask_decoder."):
+        assert sum(float(g.abs().sum()) for n, g in grads.items() if part in n) > 0, part
+    assert not any(".visual." in n for n in grads)
+    region, _ = make_algo(model, processor, {"caption_to_mask": [dict(type="iou")]}, use_partner_captions=False,
+                          mask_policy="region", **loop2)
+    with pytest.raises(ValueError, match="region-token grid"):
+        run_rollout(region, shapes_batch(2))

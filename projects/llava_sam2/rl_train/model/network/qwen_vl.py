@@ -233,6 +233,14 @@ class Sa2VAQwenModel(SegGroundingMixin, nn.Module):
         (Qwen2.5-VL) or the last decoder layer's output before it (Qwen3-VL)."""
         return SEG_STATE_AFTER_FINAL_NORM[self.config.family]
 
+    def project_vision(self, vit_tokens: None) -> None:
+        """The InternVL family's per-pass ``mlp1`` projection has no counterpart here: the merger sits inside the
+        frozen vision tower, and each pass builds its image rows from ``EncodedImages.vision_inputs``
+        (``pipeline.qwen_vl_prompts``). The shared passes take ``tile_embeds=None`` for this family."""
+        if vit_tokens is not None:
+            raise ValueError("project_vision: the Qwen-VL family encodes no InternViT tokens (vit_tokens must be None)")
+        return None
+
     def get_input_embeddings(self) -> nn.Module:
         return self.hf_model.get_input_embeddings()
 
