@@ -11,7 +11,10 @@ from PIL import Image
 
 pytest.importorskip("transformers", minversion="4.57")  # Qwen3VLForConditionalGeneration
 
-from projects.llava_sam2.rl_train.model.decoding.generation import position_ids_from_attention  # noqa: E402
+from projects.llava_sam2.rl_train.model.decoding.generation import (  # noqa: E402
+    position_ids_from_attention, sample_completions)
+from projects.llava_sam2.rl_train.model.decoding.text_decoding import TextDecoding  # noqa: E402
+from projects.llava_sam2.rl_train.model.pipeline.qwen_vl_decode import qwen_vl_completions  # noqa: E402
 from projects.llava_sam2.rl_train.model.decoding.grouped_scoring import grouped_completion_logprobs  # noqa: E402
 from projects.llava_sam2.rl_train.model.pipeline.qwen_vl_prompts import qwen_vl_prompt_inputs  # noqa: E402
 from projects.llava_sam2.rl_train.model.network.lora import configure_trainable  # noqa: E402
@@ -231,3 +234,34 @@ def test_one_loop_2_grpo_step_trains_lora_and_the_mask_decoder(family, tokenizer
                           mask_policy="region", **loop2)
     with pytest.raises(ValueError, match="region-token grid"):
         run_rollout(region, shapes_batch(2))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_reference_decoder_on_the_seam_decodes_as_transformers_generate(family, tokenizer):
+    """Greedy decoding of two left-padded prompts about images of different grids by the reference decoder
+    (``sample_completions`` on the seam's embeddings, M-RoPE positions and Qwen3-VL's deepstack at the prefill) gives
+    transformers' ``generate`` tokens and per-token log-probs (``qwen_vl_decode``, the family's predict decoder);
+    1-D positions, or Qwen3-VL without its deepstack, do not."""
+    model, encoded, ids, attention = _batch(family, tokenizer)
+    decoding = TextDecoding(tokenizer=tokenizer, stop_token_ids=(tokenizer.convert_tokens_to_ids("<|im_end|>"),),
+                            stop_words=(), pad_token_id=tokenizer.pad_token_id)
+    expected = qwen_vl_completions(model, encoded, [0, 1], ids, attention, decoding, max_new_tokens=6,
+                                   return_hidden=False)
+    with torch.no_grad():
+        inputs = qwen_vl_prompt_inputs(model, encoded, [0, 1], ids, attention)
+        kwargs = dict(max_new_tokens=6, do_sample=False, stop_token_ids=list(decoding.stop_token_ids),
+                      pad_token_id=decoding.pad_token_id)
+        ours = sample_completions(model.hf_model, inputs.embeds, attention, prompt_positions=inputs.positions,
+                                  prefill_kwargs=inputs.prefill_kwargs(), **kwargs)
+        text_positions = position_ids_from_attention(attention)[None].expand(3, -1, -1)
+        one_d = sample_completions(model.hf_model, inputs.embeds, attention, prompt_positions=text_positions,
+                                   prefill_kwargs=inputs.prefill_kwargs(), **kwargs)
+        no_deepstack = sample_completions(model.hf_model, inputs.embeds, attention,
+                                          prompt_positions=inputs.positions, **kwargs)
+    T = expected.ids.shape[1]
+    assert T >= 3 and torch.equal(ours.completion_mask[:, :T], expected.completion_mask)
+    assert torch.equal(ours.ids[:, :T][expected.completion_mask], expected.ids[expected.completion_mask])
+    torch.testing.assert_close(ours.token_logp[:, :T], expected.token_logp, atol=1e-5, rtol=1e-5)
+    assert (one_d.token_logp[:, :T] - expected.token_logp).abs().max() > 1e-4
+    if inputs.layer_additions:  # Qwen3-VL: the deepstack features at the prefill matter too
+        assert (no_deepstack.token_logp[:, :T] - expected.token_logp).abs().max() > 1e-4

@@ -9,8 +9,9 @@ The shared passes (grouped scoring of the GRPO loss, forced answers) run the LLM
 * Qwen3-VL only: the deepstack features, added to the image rows' states after each of the first LLM layers.
 
 :func:`qwen_vl_prompt_inputs` is the one place that builds them; the passes take the positions and the per-layer
-additions as given: ``grouped_scoring.grouped_completion_logprobs`` (the GRPO loss's teacher-forced log-probs) and
-:func:`qwen_vl_answer_states` (a forced answer's ``[SEG]`` state, ``shared.forced_answer_seg_prompts``).
+additions as given: ``grouped_scoring.grouped_completion_logprobs`` (the GRPO loss's teacher-forced log-probs),
+:func:`qwen_vl_answer_states` (a forced answer's ``[SEG]`` state, ``shared.forced_answer_seg_prompts``) and the
+reference decoder ``generation.sample_completions`` (``prompt_positions`` + :meth:`QwenPromptInputs.prefill_kwargs`).
 """
 from __future__ import annotations
 
@@ -33,11 +34,21 @@ class QwenPromptInputs:
         positions: ``[3, B, L]`` M-RoPE positions (temporal, height, width).
         layer_additions: per LLM layer (the first few; empty for Qwen2.5-VL) ``[B, L, D]``: the deepstack features
             at the image rows, 0 elsewhere.
+        image_rows: ``[B, L]`` bool, the ``<|image_pad|>`` positions.
     """
 
     embeds: Tensor
     positions: Tensor
     layer_additions: list[Tensor]
+    image_rows: Tensor
+
+    def prefill_kwargs(self) -> dict:
+        """The deepstack features as transformers' Qwen3-VL text model takes them at a prefill (image positions +
+        per-layer features of those positions); empty for Qwen2.5-VL."""
+        if not self.layer_additions:
+            return {}
+        return {"visual_pos_masks": self.image_rows,
+                "deepstack_visual_embeds": [layer[self.image_rows] for layer in self.layer_additions]}
 
 
 def qwen_vl_prompt_inputs(model, encoded, images: Sequence[int], prompt_ids: Tensor,
@@ -60,7 +71,7 @@ def qwen_vl_prompt_inputs(model, encoded, images: Sequence[int], prompt_ids: Ten
     positions, _ = qwen.get_rope_index(input_ids=ids, image_grid_thw=grids, attention_mask=attention)  # [3, B, L]
     additions = [embeds.new_zeros(embeds.shape).masked_scatter(image_rows[..., None], layer.to(embeds.dtype))
                  for layer in deepstack]  # per layer [B, L, D]
-    return QwenPromptInputs(embeds, positions, additions)
+    return QwenPromptInputs(embeds, positions, additions, image_rows)
 
 
 def qwen_vl_answer_states(model, encoded, images: Sequence[int], prompt_ids: Tensor, attention: Tensor,
