@@ -279,8 +279,8 @@ class Sa2VAQwenModel(SegGroundingMixin, nn.Module):
                     pixel_values: torch.Tensor | None = None, image_grid_thw: torch.Tensor | None = None,
                     **kwargs: Any):
         """transformers' Qwen-VL forward (vision tower into the ``<|image_pad|>`` rows, M-RoPE positions, Qwen3-VL's
-        deepstack) with every hidden state: ``.logits [B, L, V]``, ``.hidden_states[-1]`` the states the ``[SEG]`` prompt
-        is read from (:attr:`seg_state_after_final_norm`)."""
+        deepstack) with every hidden state: ``.logits [B, L, V]``, ``.hidden_states[-1]`` the states the ``[SEG]``
+        prompt is read from (:attr:`seg_state_after_final_norm`)."""
         if pixel_values is not None:
             pixel_values = pixel_values.to(self.visual.dtype)
         return self.model(input_ids=input_ids, attention_mask=attention_mask, pixel_values=pixel_values,
