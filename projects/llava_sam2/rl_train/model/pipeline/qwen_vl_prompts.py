@@ -58,7 +58,9 @@ def qwen_vl_prompt_inputs(model, encoded, images: Sequence[int], prompt_ids: Ten
     device = model.device
     ids, attention = prompt_ids.to(device), attention.to(device).long()
     pixels, grids = row_vision_inputs(encoded, images, device)  # [ΣP, K], [B, 3]
-    features = qwen.get_image_features(pixels.to(model.visual.dtype), grids)
+    is_frozen = not any(p.requires_grad for p in model.visual.parameters())
+    with torch.set_grad_enabled(torch.is_grad_enabled() and not is_frozen):  # a frozen tower keeps no activations
+        features = qwen.get_image_features(pixels.to(model.visual.dtype), grids)
     # Qwen3-VL returns (per-image tokens, per-layer deepstack features); Qwen2.5-VL the per-image tokens alone
     image_tokens, deepstack = features if model.config.family == "qwen3_vl" else (features, [])
     embeds = model.get_input_embeddings()(ids)  # [B, L, D]
