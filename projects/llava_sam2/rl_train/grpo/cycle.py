@@ -50,7 +50,8 @@ from torch import Tensor
 from ..model.decoding.grouped_scoring import grouped_completion_logprobs
 from ..model.decoding.text_decoding import (
     TextDecoding, completion_texts, eval_mode, fed_back_seg_positions, group_chunks, sample_text)
-from ..model.pipeline.shared import EncodedImages, forced_answer_masks, forced_answer_seg_prompts, prompt_embeds
+from ..model.pipeline.shared import (
+    EncodedImages, forced_answer_masks, forced_answer_seg_prompts, is_qwen_vl_model, prompt_embeds)
 from ..model.pipeline.region_chain import MaskChain
 from ..model.pipeline.video import largest_mask_frames, masklet_masks, video_masklet_logits
 from ..model.sft.sft_loss import mask_loss_per_mask, resize_gt_masks
@@ -336,7 +337,8 @@ def seg_mask_head(model, features: StepFeatures, tile_embeds: Tensor, replay: Ma
     Teacher-forced pass over (RES prompt, fixed answer) for the b distinct prompts → final-norm hidden at the
     answer's ``[SEG]`` ``[b, D]`` → ``text_hidden_fcs`` → seg prompt ``[b, C]``; the SAM2 decoder runs on the
     step's cached image features when the mask policy asks for it. The head's ``chain`` holds the rows' image sizes,
-    the SAM2 input size and the region grid g (g^2 = ``model.num_image_token``, the processor's tokens per tile).
+    the SAM2 input size and the region grid g (g^2 = ``model.num_image_token``, the processor's tokens per tile;
+    None for the Qwen-VL family, which has no region tokens).
     """
     G = group_size
     group_prompt = forced_answer_seg_prompts(model, features, tile_embeds, replay.prompt_ids[::G],
@@ -344,7 +346,8 @@ def seg_mask_head(model, features: StepFeatures, tile_embeds: Tensor, replay: Ma
                                              replay.answer_ids[::G], replay.seg_index[::G])  # [b, C]
     image_index = replay.image_index  # [n]
     chain = MaskChain(sizes=tuple(tuple(features.image_sizes[i]) for i in image_index.tolist()),
-                      sam_image_size=int(model.config.sam_image_size), grid_size=math.isqrt(model.num_image_token))
+                      sam_image_size=int(model.config.sam_image_size),
+                      grid_size=None if is_qwen_vl_model(model) else math.isqrt(model.num_image_token))
     sam_rows = image_index if replay.grounding_index is None else replay.grounding_index  # video: the key frames
 
     def decode(prompt: Tensor):

@@ -95,6 +95,21 @@ def position_ids_from_attention(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def continuation_positions(prompt_positions: torch.Tensor, length: int, num_generations: int = 1) -> torch.Tensor:
+    """Positions of ``length`` text tokens that continue prompts whose positions are given: each row goes on from its
+    largest prompt position + 1, one per token (a left-padded 1-D row: its real-token count onwards; a Qwen-VL M-RoPE
+    row ``[3, B, L]``: past the image's largest index, the same on all three axes). Rows are repeated
+    ``num_generations`` times (row ``b·G + g`` continues prompt b).
+
+    ``[B, L]`` → ``[B·G, length]``; ``[3, B, L]`` → ``[3, B·G, length]``.
+    """
+    start = prompt_positions.amax(dim=-1) + 1  # [B] or [3, B]
+    if start.dim() == 2:
+        start = start.amax(dim=0, keepdim=True).expand_as(start)  # every axis continues from the largest
+    steps = torch.arange(length, device=prompt_positions.device)  # [length]
+    return (start.repeat_interleave(num_generations, dim=-1)[..., None] + steps).long()
+
+
 def decoder_and_head(lm: nn.Module) -> tuple[nn.Module, nn.Module]:
     """The decoder body (returns final-norm ``last_hidden_state``) and the output head of ``lm``.
 
@@ -179,6 +194,8 @@ def sample_completions(
     generator: torch.Generator | None = None,
     stop_check_interval: int = 8,
     return_hidden: bool = False,
+    prompt_positions: torch.Tensor | None = None,
+    prefill_kwargs: dict | None = None,
 ) -> Completions:
     """Decode up to ``max_new_tokens`` tokens per row with a KV cache.
 
@@ -194,6 +211,10 @@ def sample_completions(
         attention_mask: ``[N, L]``, LEFT padded.
         generator: RNG for the multinomial draws (seeded rollouts).
         return_hidden: also keep each fed-back token's final-norm state (``Completions.hidden``).
+        prompt_positions: a family's own prompt positions (Qwen-VL's M-RoPE ``[3, N, L]``); the generated tokens go
+            on from each row's largest (:func:`continuation_positions`). None: 1-D positions over the attention.
+        prefill_kwargs: extra keyword arguments of the decoder body at the prefill step only (Qwen3-VL's
+            ``visual_pos_masks`` and ``deepstack_visual_embeds``).
     """
     check_sampling_args("sample_completions", max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                         stop_token_ids=stop_token_ids, stop_check_interval=stop_check_interval)
@@ -206,14 +227,19 @@ def sample_completions(
 
     cache = DynamicCache()
     attention = attention_mask.long()  # [N, L + t]
-    position_ids = position_ids_from_attention(attention)  # [N, L] at prefill, then [N, 1]
+    if prompt_positions is None:
+        position_ids = position_ids_from_attention(attention)  # [N, L] at prefill, then [N, 1]
+        next_positions = None
+    else:
+        position_ids = prompt_positions  # [3, N, L] at prefill, then [3, N, 1]
+        next_positions = continuation_positions(prompt_positions, max_new_tokens)  # [3, N, max_new_tokens]
     step_embeds = inputs_embeds  # [N, L, D] at prefill, then [N, 1, D]
     is_finished = torch.zeros(N, dtype=torch.bool, device=device)
     ids, logps, actives, fed_hidden = [], [], [], []
     for step in range(max_new_tokens):
         hidden = body(
             inputs_embeds=step_embeds, attention_mask=attention, position_ids=position_ids,
-            past_key_values=cache, use_cache=True,
+            past_key_values=cache, use_cache=True, **((prefill_kwargs or {}) if step == 0 else {}),
         ).last_hidden_state[:, -1]  # [N, D]
         if step == 0 and cache.get_seq_length() != L:
             raise RuntimeError(
@@ -234,7 +260,8 @@ def sample_completions(
         if (step + 1) % stop_check_interval == 0 and bool(is_finished.all()):
             break
         attention = torch.cat([attention, attention.new_ones(N, 1)], dim=1)  # [N, L + t + 1]
-        position_ids = position_ids[:, -1:] + 1  # [N, 1]
+        position_ids = position_ids[:, -1:] + 1 if next_positions is None else \
+            next_positions[..., step:step + 1]  # [N, 1] or [3, N, 1]: the input c_step
         step_embeds = embed_tokens(token)[:, None].to(inputs_embeds.dtype)  # [N, 1, D]
 
     completion_mask = torch.stack(actives, dim=1)  # [N, T_run]

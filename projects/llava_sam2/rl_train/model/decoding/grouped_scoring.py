@@ -30,8 +30,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from .generation import MAX_LOGIT_BYTES, completion_logprobs, decoder_and_head, logprob_head_function, \
-    position_ids_from_attention
+from .generation import MAX_LOGIT_BYTES, completion_logprobs, continuation_positions, decoder_and_head, \
+    logprob_head_function, position_ids_from_attention
 from ..network.transformers_seams import attention_implementation, run_decoder_layer
 
 SUPPORTED_ATTENTION = ("sdpa", "eager")  # implementations that take a 4-D additive mask
@@ -82,10 +82,15 @@ def group_biases(prompt_attention: Tensor, completion_mask: Tensor, num_generati
 
 
 def _layer_on_group(layer: nn.Module, num_generations: int, prefix_kwargs: dict, continuation_kwargs: dict,
-                    h_prefix: Tensor, h_continuation: Tensor) -> tuple[Tensor, Tensor]:
-    """One decoder layer on the prefix ``[B, L, D]`` then on the continuation ``[N, T', D]`` that reads its keys."""
+                    h_prefix: Tensor, h_continuation: Tensor,
+                    prefix_addition: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """One decoder layer on the prefix ``[B, L, D]`` then on the continuation ``[N, T', D]`` that reads its keys;
+    ``prefix_addition [B, L, D]`` is added to the prefix's output (Qwen3-VL's deepstack features: the continuation
+    reads the layer's keys before it, as in transformers)."""
     store = GroupKV(num_generations)
     h_prefix = run_decoder_layer(layer, h_prefix, store, use_cache=True, **prefix_kwargs)  # [B, L, D]
+    if prefix_addition is not None:
+        h_prefix = h_prefix + prefix_addition.to(h_prefix.dtype)
     if h_continuation.shape[1] == 0:  # one-token completions: c_0 is scored from the prefix alone
         return h_prefix, h_continuation
     h_continuation = run_decoder_layer(layer, h_continuation, store, use_cache=True,
@@ -104,36 +109,58 @@ def supports_grouping(lm: nn.Module, length: int) -> bool:
     return attention_implementation(config) in SUPPORTED_ATTENTION and not uses_window
 
 
+def _text_axis(positions: Tensor) -> Tensor:
+    """``[n, t]`` positions as they are; M-RoPE ``[3, n, t]``: the first axis (what a layer's own position_ids are)."""
+    return positions if positions.dim() == 2 else positions[0]
+
+
 def grouped_hidden(lm: nn.Module, prompt_embeds: Tensor, prompt_attention: Tensor, continuation_ids: Tensor,
-                   completion_mask: Tensor, num_generations: int) -> tuple[Tensor, Tensor]:
-    """Final-norm states of the prompts' last position ``[B, D]`` and of the continuation inputs ``[N, T', D]``.
+                   completion_mask: Tensor, num_generations: int, prompt_positions: Tensor | None = None,
+                   prefix_additions: list[Tensor] | None = None, final_norm: bool = True) -> tuple[Tensor, Tensor]:
+    """Final-norm states of the prompts' last position ``[B, D]`` and of the continuation inputs ``[N, T', D]``
+    (``final_norm=False``: the last decoder layer's output, before the final norm).
 
     Args:
         prompt_embeds: ``[B, L, D]``; prompt_attention: ``[B, L]`` LEFT padded.
         continuation_ids: ``[N, T']`` long, the completion tokens fed as inputs (c_0 .. c_{T'-1}).
         completion_mask: ``[N, T]`` bool, T >= T' (positions come from its first T' columns).
+        prompt_positions: the prompts' own positions (a family seam: Qwen-VL's M-RoPE ``[3, B, L]``); the
+            continuation goes on from each row's largest (``generation.continuation_positions``). None: 1-D
+            positions counted over the attention.
+        prefix_additions: per decoder layer (the first ``len`` ones) ``[B, L, D]`` added to the prompts' states
+            after it (Qwen3-VL's deepstack).
     """
     G, (B, L), T_in = num_generations, prompt_attention.shape, continuation_ids.shape[1]
     body, _ = decoder_and_head(lm)
-    attention = torch.cat([prompt_attention.long().repeat_interleave(G, 0), completion_mask[:, :T_in].long()], 1)
     prefix_bias, continuation_bias = group_biases(prompt_attention, completion_mask[:, :T_in], G, prompt_embeds.dtype)
-    prefix_positions = position_ids_from_attention(prompt_attention)  # [B, L]
-    continuation_positions = position_ids_from_attention(attention)[:, L:]  # [N, T']
+    if prompt_positions is None:
+        attention = torch.cat([prompt_attention.long().repeat_interleave(G, 0), completion_mask[:, :T_in].long()], 1)
+        prefix_positions = position_ids_from_attention(prompt_attention)  # [B, L]
+        next_positions = position_ids_from_attention(attention)[:, L:]  # [N, T']
+    else:
+        prefix_positions = prompt_positions  # [3, B, L]
+        next_positions = continuation_positions(prompt_positions, T_in, G)  # [3, N, T']
     h_prefix = prompt_embeds  # [B, L, D]
     h_continuation = lm.get_input_embeddings()(continuation_ids).to(prompt_embeds.dtype)  # [N, T', D]
-    prefix_kwargs = dict(attention_mask=prefix_bias, position_ids=prefix_positions,
+    # a layer's own position_ids are the text axis (only flash attention reads them); rotary takes them all
+    prefix_kwargs = dict(attention_mask=prefix_bias, position_ids=_text_axis(prefix_positions),
                          cache_position=torch.arange(L, device=prompt_embeds.device),
                          position_embeddings=body.rotary_emb(h_prefix, prefix_positions))
-    continuation_kwargs = dict(attention_mask=continuation_bias, position_ids=continuation_positions,
+    continuation_kwargs = dict(attention_mask=continuation_bias,
+                               position_ids=_text_axis(next_positions),
                                cache_position=torch.arange(L, L + T_in, device=prompt_embeds.device),
-                               position_embeddings=body.rotary_emb(h_continuation, continuation_positions))
+                               position_embeddings=body.rotary_emb(h_continuation, next_positions))
     use_checkpoint = torch.is_grad_enabled() and body.training and getattr(body, "gradient_checkpointing", False)
-    for layer in body.layers[:body.config.num_hidden_layers]:
-        step = partial(_layer_on_group, layer, G, prefix_kwargs, continuation_kwargs)
+    additions = list(prefix_additions or [])
+    for index, layer in enumerate(body.layers[:body.config.num_hidden_layers]):
+        step = partial(_layer_on_group, layer, G, prefix_kwargs, continuation_kwargs,
+                       prefix_addition=additions[index] if index < len(additions) else None)
         if use_checkpoint:
             h_prefix, h_continuation = checkpoint(step, h_prefix, h_continuation, use_reentrant=False)
         else:
             h_prefix, h_continuation = step(h_prefix, h_continuation)
+    if not final_norm:
+        return h_prefix[:, -1], h_continuation
     return body.norm(h_prefix[:, -1]), body.norm(h_continuation)  # [B, D], [N, T', D]
 
 
@@ -149,6 +176,8 @@ def grouped_completion_logprobs(
     max_logit_bytes: int | None = MAX_LOGIT_BYTES,
     return_hidden: bool = False,
     logprob_head: str = "reference",
+    prompt_positions: Tensor | None = None,
+    prefix_additions: list[Tensor] | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """``completion_logprobs`` of G completions per prompt, each prompt run once (module docstring); differentiable.
 
@@ -163,6 +192,8 @@ def grouped_completion_logprobs(
             ``c_t`` (Sa2VA's ``[SEG]`` state where ``c_t`` is ``[SEG]``), as ``completion_logprobs``; the grouped
             path never feeds the last token, so ``hidden[:, T - 1]`` is 0 there.
         logprob_head: a key of ``generation.LOGPROB_HEADS``, how the head scores the tokens.
+        prompt_positions, prefix_additions: a family's positions and per-layer prompt additions (:func:`grouped_hidden`;
+            the Qwen-VL family's come from ``pipeline.qwen_vl_prompts``); these need the grouped path.
 
     Returns:
         ``token_logp [N, T]`` float32 (and ``hidden`` when asked).
@@ -183,12 +214,16 @@ def grouped_completion_logprobs(
     score = logprob_head_function(logprob_head, "grouped_completion_logprobs")
     T = completion_ids.shape[1]
     if not supports_grouping(lm, L + T):
+        if prompt_positions is not None or prefix_additions is not None:
+            raise ValueError(f"grouped_completion_logprobs: {type(lm).__name__} cannot be scored by the grouped path "
+                             "(attention implementation or sliding window), which family positions need.")
         return completion_logprobs(lm, prompt_embeds.repeat_interleave(G, 0), prompt_attention.repeat_interleave(G, 0),
                                    completion_ids, completion_mask, temperature=temperature,
                                    max_logit_bytes=max_logit_bytes, return_hidden=return_hidden,
                                    logprob_head=logprob_head)
     _, head = decoder_and_head(lm)
-    last, continuation = grouped_hidden(lm, prompt_embeds, prompt_attention, completion_ids[:, :-1], completion_mask, G)
+    last, continuation = grouped_hidden(lm, prompt_embeds, prompt_attention, completion_ids[:, :-1], completion_mask, G,
+                                        prompt_positions, prefix_additions)
     hidden = torch.cat([last.repeat_interleave(G, 0)[:, None], continuation], dim=1)  # [N, T, D]
     token_logp = score(head, hidden, completion_ids, completion_mask, temperature=temperature,
                        max_logit_bytes=max_logit_bytes)  # [N, T]

@@ -50,6 +50,9 @@ QWEN_VL_AUTO_MAP = {
 }
 # LoRA targets of upstream's SFT for this family: every nn.Linear of the text decoder (a regex over module names)
 LANGUAGE_LORA_TARGETS = r".*language_model\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)"
+# vision_config.model_type -> whether transformers' output_hidden_states[-1], where upstream reads the [SEG] state, is
+# after the final norm: Qwen2.5-VL's text model appends the normed state, Qwen3-VL's (4.57) the last layer's output
+SEG_STATE_AFTER_FINAL_NORM = {"qwen2_5_vl": True, "qwen3_vl": False}
 # config.json keys that belong to the Sa2VA wrapper, not to the transformers Qwen-VL config
 _WRAPPER_KEYS = ("template", "grounding_config", "auto_map", "architectures", "model_type")
 
@@ -207,6 +210,20 @@ class Sa2VAQwenModel(SegGroundingMixin, nn.Module):
         """The Qwen vision tower (its merger included: the projector)."""
         return self.hf_model.model.visual
 
+    @property
+    def seg_state_after_final_norm(self) -> bool:
+        """Whether the ``[SEG]`` state (``llm_forward(...).hidden_states[-1]``, as upstream) is after the final norm
+        (Qwen2.5-VL) or the last decoder layer's output before it (Qwen3-VL)."""
+        return SEG_STATE_AFTER_FINAL_NORM[self.config.family]
+
+    def project_vision(self, vit_tokens: None) -> None:
+        """The InternVL family's per-pass ``mlp1`` projection has no counterpart here: the merger sits inside the
+        frozen vision tower, and each pass builds its image rows from ``EncodedImages.vision_inputs``
+        (``pipeline.qwen_vl_prompts``). The shared passes take ``tile_embeds=None`` for this family."""
+        if vit_tokens is not None:
+            raise ValueError("project_vision: the Qwen-VL family encodes no InternViT tokens (vit_tokens must be None)")
+        return None
+
     def get_input_embeddings(self) -> nn.Module:
         return self.hf_model.get_input_embeddings()
 
@@ -245,7 +262,8 @@ class Sa2VAQwenModel(SegGroundingMixin, nn.Module):
                     pixel_values: torch.Tensor | None = None, image_grid_thw: torch.Tensor | None = None,
                     **kwargs: Any):
         """transformers' Qwen-VL forward (vision tower into the ``<|image_pad|>`` rows, M-RoPE positions, Qwen3-VL's
-        deepstack) with every hidden state: ``.logits [B, L, V]``, ``.hidden_states[-1]`` the final-norm states."""
+        deepstack) with every hidden state: ``.logits [B, L, V]``, ``.hidden_states[-1]`` the states the ``[SEG]``
+        prompt is read from (:attr:`seg_state_after_final_norm`)."""
         if pixel_values is not None:
             pixel_values = pixel_values.to(self.visual.dtype)
         return self.model(input_ids=input_ids, attention_mask=attention_mask, pixel_values=pixel_values,

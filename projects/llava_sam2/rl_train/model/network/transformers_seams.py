@@ -98,5 +98,7 @@ def full_static_cache(num_layers: int, rows: int, slots: int, like: Tensor) -> C
 
 def run_decoder_layer(layer: nn.Module, hidden: Tensor, cache, **kwargs) -> Tensor:
     """``layer(hidden, cache, **kwargs)`` → the layer's output hidden states, with ``cache`` (a ``Cache`` or any object
-    with its ``update(key, value, layer_idx, cache_kwargs)``) used as given, in train mode too."""
-    return nn.Module.__call__(layer, hidden, **{LAYER_CACHE_KEYWORD: cache}, **kwargs)
+    with its ``update(key, value, layer_idx, cache_kwargs)``) used as given, in train mode too. Layers that still
+    return a tuple (Qwen2.5-VL's, in 4.57) give its first item, the hidden states."""
+    out = nn.Module.__call__(layer, hidden, **{LAYER_CACHE_KEYWORD: cache}, **kwargs)
+    return out[0] if isinstance(out, tuple) else out

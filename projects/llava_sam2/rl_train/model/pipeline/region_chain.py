@@ -101,12 +101,13 @@ class MaskChain:
     """The released chain of M mask rows: low-res logits -> image-size masks, and region cells <-> masks.
 
     Attributes:
-        sizes: M image sizes (H, W); sam_image_size: S_sam; grid_size: g of the region cells.
+        sizes: M image sizes (H, W); sam_image_size: S_sam; grid_size: g of the region cells (None for a family
+            without region tokens, the Qwen-VL one: no region logits then).
     """
 
     sizes: tuple[tuple[int, int], ...]
     sam_image_size: int
-    grid_size: int
+    grid_size: int | None
 
     def to_masks(self, low_res_logits: Tensor) -> list[Tensor]:
         """M bool ``[H, W]`` masks of ``low_res_logits [M, h, w]`` (upstream's chain, ``logits_to_masks``)."""
@@ -114,6 +115,9 @@ class MaskChain:
 
     def region_logits(self, low_res_logits: Tensor) -> Tensor:
         """fp32 ``[M, g, g]``: the chain's values at the region sample points (:func:`region_logits`)."""
+        if self.grid_size is None:
+            raise ValueError("region logits need the model's region-token grid, which this family (Qwen-VL) does "
+                             "not have; use mask_policy 'bernoulli', 'gaussian_seg' or 'multimask'")
         return region_logits(low_res_logits, self.sizes, self.sam_image_size, self.grid_size)
 
     def cells_to_masks(self, cells: Tensor) -> list[Tensor]:

@@ -50,6 +50,7 @@ from ..decoding.text_decoding import (
     TextDecoding, answer_texts, completion_texts, eval_mode, fed_back_seg_positions, sample_text)
 from ..network.grounding import GroundingFeatures, MaskDecoderOutput
 from .qwen_vl_decode import qwen_vl_completions
+from .qwen_vl_prompts import qwen_vl_answer_states
 
 SEG_ANSWER = "Sure, [SEG]."  # one of Sa2VA's five RES answers: the default teacher-forced answer
 
@@ -422,7 +423,13 @@ def forced_answer_seg_prompts(model, encoded: EncodedImages, tile_embeds: Tensor
                               attention: Tensor, images: Sequence[int], answer_ids: Tensor,
                               seg_index: Tensor) -> Tensor:
     """SAM2 prompts ``[n, C_sam]`` of n left-padded prompts ``[n, L]`` (rows about ``images``) answered with
-    ``answer_ids [n, A]`` (``[SEG]`` at ``seg_index [n]``): :func:`prompt_embeds` → :func:`forced_seg_prompts`."""
+    ``answer_ids [n, A]`` (``[SEG]`` at ``seg_index [n]``): :func:`prompt_embeds` → :func:`forced_seg_prompts`.
+    The Qwen-VL family (``tile_embeds`` None) reads the state from its own teacher-forced pass
+    (``qwen_vl_prompts.qwen_vl_answer_states``: M-RoPE positions, deepstack)."""
+    if is_qwen_vl_model(model):
+        hidden = qwen_vl_answer_states(model, encoded, images, prompt_ids, attention, answer_ids)  # [n, A, D]
+        rows = torch.arange(len(seg_index), device=hidden.device)  # [n]
+        return model.seg_hidden_to_prompt(hidden[rows, seg_index.to(hidden.device)])  # [n, C_sam]
     embeds = prompt_embeds(model, encoded, tile_embeds, prompt_ids, images)  # [n, L, D]
     return forced_seg_prompts(model, embeds, attention, answer_ids, seg_index)  # [n, C_sam]
 

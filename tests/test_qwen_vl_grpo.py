@@ -1,0 +1,267 @@
+"""The GRPO step's shared passes on the Qwen-VL family: the family seam (``pipeline.qwen_vl_prompts``: M-RoPE
+positions, Qwen3-VL's deepstack) gives the grouped teacher-forced scoring transformers' own Qwen-VL values.
+
+Needs transformers >= 4.57 (Qwen3-VL): skipped on an older stack."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+pytest.importorskip("transformers", minversion="4.57")  # Qwen3VLForConditionalGeneration
+
+from projects.llava_sam2.rl_train.model.decoding.generation import (  # noqa: E402
+    position_ids_from_attention, sample_completions)
+from projects.llava_sam2.rl_train.model.decoding.text_decoding import TextDecoding  # noqa: E402
+from projects.llava_sam2.rl_train.model.pipeline.qwen_vl_decode import qwen_vl_completions  # noqa: E402
+from projects.llava_sam2.rl_train.model.decoding.grouped_scoring import grouped_completion_logprobs  # noqa: E402
+from projects.llava_sam2.rl_train.model.pipeline.qwen_vl_prompts import qwen_vl_prompt_inputs  # noqa: E402
+from projects.llava_sam2.rl_train.model.network.lora import configure_trainable  # noqa: E402
+from projects.llava_sam2.rl_train.model.pipeline.inference import predict  # noqa: E402
+from projects.llava_sam2.rl_train.model.pipeline.shared import (  # noqa: E402
+    PromptRow, encode_images, forced_answer_masks, forced_answer_seg_prompts, greedy_answers)
+from projects.llava_sam2.rl_train.model.text.qwen_processor import Sa2VAQwenProcessor  # noqa: E402
+from grpo_tiny import make_algo, one_thread, run_rollout, shapes_batch, step_loss  # noqa: E402
+from qwen_vl_fixtures import (FAMILIES, PREDICT_TEXT, predict_image, seg_then_stop_model,  # noqa: E402
+                              tiny_qwen_hf_processor, tiny_qwen_model, tiny_qwen_tokenizer)
+
+G = 2  # completions per prompt
+_one_thread = pytest.fixture(autouse=True)(one_thread)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_qwen_tokenizer()
+
+
+def _batch(family: str, tokenizer):
+    """Replica, its processor, two encoded images of different grids, and two left-padded RES prompts about them."""
+    model = tiny_qwen_model(family)
+    model.bind_tokenizer(tokenizer)
+    processor = Sa2VAQwenProcessor.from_config(tokenizer, model.config, min_pixels=4 * 28 * 28,
+                                               max_pixels=16 * 28 * 28)
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray((rng.random(shape) * 255).astype(np.uint8)) for shape in ((70, 100, 3), (60, 60, 3))]
+    encoded = encode_images(model, processor, images, ["image 0", "image 1"])
+    assert encoded.vision_inputs[0][1].tolist() != encoded.vision_inputs[1][1].tolist()  # two different grids
+    prompts = [processor.segment_prompt(encoded.n_tiles(0), "the circle"),
+               processor.segment_prompt(encoded.n_tiles(1), "the small blue square on the left")]
+    ids, attention = processor.tokenize_prompts(prompts)  # [2, L], left padded
+    assert not attention[0].all() and attention[1].all()
+    return model, encoded, ids, attention.bool()
+
+
+def _completions(seed: int = 0):
+    """N = 2·G right-padded completions of plain text tokens (lengths 5, 3, 4, 1)."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(20, 200, (2 * G, 5), generator=generator)  # [N, T]
+    mask = torch.arange(5)[None] < torch.tensor([5, 3, 4, 1])[:, None]  # [N, T]
+    return ids, mask
+
+
+def _transformers_logprobs(model, encoded, ids, attention, completion_ids, completion_mask) -> torch.Tensor:
+    """``[N, T]``: each completion scored by the Qwen-VL model's own forward (pixel_values path) over its prompt's
+    unpadded tokens + its real tokens, one row at a time."""
+    out = torch.zeros(completion_ids.shape)
+    for n in range(len(completion_ids)):
+        b = n // G
+        prompt = ids[b][attention[b]]
+        answer = completion_ids[n][completion_mask[n]]
+        full = torch.cat([prompt, answer])[None]  # [1, L_b + T_n]
+        pixels, grid = encoded.vision_inputs[b]
+        logits = model.llm_forward(full, torch.ones_like(full), pixels, grid[None]).logits[0]  # [L_b + T_n, V]
+        logp = torch.log_softmax(logits[len(prompt) - 1:-1].float(), dim=-1)  # position L_b - 1 + t predicts c_t
+        out[n, :len(answer)] = logp.gather(-1, answer[:, None])[:, 0]
+    return out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_grouped_scoring_of_a_qwen_vl_prompt_equals_transformers_own_forward(family, tokenizer):
+    """Two prompts about two images of different grids (one left padded), G = 2 completions each: the grouped
+    teacher-forced log-probs, given the family seam's embeddings, M-RoPE positions and (Qwen3-VL) deepstack
+    additions, equal the transformers Qwen-VL forward on the same tokens. Without the seam's positions and additions
+    (the 1-D positions every family got before) they do not."""
+    model, encoded, ids, attention = _batch(family, tokenizer)
+    completion_ids, completion_mask = _completions()
+    with torch.no_grad():
+        expected = _transformers_logprobs(model, encoded, ids, attention, completion_ids, completion_mask)
+        inputs = qwen_vl_prompt_inputs(model, encoded, [0, 1], ids, attention)
+        assert inputs.positions.shape == (3, *ids.shape)
+        assert len(inputs.layer_additions) == (0 if family == "qwen2_5_vl" else
+                                               len(model.model.config.vision_config.deepstack_visual_indexes))
+        ours = grouped_completion_logprobs(model.hf_model, inputs.embeds, attention, completion_ids, completion_mask,
+                                           num_generations=G, prompt_positions=inputs.positions,
+                                           prefix_additions=inputs.layer_additions)
+        torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
+        text_positions = position_ids_from_attention(attention)[None].expand(3, -1, -1)  # 1-D on every axis
+        one_d = grouped_completion_logprobs(model.hf_model, inputs.embeds, attention, completion_ids,
+                                            completion_mask, num_generations=G, prompt_positions=text_positions)
+        no_deepstack = grouped_completion_logprobs(model.hf_model, inputs.embeds, attention, completion_ids,
+                                                   completion_mask, num_generations=G,
+                                                   prompt_positions=inputs.positions)
+    assert (one_d - expected).abs().max() > 1e-4  # the replica is sensitive to the positions: the test can fail
+    if inputs.layer_additions:  # Qwen3-VL: and to the deepstack features
+        assert (no_deepstack - expected).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_forced_seg_answer_gives_the_mask_and_seg_prompt_of_the_familys_predict(family, tokenizer):
+    """The replica whose head answers ``[SEG]<|im_end|>``: the forced answer ``[SEG]<|im_end|>`` (loop 2's policy
+    pass, ``forced_answer_masks``) on its RES prompt, left padded beside a longer prompt, gives the SAM2 prompt the
+    family's greedy decode read from transformers' generate and, at image size, predict's mask pixel for pixel."""
+    model = seg_then_stop_model(family, tokenizer)
+    processor = Sa2VAQwenProcessor.from_config(tokenizer, model.config, image_processor=tiny_qwen_hf_processor(
+        family, tokenizer).image_processor)
+    image = predict_image()
+    expected_masks = predict(model, processor, image, PREDICT_TEXT)["prediction_masks"]
+    assert len(expected_masks) == 1 and np.asarray(expected_masks[0]).any()
+    encoded = encode_images(model, processor, [image], ["image 0"])
+    prompts = [processor.template_user_turn(processor.expand_image(text, encoded.n_tiles(0)))
+               for text in (PREDICT_TEXT, PREDICT_TEXT + " It is the round one near the top left corner.")]
+    greedy, = greedy_answers(model, processor, encoded, [PromptRow(0, prompts[0])], max_new_tokens=4,
+                             seg_masks="first")
+    assert greedy.text == "[SEG]<|im_end|>"
+    ids, attention = processor.tokenize_prompts(prompts)  # [2, L], the first row left padded
+    assert not attention[0].all()
+    answer_ids = torch.tensor(tokenizer.encode("[SEG]<|im_end|>", add_special_tokens=False))
+    with torch.no_grad():
+        decoded = forced_answer_masks(model, encoded, None, ids, attention, [0, 0], answer_ids, 0)
+    masks = model.logits_to_masks(decoded.best_logits[:1], [encoded.image_sizes[0]])
+    assert np.array_equal(masks[0].cpu().numpy(), np.asarray(expected_masks[0]))
+    with torch.no_grad():
+        forced = forced_answer_seg_prompts(model, encoded, None, ids, attention, [0, 0], answer_ids[None].expand(2, -1),
+                                           torch.zeros(2, dtype=torch.long))  # [2, C_sam]
+    torch.testing.assert_close(forced[0], greedy.seg_prompts[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_seg_state_norm_flag_says_what_transformers_hidden_states_hold(family, tokenizer):
+    """``seg_state_after_final_norm`` pins what ``output_hidden_states[-1]`` (upstream's [SEG] state) is in the
+    installed transformers: the head on it gives the logits exactly when it is after the final norm."""
+    model = tiny_qwen_model(family)
+    model.bind_tokenizer(tokenizer)
+    processor = Sa2VAQwenProcessor.from_config(tokenizer, model.config, min_pixels=4 * 28 * 28,
+                                               max_pixels=16 * 28 * 28)
+    encoded = encode_images(model, processor, [predict_image()], ["image 0"])
+    ids, attention = processor.tokenize_prompts([processor.segment_prompt(encoded.n_tiles(0), "the circle")])
+    pixels, grid = encoded.vision_inputs[0]
+    with torch.no_grad():
+        out = model.llm_forward(ids, attention.long(), pixels, grid[None])
+        state = out.hidden_states[-1]
+        normed = model.language_model.norm(state) if not model.seg_state_after_final_norm else state
+        torch.testing.assert_close(model.get_output_embeddings()(normed), out.logits, atol=1e-5, rtol=1e-5)
+
+
+def _loss_grads(model, encoded, ids, attention, completion_ids, completion_mask) -> dict[str, torch.Tensor]:
+    """Grads of a GRPO-shaped loss on the seam's two passes: the grouped log-probs of the completions (loop 1's
+    caption action) + the forced ``[SEG]`` answer's mask logits (loop 2's mask head)."""
+    model.zero_grad(set_to_none=True)
+    inputs = qwen_vl_prompt_inputs(model, encoded, [0, 1], ids, attention)
+    logp = grouped_completion_logprobs(model.hf_model, inputs.embeds, attention, completion_ids, completion_mask,
+                                       num_generations=G, prompt_positions=inputs.positions,
+                                       prefix_additions=inputs.layer_additions)
+    seg_answer = torch.tensor([model.seg_token_id, 30])  # [SEG] then a plain token
+    mask_logits = forced_answer_masks(model, encoded, None, ids, attention, [0, 1], seg_answer, 0).best_logits
+    (logp.sum() + mask_logits.sigmoid().mean()).backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.requires_grad and p.grad is not None}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_seam_passes_train_lora_and_the_mask_decoder_with_or_without_checkpointing(family, tokenizer):
+    """With LoRA (upstream's targets) and the trainable set of the family, a loss over both seam passes gives finite
+    grads on every LoRA layer, ``text_hidden_fcs`` and the SAM2 mask decoder, none on the vision tower; activation
+    checkpointing (the grouped layer recomputed in backward, deepstack additions included) gives the same grads."""
+    model, encoded, ids, attention = _batch(family, tokenizer)
+    model.apply_lora(r=4, lora_alpha=8, lora_dropout=0.0)
+    trainable = configure_trainable(model)
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for name, param in trainable.items():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.05)
+    completion_ids, completion_mask = _completions(seed=1)
+    model.train()
+    plain = _loss_grads(model, encoded, ids, attention, completion_ids, completion_mask)
+    unreached = set(trainable) - set(plain)  # only the heads a best-of-multimask mask loss does not differentiate
+    assert set(plain) <= set(trainable) and all(".iou_prediction_head." in n or ".pred_obj_score_head." in n
+                                                 for n in unreached)
+    assert {n for n in trainable if "lora_" in n} <= set(plain)
+    assert all(torch.isfinite(g).all() for g in plain.values())
+    lora_layers = {name.split(".lora_")[0] for name in plain if "lora_" in name}
+    assert lora_layers and all(any(plain[n].abs().sum() > 0 for n in plain if n.startswith(layer + ".lora_"))
+                               for layer in lora_layers)
+    for part in ("text_hidden_fcs.", "grounding_encoder.sam2_model.sam_mask_decoder."):
+        assert sum(g.abs().sum() for n, g in plain.items() if n.startswith(part)) > 0, part
+    model.hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert model.language_model.gradient_checkpointing
+    checkpointed = _loss_grads(model, encoded, ids, attention, completion_ids, completion_mask)
+    for name, grad in plain.items():
+        torch.testing.assert_close(checkpointed[name], grad, atol=1e-6, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_one_loop_2_grpo_step_trains_lora_and_the_mask_decoder(family, tokenizer):
+    """Loop 2 (caption → mask → caption') on the family: rollout (forced ``[SEG]`` answer through the seam, G = 4
+    Bernoulli masks per caption, the EMA partner describing each mask drawn into its image), IoU reward, one policy
+    loss: finite, with grads on LoRA, ``text_hidden_fcs`` and the mask decoder. The region mask policy, which needs
+    the InternVL region-token grid, is refused with the policies that work here."""
+    model = tiny_qwen_model(family)
+    model.bind_tokenizer(tokenizer)
+    model.apply_lora(r=4, lora_alpha=8, lora_dropout=0.0)
+    trainable = configure_trainable(model)
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, param in trainable.items():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+    processor = Sa2VAQwenProcessor.from_config(tokenizer, model.config, min_pixels=4 * 28 * 28,
+                                               max_pixels=16 * 28 * 28)
+    loop2 = dict(mask_to_caption_weight=0.0, caption_to_mask_weight=1.0, seg_noise_std=1.0)
+    algo, _ = make_algo(model, processor, {"caption_to_mask": [dict(type="iou")]}, use_partner_captions=True,
+                        mask_policy="bernoulli", **loop2)
+    model.zero_grad(set_to_none=True)
+    step = run_rollout(algo, shapes_batch(2))
+    assert step.rollouts[0].advantages.abs().sum() > 0
+    loss = step_loss(algo, model, step)["loss"]
+    assert torch.isfinite(loss)
+    grads = {n: p.grad for n, p in model.named_parameters() if p.requires_grad and p.grad is not None}
+    assert all(torch.isfinite(g).all() for g in grads.values())
+    for part in ("lora_", "text_hidden_fcs.", ".sam_mask_decoder."):
+        assert sum(float(g.abs().sum()) for n, g in grads.items() if part in n) > 0, part
+    assert not any(".visual." in n for n in grads)
+    region, _ = make_algo(model, processor, {"caption_to_mask": [dict(type="iou")]}, use_partner_captions=False,
+                          mask_policy="region", **loop2)
+    with pytest.raises(ValueError, match="region-token grid"):
+        run_rollout(region, shapes_batch(2))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_reference_decoder_on_the_seam_decodes_as_transformers_generate(family, tokenizer):
+    """Greedy decoding of two left-padded prompts about images of different grids by the reference decoder
+    (``sample_completions`` on the seam's embeddings, M-RoPE positions and Qwen3-VL's deepstack at the prefill) gives
+    transformers' ``generate`` tokens and per-token log-probs (``qwen_vl_decode``, the family's predict decoder);
+    1-D positions, or Qwen3-VL without its deepstack, do not."""
+    model, encoded, ids, attention = _batch(family, tokenizer)
+    decoding = TextDecoding(tokenizer=tokenizer, stop_token_ids=(tokenizer.convert_tokens_to_ids("<|im_end|>"),),
+                            stop_words=(), pad_token_id=tokenizer.pad_token_id)
+    expected = qwen_vl_completions(model, encoded, [0, 1], ids, attention, decoding, max_new_tokens=6,
+                                   return_hidden=False)
+    with torch.no_grad():
+        inputs = qwen_vl_prompt_inputs(model, encoded, [0, 1], ids, attention)
+        kwargs = dict(max_new_tokens=6, do_sample=False, stop_token_ids=list(decoding.stop_token_ids),
+                      pad_token_id=decoding.pad_token_id)
+        ours = sample_completions(model.hf_model, inputs.embeds, attention, prompt_positions=inputs.positions,
+                                  prefill_kwargs=inputs.prefill_kwargs(), **kwargs)
+        text_positions = position_ids_from_attention(attention)[None].expand(3, -1, -1)
+        one_d = sample_completions(model.hf_model, inputs.embeds, attention, prompt_positions=text_positions,
+                                   prefill_kwargs=inputs.prefill_kwargs(), **kwargs)
+        no_deepstack = sample_completions(model.hf_model, inputs.embeds, attention,
+                                          prompt_positions=inputs.positions, **kwargs)
+    T = expected.ids.shape[1]
+    assert T >= 3 and torch.equal(ours.completion_mask[:, :T], expected.completion_mask)
+    assert torch.equal(ours.ids[:, :T][expected.completion_mask], expected.ids[expected.completion_mask])
+    torch.testing.assert_close(ours.token_logp[:, :T], expected.token_logp, atol=1e-5, rtol=1e-5)
+    assert (one_d.token_logp[:, :T] - expected.token_logp).abs().max() > 1e-4
+    if inputs.layer_additions:  # Qwen3-VL: the deepstack features at the prefill matter too
+        assert (no_deepstack.token_logp[:, :T] - expected.token_logp).abs().max() > 1e-4
