@@ -339,23 +339,27 @@ def _grad_sum(grads: dict[str, torch.Tensor], part: str) -> float:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_one_loop_1_grpo_step_trains_lora_with_the_first_ratio_exactly_1(family, tokenizer):
-    """One loop-1 (mask → caption → mask') GRPO step on the family, two iterations (so the rollout keeps old_logp)
-    and a KL term (ref_logp under the reference weights): the partner grounds each caption with the family's
-    greedy RES answer, the loss pass's log-probs equal old_logp bit for bit (ratio exactly 1), and the loss is
-    finite with grads on every LoRA layer and nowhere else (the caption reads no mask head; the vision tower is
-    frozen)."""
+    """One loop-1 (mask → caption → mask') GRPO step on the family, one group per rollout chunk and per minibatch
+    (so the rollout keeps old_logp, and the second group's drawn image is found by its sample offset) and a KL term
+    (ref_logp under the reference weights): the partner grounds each caption with the family's greedy RES answer,
+    each minibatch's loss-pass log-probs equal its old_logp bit for bit (ratio exactly 1), and the loss is finite
+    with grads on every LoRA layer and nowhere else (the caption reads no mask head; the vision tower is frozen)."""
     model, processor = _lora_replica(family, tokenizer)
     rewards = {"mask_to_caption": [CaptionParityReward(), dict(type="iou")]}
-    algo, _ = make_algo(model, processor, rewards, num_iterations=2, beta=0.04, **LOOP1_ONLY)
+    algo, _ = make_algo(model, processor, rewards, beta=0.04, minibatch_size=4, generation_chunk_size=4,
+                        **LOOP1_ONLY)
     step = run_rollout(algo, shapes_batch(2))
     rollout, = step.rollouts
     assert rollout.old_logp is not None and rollout.ref_logp is not None and torch.isfinite(rollout.ref_logp).all()
     assert rollout.advantages.abs().sum() > 0, "the test reward gave every group zero spread; no signal"
     assert rollout.reward_stats["partner/answer_tokens"] > 0  # the partner answered every caption's RES prompt
-    loop = algo.loops[0]
     model.train()
-    logp = loop.action_logp(model, loop_features(step.features, loop.name), None, rollout, range(2))
-    assert logp.requires_grad and torch.equal(logp.detach(), rollout.old_logp)
+    minibatches = list(algo.minibatches(step))
+    assert [list(mb.parts[0].samples) for mb in minibatches] == [[0], [1]]
+    for minibatch in minibatches:
+        part, = minibatch.parts
+        logp = part.loop.action_logp(model, part.features, None, part.rollout, part.samples)
+        assert logp.requires_grad and torch.equal(logp.detach(), part.rollout.old_logp)
     model.zero_grad(set_to_none=True)
     out = step_loss(algo, model, step)
     assert torch.isfinite(out["loss"]) and out["mask_to_caption/ratio_mean"] == 1.0
