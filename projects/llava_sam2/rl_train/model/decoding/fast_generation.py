@@ -59,6 +59,7 @@ from transformers.cache_utils import Cache
 
 from . import fast_decode_step
 from .adapter_merge import autocast_off_when_merged, merged_adapters
+from .decode_plan import build_step_plan
 from .fast_decode_step import (CACHE_ALIGN, GQA_DECODE_ATTENTION, DecodeState, DecoderParts, GraphedCall,
                                TokenChooser, compiled_decode_logits, decode_logits,
                                rope_table)
@@ -178,6 +179,9 @@ def fast_sample_completions(
     return_step_probs: bool = False,
     return_hidden: bool = False,
     prefix: SharedPrefix | None = None,
+    fuse_layers: bool = False,
+    pad_head: bool = False,
+    decode_attention: str = "grouped",
 ) -> Completions | tuple[Completions, Tensor]:
     """Decode G completions for each of B prompts: :func:`generation.sample_completions` semantics, fast.
 
@@ -197,6 +201,12 @@ def fast_sample_completions(
         return_hidden: keep each fed-back token's final-norm state (``Completions.hidden``, N·T·D values).
         prefix: the prompts are ``[prefix | inputs_embeds]`` (``generation.SharedPrefix``); each distinct prefix is
             prefilled once (:func:`prefill_shared`).
+        fuse_layers: run Qwen2/Llama decoder layers on joined q|k|v and gate|up scratch weights with fused RMSNorms
+            (``decode_plan.FusedLayer``): fewer kernels per step, same results up to float rounding.
+        pad_head: compute the LM head on a copy padded to a multiple of 64 rows (aligned logit rows for cuBLAS);
+            the padded columns are sliced off before sampling: the same tokens and ``token_logp``.
+        decode_attention: the one-query attention of the step: ``grouped`` (``gqa_decode_attention``),
+            ``sdpa_gqa`` (SDPA ``enable_gqa``) or ``flex`` (``flex_attention``; fast only with ``compile_step``).
 
     Returns:
         :class:`Completions` with N = B·G rows (and ``step_probs`` if asked), trimmed to the longest row.
@@ -215,7 +225,9 @@ def fast_sample_completions(
     L, G, T = attention_mask.shape[1], num_generations, max_new_tokens
     num_slots = -(-(L + T) // CACHE_ALIGN) * CACHE_ALIGN
     rope = rope_table(parts.rotary, num_slots, inputs_embeds[:1, :1])
-    first_logits = parts.head(hidden).float() / temperature  # [B, V]
+    plan = build_step_plan(parts.layers, parts.head, default_attention=GQA_DECODE_ATTENTION,
+                           attention=decode_attention, fuse_layers=fuse_layers, pad_head=pad_head)
+    first_logits = plan.logits(parts.head, hidden).float() / temperature  # [B, V]
     cache = replicate_prefix(prompt_cache, G, num_slots)
     del prompt_cache
     state = init_state(attention_mask, G, T, num_slots, dtype=inputs_embeds.dtype,
@@ -230,10 +242,10 @@ def fast_sample_completions(
     choose(first_logits.repeat_interleave(G, 0), state)  # column 0 from the shared prefill, [N, V]
 
     step = compiled_decode_logits(fast_decode_step.COMPILE_BACKEND) if compile_step else decode_logits
-    forward = partial(step, parts, cache, state, temperature)
+    forward = partial(step, parts, cache, state, temperature, plan)
     use_graph = device.type == "cuda" if use_cuda_graph is None else use_cuda_graph
     next_logits = GraphedCall(forward, device) if use_graph else forward
-    with using_attention(parts.body.config, GQA_DECODE_ATTENTION):
+    with using_attention(parts.body.config, plan.attention):
         for t in range(1, T):
             if t % stop_check_interval == 0 and bool(state.is_finished.all()):  # host sync every k steps
                 break
