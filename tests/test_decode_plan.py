@@ -1,5 +1,7 @@
 """model/decoding/decode_plan.py: the decode-step variants (padded head, fused layers, attention kinds, compiled)
 against the reference decoder on tiny random LMs (CPU, fp32): the same tokens, token_logp within 1e-5."""
+from functools import partial
+
 import pytest
 import torch
 from torch import nn
@@ -10,8 +12,7 @@ from projects.llava_sam2.rl_train.model.decoding import fast_decode_step
 from projects.llava_sam2.rl_train.model.decoding.adapter_merge import MERGED_WEIGHT, merged_adapters
 from projects.llava_sam2.rl_train.model.decoding.decode_plan import (FusedLayer, build_step_plan,
                                                                      flex_decode_attention, sdpa_gqa_decode_attention)
-from projects.llava_sam2.rl_train.model.decoding.fast_generation import (fast_merged_completions,
-                                                                         fast_sample_completions)
+from projects.llava_sam2.rl_train.model.decoding.fast_generation import decode_completions, fast_sample_completions
 from projects.llava_sam2.rl_train.model.decoding.generation import sample_completions
 
 VOCAB = 93  # odd, as Sa2VA-4B's 151,679: the padded head has 128 rows
@@ -124,7 +125,7 @@ def test_fusion_reads_plain_and_merged_linears_but_not_live_adapters():
         assert torch.equal(fused.qkv_weight, expected)
     embeds, attention = prompts(lm, [4, 7])
     kw = dict(max_new_tokens=8, stop_token_ids=[NEVER])
-    got = fast(lm, embeds, attention, 2, 5, decoder=fast_merged_completions, **ALL_SWITCHES, **kw)
+    got = fast(lm, embeds, attention, 2, 5, decoder=partial(decode_completions, decode_backend="fast_fused"), **kw)
     assert_same_completions(got, reference(lm, embeds, attention, 2, 5, **kw))
 
 

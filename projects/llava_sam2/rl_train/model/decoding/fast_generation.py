@@ -291,6 +291,9 @@ def reference_completions(lm: nn.Module, inputs_embeds: Tensor, attention_mask: 
 DECODE_BACKENDS = {
     "fast": fast_merged_completions,  # LoRA merged into scratch weights for the call
     "fast_compiled": partial(fast_merged_completions, compile_step=True),  # opt-in until measured on GPU
+    # + decode_plan's fused layers and padded head (opt-in until measured on GPU; docs/speed.md "Decode-step variants")
+    "fast_fused": partial(fast_merged_completions, fuse_layers=True, pad_head=True),
+    "fast_fused_compiled": partial(fast_merged_completions, fuse_layers=True, pad_head=True, compile_step=True),
     "fast_adapters": fast_sample_completions,  # LoRA kept as adapters: no scratch memory, ~2x the step's kernels
     "reference": reference_completions,
 }
