@@ -87,6 +87,19 @@ def test_every_variant_decodes_the_reference_tokens(arch, attention):
     assert all((layer is None) == (arch == "qwen3") for layer in plan.layers)
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_split_prompt_cache_decodes_the_reference_tokens(arch):
+    """Prompt keys/values kept once per prompt (G = 3 rows read them), new ones per row: one softmax over both."""
+    lm = tiny_lm(arch)
+    embeds, attention = prompts(lm, [5, 9, 7])
+    kw = dict(max_new_tokens=9, temperature=0.8, top_p=0.9, stop_token_ids=[*range(1, 9), NEVER])
+    for seed in (None, 4):
+        got = fast(lm, embeds, attention, 3, seed, split_prompt_cache=True, **ALL_SWITCHES, **kw)
+        assert_same_completions(got, reference(lm, embeds, attention, 3, seed, **kw))
+    with pytest.raises(ValueError, match="split_prompt_cache"):  # Qwen3 layers do not fuse
+        fast(tiny_lm("qwen3"), embeds, attention, 3, split_prompt_cache=True, **ALL_SWITCHES, **kw)
+
+
 def test_padded_head_columns_are_never_chosen():
     """The padded rows give logit 0; with every real logit near -10 a leaked padded column would win every argmax
     and nearly every draw (ids >= V) and change token_logp's normaliser. Sliced off, the tokens are the reference's."""
@@ -160,28 +173,28 @@ def test_compiled_fused_step_equals_the_reference_and_a_second_call_compiles_not
     embeds, attention = prompts(lm, [5, 9, 7])
     kw = dict(max_new_tokens=6, temperature=0.8, top_p=0.9, stop_token_ids=[NEVER])
     ref = reference(lm, embeds, attention, 2, 4, **kw)
-    first = fast(lm, embeds, attention, 2, 4, compile_step=True, **ALL_SWITCHES, **kw)
+    switches = dict(**ALL_SWITCHES, split_prompt_cache=True)
+    first = fast(lm, embeds, attention, 2, 4, compile_step=True, **switches, **kw)
     compiled = len(graphs)
     assert compiled >= 1
-    second = fast(lm, embeds, attention, 2, 4, compile_step=True, **ALL_SWITCHES, **kw)
+    second = fast(lm, embeds, attention, 2, 4, compile_step=True, **switches, **kw)
     assert len(graphs) == compiled
     assert_same_completions(first, ref)
     assert_same_completions(second, ref)
-    longer = prompts(lm, [60, 41])  # 60 + 6 tokens need 128 cache slots, not 64: a new shape does compile
-    fast(lm, *longer, 2, 4, compile_step=True, **ALL_SWITCHES, **kw)
-    assert len(graphs) > compiled
+    fast(lm, embeds, attention, 2, 4, compile_step=True, **switches, **{**kw, "temperature": 0.7})
+    assert len(graphs) > compiled  # a new temperature (a constant of the step) does compile: the count sees it
     torch.compiler.reset()
 
 
 def test_bench_decode_runs_the_switched_modes_on_cpu():
     from projects.llava_sam2.rl_train.benchmarks import decode as bench
 
-    modes = "fast,fast+pad+fuse,fast+fuse+sdpa"
+    modes = "fast,fast+pad+fuse,fast+fuse+sdpa,fast+fuse+split"
     report = bench.run_benchmark(["--lm", "tiny", "--device", "cpu", "--batch", "2", "--num-generations", "2",
                                   "--prompt-len", "12", "--new-tokens", "4", "--repeats", "1", "--profile-steps", "0",
                                   "--check-tokens", "4", "--check-scope", "variants", "--modes", modes])
     assert set(report["modes"]) == set(modes.split(","))
-    for mode in ("fast+pad+fuse", "fast+fuse+sdpa"):
+    for mode in ("fast+pad+fuse", "fast+fuse+sdpa", "fast+fuse+split"):
         assert report["check"][mode]["greedy_tokens_equal_fast"] == 1.0
         assert report["check"][mode]["sampled_tokens_equal_fast"] == 1.0
         assert report["check"][mode]["sampled_token_logp_max_abs_diff_fast"] < 1e-5

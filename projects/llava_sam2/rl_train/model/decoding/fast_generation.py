@@ -59,7 +59,7 @@ from transformers.cache_utils import Cache
 
 from . import fast_decode_step
 from .adapter_merge import autocast_off_when_merged, merged_adapters
-from .decode_plan import build_step_plan
+from .decode_plan import SplitPromptCache, build_step_plan
 from .fast_decode_step import (CACHE_ALIGN, GQA_DECODE_ATTENTION, DecodeState, DecoderParts, GraphedCall,
                                TokenChooser, compiled_decode_logits, decode_logits,
                                rope_table)
@@ -182,6 +182,7 @@ def fast_sample_completions(
     fuse_layers: bool = False,
     pad_head: bool = False,
     decode_attention: str = "grouped",
+    split_prompt_cache: bool = False,
 ) -> Completions | tuple[Completions, Tensor]:
     """Decode G completions for each of B prompts: :func:`generation.sample_completions` semantics, fast.
 
@@ -207,6 +208,9 @@ def fast_sample_completions(
             the padded columns are sliced off before sampling: the same tokens and ``token_logp``.
         decode_attention: the one-query attention of the step: ``grouped`` (``gqa_decode_attention``),
             ``sdpa_gqa`` (SDPA ``enable_gqa``) or ``flex`` (``flex_attention``; fast only with ``compile_step``).
+        split_prompt_cache: keep the B prompts' keys/values once and the N rows' new ones apart
+            (``decode_plan.SplitPromptCache``): each step reads a prompt's cache once for its G rows, not G times.
+            Needs ``fuse_layers`` on an LM whose every layer fuses (it replaces ``decode_attention``).
 
     Returns:
         :class:`Completions` with N = B·G rows (and ``step_probs`` if asked), trimmed to the longest row.
@@ -228,7 +232,13 @@ def fast_sample_completions(
     plan = build_step_plan(parts.layers, parts.head, default_attention=GQA_DECODE_ATTENTION,
                            attention=decode_attention, fuse_layers=fuse_layers, pad_head=pad_head)
     first_logits = plan.logits(parts.head, hidden).float() / temperature  # [B, V]
-    cache = replicate_prefix(prompt_cache, G, num_slots)
+    if split_prompt_cache:
+        if plan.layers is None or any(layer is None for layer in plan.layers):
+            raise ValueError("fast_sample_completions: split_prompt_cache=True needs fuse_layers=True and an LM whose "
+                             "every decoder layer fuses (Qwen2/Llama layers on plain or merged linears).")
+        cache = SplitPromptCache.of(cache_tensors(prompt_cache), hidden.shape[0] * G, num_slots)
+    else:
+        cache = replicate_prefix(prompt_cache, G, num_slots)
     del prompt_cache
     state = init_state(attention_mask, G, T, num_slots, dtype=inputs_embeds.dtype,
                        vocab_size=first_logits.shape[-1], pad_token_id=pad_token_id, rope=rope,
