@@ -5,12 +5,14 @@
 #   BUDGET_S=460 bash research/gpu_decode_variants.sh
 # It installs .whl/*.whl into /tmp/site (--no-index --no-deps) unless that was done before, then runs, each stage one
 # `sa2va-rl bench decode` process under `timeout` inside the BUDGET_S wall-clock budget, in priority order:
-#   G   CUDA-graph modes in one process: fast (baseline), fast+pad, fast+fuse, fast+pad+fuse, fast+pad+fuse+sdpa;
-#       3 timed calls each, an 8-step kernel profile, each variant's greedy/seeded tokens against fast (16 tokens)
-#   C2  fast_compiled+pad+fuse: Inductor-compiled step with every switch (the candidate for >= 10k tokens/s)
-#   C1  fast_compiled: the compiled baseline (7.3k tokens/s before the switches)
-#   C3  fast_compiled+pad+fuse+flex: flex_attention instead of gqa_decode_attention, compiled
-#   C4  fast_compiled+pad+fuse+sdpa
+#   G   CUDA-graph modes in one process: fast (baseline), fast+pad, fast+pad+fuse, fast+pad+fuse+split,
+#       fast+pad+fuse+sdpa; 3 timed calls each, an 8-step kernel profile, each variant's greedy/seeded tokens
+#       against fast (16 tokens)
+#   C   Inductor-compiled modes in one process, in priority order: fast_compiled+pad+fuse+split (the candidate for
+#       >= 10k tokens/s), fast_compiled (the compiled baseline), fast_compiled+pad+fuse
+#   F   fast_compiled+pad+fuse+flex, if time is left
+# Each bench runs with --keep-going and rewrites its JSON after every mode: a stage cut by its timeout keeps the
+# modes it finished, and a variant that raises is listed under "errors".
 # The compiled stages profile a 128-token call and check 128 tokens, the timed calls' cache shape, so nothing
 # recompiles after the first call (first_call_s in the JSON is that call: compile included).
 # JSON per stage, logs and stages.txt go to $OUT (decode_<stage>.json); $OUT/summary.txt holds the table printed last.
@@ -33,8 +35,8 @@ LM=${LM:-4b}
 SHAPE=${SHAPE:-"--batch 8 --num-generations 8 --prompt-len 1850 --new-tokens 128"}
 CHECK_T=${CHECK_T:-128}  # compiled stages: 1850 + 128 tokens -> the timed calls' 2,048 cache slots
 PROFILE_T=${PROFILE_T:-127}
-STAGES=${STAGES:-"G C2 C1 C3 C4"}
-BENCH="$PY -m projects.llava_sam2.rl_train.cli bench decode --lm $LM $SHAPE --repeats 3"
+STAGES=${STAGES:-"G C F"}
+BENCH="$PY -m projects.llava_sam2.rl_train.cli bench decode --lm $LM $SHAPE --repeats 3 --keep-going"
 
 left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
 wants() { [[ " $STAGES " == *" $1 "* ]]; }
@@ -53,12 +55,10 @@ run_stage() {
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 
 COMPILED=(--profile-steps "$PROFILE_T" --check-tokens "$CHECK_T" --check-scope variants)
-run_stage G 170 60 fast,fast+pad,fast+fuse,fast+pad+fuse,fast+pad+fuse+sdpa \
+run_stage G 160 60 fast,fast+pad,fast+pad+fuse,fast+pad+fuse+split,fast+pad+fuse+sdpa \
   --profile-steps 8 --check-tokens 16 --check-scope variants
-run_stage C2 150 70 fast_compiled+pad+fuse "${COMPILED[@]}"
-run_stage C1 120 60 fast_compiled "${COMPILED[@]}"
-run_stage C3 100 60 fast_compiled+pad+fuse+flex "${COMPILED[@]}"
-run_stage C4 100 60 fast_compiled+pad+fuse+sdpa "${COMPILED[@]}"
+run_stage C 330 90 fast_compiled+pad+fuse+split,fast_compiled,fast_compiled+pad+fuse "${COMPILED[@]}"
+run_stage F 120 70 fast_compiled+pad+fuse+flex "${COMPILED[@]}"
 
 "$PY" - "$OUT" > "$OUT/summary.txt" 2>&1 <<'EOF'
 import glob, json, os, sys
@@ -77,6 +77,8 @@ for path in sorted(glob.glob(os.path.join(out, "decode_*.json"))):
         print(f"{stage:<6}{mode:<30}{r['tokens_per_s']:>9.0f}{r['decode_step_ms']:>9.2f}{r['first_call_s']:>9.1f}"
               f"{r['peak_gib']:>9.1f}{prof.get('kernels_per_step', float('nan')):>10.0f}"
               f"{prof.get('device_ms_per_step', float('nan')):>12.3f}  {agreement}")
+    for mode, error in report.get("errors", {}).items():
+        print(f"{stage:<6}{mode:<30}failed: {error[:200]}")
     print(f"{stage:<6}device: {report['config']['device_name']}, torch {report['config']['torch']}")
 EOF
 cat "$OUT/stages.txt" "$OUT/summary.txt"

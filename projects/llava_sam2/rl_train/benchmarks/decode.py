@@ -269,7 +269,9 @@ def parse_args(argv=None):
     p.add_argument("--no-check", dest="check", action="store_false")
     p.add_argument("--check-scope", choices=["all", "variants"], default="all",
                    help="variants: only compare the + modes with fast (no reference decode)")
-    p.add_argument("--json", default=None, help="write all figures here")
+    p.add_argument("--json", default=None, help="write all figures here (rewritten after each mode)")
+    p.add_argument("--keep-going", action="store_true",
+                   help="a mode that raises is recorded under 'errors' and the others still run")
     p.add_argument("--trace", default=None, help="chrome-trace path prefix (<prefix>.<mode>.json)")
     return p.parse_args(argv)
 
@@ -288,17 +290,28 @@ def run_benchmark(argv: list[str] | None = None) -> dict:
                          "params_b": sum(p.numel() for p in lm.parameters()) / 1e9, "torch": torch.__version__,
                          "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"},
               "modes": {}, "profile": {}}
-    for mode in modes:
-        report["modes"][mode] = bench_mode(mode, lm, embeds, attention, args)
-        if args.profile_steps > 0:
-            report["profile"][mode] = profile_step(mode, lm, embeds, attention, args, args.trace)
+    for mode in modes:  # the JSON is rewritten after each mode: a run cut short by a timeout keeps what it measured
+        try:
+            report["modes"][mode] = bench_mode(mode, lm, embeds, attention, args)
+            if args.profile_steps > 0:
+                report["profile"][mode] = profile_step(mode, lm, embeds, attention, args, args.trace)
+        except Exception as error:  # noqa: BLE001 -- one failing variant must not cost the others' figures
+            if not args.keep_going:
+                raise
+            report.setdefault("errors", {})[mode] = f"{type(error).__name__}: {error}"[:2000]
+            args.modes = ",".join(m for m in args.modes.split(",") if m != mode)  # nothing to check it against
+        write_json(report, args.json)
     if args.check:
         report["check"] = check(lm, embeds, attention, args)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+    write_json(report, args.json)
     print_table(report)
     return report
+
+
+def write_json(report: dict, path: str | None) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(report, f, indent=2)
 
 
 def print_table(report: dict) -> None:
@@ -312,6 +325,8 @@ def print_table(report: dict) -> None:
         print(f"{mode:<26} {r['tokens_per_s']:>9.1f} {r['wall_s']:>8.3f} {r['prefill_s']:>10.3f} "
               f"{r['decode_step_ms']:>8.2f} {r['peak_gib']:>9.2f} {prof.get('kernels_per_step', float('nan')):>13.1f} "
               f"{prof.get('device_ms_per_step', float('nan')):>12.3f}")
+    for mode, error in report.get("errors", {}).items():
+        print(f"{mode:<26} failed: {error[:300]}")
     if "check" in report:
         print("check:", json.dumps(report["check"]))
 
