@@ -13,7 +13,7 @@
 #   F   fast_compiled+pad+fuse+flex, if time is left
 # Each bench runs with --keep-going and rewrites its JSON after every mode: a stage cut by its timeout keeps the
 # modes it finished, and a variant that raises is listed under "errors".
-# The compiled stages profile a 128-token call and check 128 tokens, the timed calls' cache shape, so nothing
+# The compiled stages profile a 71-token call and check 72 tokens: the timed calls' cache shape, so nothing
 # recompiles after the first call (first_call_s in the JSON is that call: compile included).
 # JSON per stage, logs and stages.txt go to $OUT (decode_<stage>.json); $OUT/summary.txt holds the table printed last.
 # CPU dry run of the plumbing: PY=<venv python> LM=tiny SHAPE="--device cpu --batch 2 --num-generations 2 --prompt-len 24
@@ -33,8 +33,10 @@ fi
 export PYTHONPATH=/tmp/site:$PWD
 LM=${LM:-4b}
 SHAPE=${SHAPE:-"--batch 8 --num-generations 8 --prompt-len 1850 --new-tokens 128"}
-CHECK_T=${CHECK_T:-128}  # compiled stages: 1850 + 128 tokens -> the timed calls' 2,048 cache slots
-PROFILE_T=${PROFILE_T:-127}
+# compiled stages: 1850 + 72 (check) and 1850 + 1 + 70 (profile) tokens round up to the timed calls' 1,984 cache
+# slots (1850 + 128), so these calls reuse the compiled step instead of compiling a second shape
+CHECK_T=${CHECK_T:-72}
+PROFILE_T=${PROFILE_T:-70}
 STAGES=${STAGES:-"G C F"}
 BENCH="$PY -m projects.llava_sam2.rl_train.cli bench decode --lm $LM $SHAPE --repeats 3 --keep-going"
 
