@@ -96,8 +96,9 @@ def make_prompts(lm, batch: int, prompt_len: int, spread: int, seed: int):
         return lm.get_input_embeddings()(ids), attention
 
 
+# ``+name`` of a fast mode -> the fast_sample_completions argument it sets
 SWITCHES = {"pad": ("pad_head", True), "fuse": ("fuse_layers", True), "sdpa": ("decode_attention", "sdpa_gqa"),
-            "flex": ("decode_attention", "flex"), "split": ("split_prompt_cache", True)}  # ``+name`` of a fast mode -> fast_sample_completions argument
+            "flex": ("decode_attention", "flex"), "split": ("split_prompt_cache", True)}
 
 
 def parse_mode(mode: str) -> tuple[str, dict]:
