@@ -304,6 +304,8 @@ DECODE_BACKENDS = {
     # + decode_plan's fused layers and padded head (opt-in until measured on GPU; docs/speed.md "Decode-step variants")
     "fast_fused": partial(fast_merged_completions, fuse_layers=True, pad_head=True),
     "fast_fused_compiled": partial(fast_merged_completions, fuse_layers=True, pad_head=True, compile_step=True),
+    "fast_fused_split_compiled": partial(fast_merged_completions, fuse_layers=True, pad_head=True,
+                                         split_prompt_cache=True, compile_step=True),
     "fast_adapters": fast_sample_completions,  # LoRA kept as adapters: no scratch memory, ~2x the step's kernels
     "reference": reference_completions,
 }
