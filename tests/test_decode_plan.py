@@ -100,6 +100,33 @@ def test_split_prompt_cache_decodes_the_reference_tokens(arch):
         fast(tiny_lm("qwen3"), embeds, attention, 3, split_prompt_cache=True, **ALL_SWITCHES, **kw)
 
 
+def test_split_prompt_cache_continues_a_shared_prefix_prefill():
+    """prefix=SharedPrefix (the partner passes' image blocks): the split cache holds the joined prefix+own-token rows
+    of the prefill, G = 1 and 2, and decodes the reference's seeded tokens on the joined prompts."""
+    from projects.llava_sam2.rl_train.model.decoding.generation import SharedPrefix
+
+    lm = tiny_lm()
+    g = torch.Generator().manual_seed(3)
+    heads = [torch.randint(1, VOCAB, (n,), generator=g) for n in (6, 4)]  # 2 distinct prefixes
+    tails = [torch.randint(1, VOCAB, (n,), generator=g) for n in (3, 5, 2)]  # 3 rows' own tokens
+    index = torch.tensor([0, 1, 0])
+
+    def left_padded(rows):
+        L = max(map(len, rows))
+        ids, attention = torch.zeros(len(rows), L, dtype=torch.long), torch.zeros(len(rows), L, dtype=torch.long)
+        for r, row in enumerate(rows):
+            ids[r, L - len(row):], attention[r, L - len(row):] = row, 1
+        with torch.no_grad():
+            return lm.get_input_embeddings()(ids), attention
+
+    whole = left_padded([torch.cat([heads[i], tail]) for i, tail in zip(index.tolist(), tails)])
+    kw = dict(max_new_tokens=6, temperature=0.9, stop_token_ids=[NEVER])
+    for G in (1, 2):
+        got = fast(lm, *left_padded(tails), G, 1, prefix=SharedPrefix(*left_padded(heads), index),
+                   split_prompt_cache=True, **ALL_SWITCHES, **kw)
+        assert_same_completions(got, reference(lm, *whole, G, 1, **kw))
+
+
 def test_padded_head_columns_are_never_chosen():
     """The padded rows give logit 0; with every real logit near -10 a leaked padded column would win every argmax
     and nearly every draw (ids >= V) and change token_logp's normaliser. Sliced off, the tokens are the reference's."""
