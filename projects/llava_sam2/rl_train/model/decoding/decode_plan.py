@@ -11,7 +11,8 @@
 * **Fused layers** (``fuse_layers``): each Qwen2/Llama-style decoder layer runs :meth:`FusedLayer.step` instead of
   its transformers forward: one GEMM on a scratch ``[Wq; Wk; Wv]`` (and biases) instead of three, one on
   ``[Wgate; Wup]`` instead of two, rotary applied once to the joined query|key heads, and each RMSNorm as
-  ``weight · rms_norm(x.float()).to(dtype)`` (``F.rms_norm``: one fused kernel on CUDA instead of six). Every
+  ``weight · rms_norm(x.float()).to(dtype)`` (``F.rms_norm``: a fused normalisation kernel where torch has one,
+  instead of the module's six elementwise and reduction kernels). Every
   output element is the same sum of the same products as in the layer's own forward; only the order a kernel
   sums in may differ, so results agree to float rounding (fp32: ~1e-6; the CPU tests hold tokens equal and
   ``token_logp`` within 1e-5). A layer whose projections are not plain (or merged) linears, or that normalises
@@ -20,7 +21,6 @@
   (``gqa_decode_attention``: the r query heads of a KV head read as r queries of it), ``sdpa_gqa``
   (``scaled_dot_product_attention(enable_gqa=True)``) or ``flex`` (``flex_attention`` with the additive bias as its
   score modifier; fast only under ``compile_step``, eager it is a reference implementation).
-
 * **Split prompt cache** (``split_prompt_cache``, with ``fuse_layers``): :class:`SplitPromptCache` keeps the B
   prompts' keys/values once and the N rows' new tokens apart; each step reads a prompt's keys/values once for its G
   rows (one GEMM of G·r queries against them) and joins both parts as one softmax in fp32.
