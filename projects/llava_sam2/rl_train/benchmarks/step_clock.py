@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
+from transformers import LogitsProcessorList
 
 from projects.llava_sam2.rl_train.model.decoding import fast_decode_step
 
@@ -132,15 +133,16 @@ class ForcedAnswers:
         only = torch.full_like(logits, float("-inf")).scatter_(1, forced.clamp_min(0)[:, None], 0.0)  # [N, V]
         return torch.where((forced >= 0)[:, None], only, logits)
 
-    def processor(self):
-        """A transformers logits processor doing the same inside ``generate`` (column t = tokens generated so far)."""
+    def processor(self, prompt_length: int = 0):
+        """A transformers logits processor doing the same inside ``generate`` (column t = tokens generated so far:
+        the ids it sees less ``prompt_length``, the prompt's ids when ``generate`` was given ``input_ids``)."""
         forced = self
 
         class Forced:
             table = None
 
             def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
-                t = input_ids.shape[1]
+                t = input_ids.shape[1] - prompt_length
                 if t == 0:
                     self.table = forced.table(scores.shape[0], scores.device)
                 return forced.force(scores, self.table, t)
@@ -166,6 +168,24 @@ class ForcedAnswers:
         finally:
             fast_decode_step.TokenChooser.__call__ = original
             self._call = None
+
+    @contextmanager
+    def installed_in_generate(self, module):
+        """Inside the block, ``module.generate`` (transformers, called with ``input_ids``) runs with this scripting
+        appended to its logits processors, a fresh processor per call (the Qwen-VL family's decoders)."""
+        original = module.generate
+
+        def generate(*args, **kwargs):
+            ids = kwargs.get("input_ids")
+            processors = LogitsProcessorList(kwargs.pop("logits_processor", None) or [])
+            processors.append(self.processor(prompt_length=0 if ids is None else ids.shape[1]))
+            return original(*args, logits_processor=processors, **kwargs)
+
+        module.generate = generate  # an instance attribute: shadows the class's method until deleted
+        try:
+            yield self
+        finally:
+            del module.generate
 
 
 def token_counts(rollouts) -> dict:
