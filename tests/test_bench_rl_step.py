@@ -177,3 +177,37 @@ def test_forced_answers_reach_generate_called_with_input_ids():
                                   return_hidden=False)
     assert "generate" not in vars(model.model)  # the class's method again
     assert out.ids[0][out.completion_mask[0]].tolist() == answer + [decoding.stop_token_ids[0]]
+
+
+def test_forced_caption_lengths_reach_the_reference_decoder():
+    """The reference decoder (``sample_completions``, the Qwen-VL family's loop-1 policy sampling) under forcing:
+    inside a policy-sampling phase every caption stops at the drawn length, each call with a fresh table; outside
+    it, and after the block, decoding is free again."""
+    import torch
+    from projects.llava_sam2.rl_train.benchmarks.step_clock import ForcedAnswers, PhaseClock
+    from projects.llava_sam2.rl_train.model.decoding import generation
+    from grpo_tiny import build_tiny
+
+    model, processor = build_tiny()
+    lm = model.language_model.eval()
+    stop = processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    prompt = torch.randint(20, 200, (4, 5), generator=torch.Generator().manual_seed(0))  # [N, L]
+    embeds, attention = model.get_input_embeddings()(prompt).detach(), torch.ones(4, 5, dtype=torch.long)
+
+    def lengths():
+        out = generation.sample_completions(lm, embeds, attention, max_new_tokens=6, stop_token_ids=[stop],
+                                            generator=torch.Generator().manual_seed(1))
+        return out.completion_mask.sum(-1).tolist(), out.ids
+
+    free, _ = lengths()
+    assert free == [6] * 4  # random weights never pick the stop token
+    clock, original = PhaseClock(torch.device("cpu")), generation._next_token
+    forced = ForcedAnswers(clock, stop, caption_lengths=(2, 3))
+    with forced.installed():
+        with clock("rollout/mask_to_caption_policy_sampling"):
+            first, ids = lengths()
+            second, _ = lengths()
+        unforced, _ = lengths()
+    assert all(n in (2, 3) for n in first + second) and set(first + second) == {2, 3}
+    assert all(ids[row, n - 1] == stop for row, n in enumerate(first))
+    assert unforced == free and generation._next_token is original and lengths()[0] == free

@@ -146,10 +146,13 @@ def instrumented(clock: PhaseClock, weights: WeightSets, texts, forced: ForcedAn
     """Inside the block: the rollout's parts are timed (policy caption sampling, partner passes, reference passes),
     captions decode with ``texts``, the baselines' decoders are registered and ``forced`` scripts the decoders'
     choices; all undone on exit (the bench may run in-process, e.g. from a test)."""
-    names = ("sample_text", "partner_segment", "partner_segment_video", "partner_describe", "completion_texts")
-    saved = {name: getattr(cycle, name) for name in names}
+    names = ("sample_text", "partner_segment", "partner_segment_video", "partner_describe", "completion_texts",
+             "qwen_vl_sample_text")
+    saved = {name: getattr(cycle, name) for name in names if hasattr(cycle, name)}
     added = [name for name in (HF_GENERATE, HF_GENERATE_SCORES) if name not in DECODE_BACKENDS]
     cycle.sample_text = clock.wrap(cycle.sample_text, "rollout/mask_to_caption_policy_sampling")
+    if hasattr(cycle, "qwen_vl_sample_text"):  # the Qwen-VL family's loop-1 sampling
+        cycle.qwen_vl_sample_text = clock.wrap(cycle.qwen_vl_sample_text, "rollout/mask_to_caption_policy_sampling")
     cycle.partner_segment = clock.wrap(cycle.partner_segment, "rollout/mask_to_caption_partner_segment")
     cycle.partner_segment_video = clock.wrap(cycle.partner_segment_video, "rollout/mask_to_caption_partner_segment")
     cycle.partner_describe = clock.wrap(cycle.partner_describe, "rollout/caption_to_mask_partner_describe")
