@@ -11,8 +11,11 @@ released-size Qwen3 preset.
 
 ``QWEN_VL_PRESETS`` are the Qwen-VL family (``qwen_vl``): Sa2VA-Qwen2.5-VL-3B / -7B and Sa2VA-Qwen3-VL-4B, the
 base models' config.json fields (Qwen2.5-VL-3B/7B-Instruct, Qwen3-VL-4B-Instruct) in the layout upstream's converter
-writes, with the vocabulary grown by Sa2VA's five special tokens. ``build_preset`` returns a ``Sa2VAQwenConfig`` for
-them; building one needs the transformers release that has the family (``QWEN_VL_FAMILIES``).
+writes, with the vocabulary grown by Sa2VA's five special tokens; the Qwen2.5-VL sizes are checked against copies of
+the released config.json files (docs/upstream.md, the Qwen-VL section). ``tiny_qwen25vl`` / ``tiny_qwen3vl`` are
+CPU-sized members of the family whose vocabulary and vision-marker ids are the tiny Qwen-VL tokenizer's
+(``qwen_processor.tiny_qwen_vl_tokenizer``). ``build_preset`` returns a ``Sa2VAQwenConfig`` for them; building one
+needs the transformers release that has the family (``QWEN_VL_FAMILIES``).
 """
 from __future__ import annotations
 
