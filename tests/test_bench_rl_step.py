@@ -114,8 +114,9 @@ def test_bench_rl_step_runs_loop_2_on_the_tiny_qwen_vl_preset(tmp_path):
     assert result["family"] == "qwen_vl" and result["baselines"] == {} and result["loops"] == "caption_to_mask"
     # 224 px under the tiny presets' budget (at most 16·28² px): 96 x 96 px = 6 x 6 patches of 16 px, merged 2 x 2
     assert result["image_tokens_per_prompt"] == result["n_tiles"] == 9
-    assert {"encode", "rollout", "rollout/caption_to_mask_partner_describe", "rollout/caption_to_mask_reference_scoring",
-            "rewards", "logprob_backward", "optimizer", "ema_partner"} <= set(result["seconds"])
+    assert {"encode", "rollout", "rollout/caption_to_mask_partner_describe",
+            "rollout/caption_to_mask_reference_scoring", "rewards", "logprob_backward", "optimizer",
+            "ema_partner"} <= set(result["seconds"])
     assert not any(k.startswith("rollout/mask_to_caption") for k in result["seconds"])
     assert result["rollouts_per_s"] == pytest.approx(2 * 2 / result["seconds_per_iteration"])
     assert 2 * 4 <= result["tokens_per_iteration"]["partner_caption_tokens"] <= 3 * 4  # free: 4 x 4 tokens

@@ -46,6 +46,13 @@ Caption rewards: a token-overlap F1 stub (``--caption-reward stub``, default) or
 ``--mllm-frames`` of each (one tile each), loop 1 rewarded by J&F of the partner's propagated masklet (``video_jf``);
 the ``naive`` baseline and the ``tiles`` sweep key are image-only.
 
+The Qwen-VL family's presets (``qwen25vl_3b``, ``qwen25vl_7b``, ``qwen3vl_4b``; ``tiny_qwen25vl`` / ``tiny_qwen3vl`` on
+CPU) build ``Sa2VAQwenModel`` the same way (``build_qwen_vl``: LoRA on the text decoder, its processor with the
+released image budget: 896 px → 1,024 image tokens on Qwen2.5-VL, 784 on Qwen3-VL). ``--loops`` picks the loops a step
+runs; a part of the step that refuses the model stops the bench with the part named (``explain_refusals``). On this
+family ``--mask-policy region``, the baselines (its partner already decodes with ``generate``), ``--video`` and the
+``tiles`` sweep key are refused with the reason; ``--force-seg`` / ``--caption-lengths`` reach its ``generate`` calls.
+
 ``--sweep 'G=4 G=16 T=64 tiles=13 G=16,T=64'`` then runs ours at each point (keys G, T, B, tiles ∈ {1, 5, 10, 13},
 backend = a decode backend, amp = an ``--amp-dtype``, logprob = a ``--logprob-head``) on the same model,
 ``--sweep-warmup`` + ``--sweep-iters`` iterations each; a point that runs out of memory is recorded as such and the
