@@ -94,3 +94,121 @@ def test_bench_rl_step_video_runs_the_video_step_on_cpu(tmp_path):
                 "optimizer"} <= set(variant["seconds"])
     with pytest.raises(SystemExit):
         bench.parse_args(["--video", "--baselines", "naive"])
+
+
+def _qwen_vl_run(tmp_path, *extra):
+    return bench.run_benchmark(["--preset", "tiny_qwen3vl", "--batch", "2", "--num-generations", "2",
+                                "--max-new-tokens", "4", "--warmup", "0", "--iters", "1", "--storage", "cpu",
+                                "--force-seg", "--caption-lengths", "2,3", "--json", str(tmp_path / "qwen.json"),
+                                *extra])
+
+
+def test_bench_rl_step_runs_loop_2_on_the_tiny_qwen_vl_preset(tmp_path):
+    """The Qwen-VL family (Sa2VAQwenModel, its processor, LoRA on the text decoder) through the same step: loop 2's
+    phases are timed, its 2 x 2 rollouts counted, and the partner's captions, decoded by transformers' generate,
+    stop at the forced 2-3 tokens (the forcing reaches generate called with input_ids)."""
+    pytest.importorskip("transformers", minversion="4.57")
+    before = {name: getattr(cycle, name) for name in ("sample_text", "partner_segment", "partner_describe")}
+    result = _qwen_vl_run(tmp_path, "--loops", "caption_to_mask")
+    assert {name: getattr(cycle, name) for name in before} == before
+    assert result["family"] == "qwen_vl" and result["baselines"] == {} and result["loops"] == "caption_to_mask"
+    # 224 px under the tiny presets' budget (at most 16·28² px): 96 x 96 px = 6 x 6 patches of 16 px, merged 2 x 2
+    assert result["image_tokens_per_prompt"] == result["n_tiles"] == 9
+    assert {"encode", "rollout", "rollout/caption_to_mask_partner_describe",
+            "rollout/caption_to_mask_reference_scoring", "rewards", "logprob_backward", "optimizer",
+            "ema_partner"} <= set(result["seconds"])
+    assert not any(k.startswith("rollout/mask_to_caption") for k in result["seconds"])
+    assert result["rollouts_per_s"] == pytest.approx(2 * 2 / result["seconds_per_iteration"])
+    assert 2 * 4 <= result["tokens_per_iteration"]["partner_caption_tokens"] <= 3 * 4  # free: 4 x 4 tokens
+    assert result["trainable_params"] > 0 and result["partner_reference_device_gib"] == 0.0
+
+
+def test_bench_rl_step_default_on_the_qwen_vl_family_runs_both_loops_or_names_the_refusing_loop(tmp_path):
+    """The default (both loops) on the family: with loop 1 built for it, a dual-loop step whose forced partner answers
+    all reach [SEG]; without, a stop naming the refused part and the --loops run that works (no traceback)."""
+    pytest.importorskip("transformers", minversion="4.57")
+    try:
+        result = _qwen_vl_run(tmp_path, "--baselines", "")
+    except SystemExit as stop:
+        message = str(stop)
+        assert "does not run on --preset tiny_qwen3vl" in message and "--loops caption_to_mask" in message
+        return
+    assert result["loops"] == "both" and result["tokens_per_iteration"]["partner_no_seg"] == 0
+    assert 2 * 4 <= result["tokens_per_iteration"]["policy_caption_tokens"] <= 3 * 4
+    assert {"rollout/mask_to_caption_total", "rollout/caption_to_mask_total"} <= set(result["seconds"])
+    assert result["rollouts_per_s"] == pytest.approx(2 * 2 * 2 / result["seconds_per_iteration"])
+
+
+@pytest.mark.parametrize("flags, reason", [
+    (["--mask-policy", "region"], "use --mask-policy bernoulli"),
+    (["--baselines", "generate"], "already is transformers' generate"),
+    (["--baselines", "naive"], "no Qwen-VL path"),
+    (["--video"], "InternVL family only"),
+    (["--sweep", "tiles=13"], "image token count"),
+])
+def test_qwen_vl_presets_refuse_what_the_family_cannot_take_with_the_reason(flags, reason, capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--preset", "qwen3vl_4b", *flags])
+    assert reason in capsys.readouterr().err
+    assert bench.parse_args(["--preset", "qwen3vl_4b"]).baselines == ""  # no baseline by default on this family
+
+
+def test_forced_answers_reach_generate_called_with_input_ids():
+    """The partner's forced answer inside transformers' generate given a prompt of L ids (the Qwen-VL family's decoder):
+    the scripted columns count from the first new token, not from the prompt's start."""
+    pytest.importorskip("transformers", minversion="4.57")
+    import torch
+    from projects.llava_sam2.rl_train.benchmarks.step_clock import ForcedAnswers, PhaseClock
+    from projects.llava_sam2.rl_train.model.decoding.text_decoding import TextDecoding
+    from projects.llava_sam2.rl_train.model.pipeline.shared import SEG_ANSWER, encode_images, seg_answer_ids
+    from projects.llava_sam2.rl_train.model.pipeline.qwen_vl_decode import qwen_vl_completions
+    from grpo_tiny import shapes_batch
+
+    torch.manual_seed(0)
+    model, processor = bench.build_qwen_vl("tiny_qwen25vl", torch.device("cpu"), torch.float32, 4, False)
+    sample = shapes_batch(1)[0]
+    encoded = encode_images(model, processor, [sample.image], ["s0"])
+    ids, attention = processor.tokenize_prompts([processor.segment_prompt(encoded.n_tiles(0), "the shape")])
+    decoding = TextDecoding.from_processor(processor)
+    answer = seg_answer_ids(processor.tokenizer, SEG_ANSWER, model.seg_token_id)[0].tolist()
+    clock = PhaseClock(torch.device("cpu"))
+    forced = ForcedAnswers(clock, decoding.stop_token_ids[0], seg_answer=answer)
+    with forced.installed_in_generate(model.model), clock("rollout/mask_to_caption_partner_segment"):
+        out = qwen_vl_completions(model, encoded, [0], ids, attention, decoding, max_new_tokens=len(answer) + 3,
+                                  return_hidden=False)
+    assert "generate" not in vars(model.model)  # the class's method again
+    assert out.ids[0][out.completion_mask[0]].tolist() == answer + [decoding.stop_token_ids[0]]
+
+
+def test_forced_caption_lengths_reach_the_reference_decoder():
+    """The reference decoder (``sample_completions``, the Qwen-VL family's loop-1 policy sampling) under forcing:
+    inside a policy-sampling phase every caption stops at the drawn length, each call with a fresh table; outside
+    it, and after the block, decoding is free again."""
+    import torch
+    from projects.llava_sam2.rl_train.benchmarks.step_clock import ForcedAnswers, PhaseClock
+    from projects.llava_sam2.rl_train.model.decoding import generation
+    from grpo_tiny import build_tiny
+
+    model, processor = build_tiny()
+    lm = model.language_model.eval()
+    stop = processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    prompt = torch.randint(20, 200, (4, 5), generator=torch.Generator().manual_seed(0))  # [N, L]
+    embeds, attention = model.get_input_embeddings()(prompt).detach(), torch.ones(4, 5, dtype=torch.long)
+
+    def lengths():
+        out = generation.sample_completions(lm, embeds, attention, max_new_tokens=6, stop_token_ids=[stop],
+                                            generator=torch.Generator().manual_seed(1))
+        return out.completion_mask.sum(-1).tolist(), out.ids
+
+    free, _ = lengths()
+    assert free == [6] * 4  # random weights never pick the stop token
+    clock, original = PhaseClock(torch.device("cpu")), generation._next_token
+    forced = ForcedAnswers(clock, stop, caption_lengths=(2, 3))
+    with forced.installed():
+        with clock("rollout/mask_to_caption_policy_sampling"):
+            first, ids = lengths()
+            second, _ = lengths()
+        unforced, _ = lengths()
+    assert all(n in (2, 3) for n in first + second) and set(first + second) == {2, 3}
+    assert all(ids[row, n - 1] == stop for row, n in enumerate(first))
+    assert unforced == free and generation._next_token is original and lengths()[0] == free

@@ -46,6 +46,13 @@ Caption rewards: a token-overlap F1 stub (``--caption-reward stub``, default) or
 ``--mllm-frames`` of each (one tile each), loop 1 rewarded by J&F of the partner's propagated masklet (``video_jf``);
 the ``naive`` baseline and the ``tiles`` sweep key are image-only.
 
+The Qwen-VL family's presets (``qwen25vl_3b``, ``qwen25vl_7b``, ``qwen3vl_4b``; ``tiny_qwen25vl`` / ``tiny_qwen3vl`` on
+CPU) build ``Sa2VAQwenModel`` the same way (``build_qwen_vl``: LoRA on the text decoder, its processor with the
+released image budget: 896 px → 1,024 image tokens on Qwen2.5-VL, 784 on Qwen3-VL). ``--loops`` picks the loops a step
+runs; a part of the step that refuses the model stops the bench with the part named (``explain_refusals``). On this
+family ``--mask-policy region``, the baselines (its partner already decodes with ``generate``), ``--video`` and the
+``tiles`` sweep key are refused with the reason; ``--force-seg`` / ``--caption-lengths`` reach its ``generate`` calls.
+
 ``--sweep 'G=4 G=16 T=64 tiles=13 G=16,T=64'`` then runs ours at each point (keys G, T, B, tiles ∈ {1, 5, 10, 13},
 backend = a decode backend, amp = an ``--amp-dtype``, logprob = a ``--logprob-head``) on the same model,
 ``--sweep-warmup`` + ``--sweep-iters`` iterations each; a point that runs out of memory is recorded as such and the
@@ -78,13 +85,13 @@ from projects.llava_sam2.rl_train.model.checkpoints.dtypes import as_torch_dtype
 from projects.llava_sam2.rl_train.model.decoding.fast_generation import DECODE_BACKENDS
 from projects.llava_sam2.rl_train.model.decoding.generation import LOGPROB_HEADS
 from projects.llava_sam2.rl_train.model.network.lora import adapter_compute_dtype, apply_lora, configure_trainable
-from projects.llava_sam2.rl_train.model.network.presets import PRESETS, build_preset
+from projects.llava_sam2.rl_train.model.network.presets import PRESETS, QWEN_VL_PRESETS, build_preset
 from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
 from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor
 from projects.llava_sam2.rl_train.model.text.tokenizer import load_tiny_tokenizer
 
 from projects.llava_sam2.rl_train.model.decoding.text_decoding import TextDecoding
-from projects.llava_sam2.rl_train.model.pipeline.shared import SEG_ANSWER, seg_answer_ids
+from projects.llava_sam2.rl_train.model.pipeline.shared import SEG_ANSWER, is_qwen_vl_model, seg_answer_ids
 
 from projects.llava_sam2.rl_train.benchmarks.rl_baselines import (
     HF_GENERATE, HF_GENERATE_SCORES, NaiveStep, StubCaptionReward, folded_texts, hf_generate_completions,
@@ -95,7 +102,14 @@ from projects.llava_sam2.rl_train.benchmarks.step_clock import (
 PROG = "sa2va-rl bench rl-step"
 
 
+# the tiny Qwen-VL presets' image budget (LLM image tokens 4..16): the released one (512..2048 tokens) would turn a
+# CPU smoke run's 224 px image into 500+ tokens
+TINY_QWEN_VL_PIXELS = dict(min_pixels=4 * 28 * 28, max_pixels=16 * 28 * 28)
+
+
 def build(preset: str, device: torch.device, dtype: torch.dtype, lora_r: int, grad_ckpt: bool):
+    if preset in QWEN_VL_PRESETS:
+        return build_qwen_vl(preset, device, dtype, lora_r, grad_ckpt)
     tokenizer = load_tiny_tokenizer()
     config = build_preset(preset, vocab_size=len(tokenizer) if preset == "tiny" else None)
     with device:
@@ -109,15 +123,43 @@ def build(preset: str, device: torch.device, dtype: torch.dtype, lora_r: int, gr
     return model, processor
 
 
+def build_qwen_vl(preset: str, device: torch.device, dtype: torch.dtype, lora_r: int, grad_ckpt: bool):
+    """A Qwen-VL family preset (``Sa2VAQwenModel``) as the SFT configs train it: LoRA on every text-decoder linear
+    (r, alpha = 2r), the trainable set (LoRA, SAM2 mask decoder, ``text_hidden_fcs``; the vision tower and its merger
+    frozen), non-reentrant activation checkpointing of the text decoder. The tiny Qwen-VL tokenizer stands in for the
+    released one (the vision-marker ids in the config are set to its ids, which transformers finds images by), and
+    the processor keeps the released image budget except on the tiny presets."""
+    from projects.llava_sam2.rl_train.model.network.qwen_vl import Sa2VAQwenModel
+    from projects.llava_sam2.rl_train.model.text.qwen_processor import (
+        Sa2VAQwenProcessor, tiny_qwen_vl_tokenizer, vision_token_fields)
+
+    tokenizer = tiny_qwen_vl_tokenizer()
+    config = build_preset(preset)
+    config.data.update(vision_token_fields(tokenizer))
+    with device:
+        model = Sa2VAQwenModel(config).to(dtype)
+    model.bind_tokenizer(tokenizer)
+    model.apply_lora(r=lora_r, lora_alpha=2 * lora_r, lora_dropout=0.05)
+    if grad_ckpt:
+        model.hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    configure_trainable(model)
+    pixels = TINY_QWEN_VL_PIXELS if preset.startswith("tiny") else {}
+    return model, Sa2VAQwenProcessor.from_config(tokenizer, config, **pixels)
+
+
 @contextmanager
-def instrumented(clock: PhaseClock, weights: WeightSets, texts, forced: ForcedAnswers | None = None):
+def instrumented(clock: PhaseClock, weights: WeightSets, texts, forced: ForcedAnswers | None = None,
+                 model=None):
     """Inside the block: the rollout's parts are timed (policy caption sampling, partner passes, reference passes),
     captions decode with ``texts``, the baselines' decoders are registered and ``forced`` scripts the decoders'
     choices; all undone on exit (the bench may run in-process, e.g. from a test)."""
-    names = ("sample_text", "partner_segment", "partner_segment_video", "partner_describe", "completion_texts")
-    saved = {name: getattr(cycle, name) for name in names}
+    names = ("sample_text", "partner_segment", "partner_segment_video", "partner_describe", "completion_texts",
+             "qwen_vl_sample_text")
+    saved = {name: getattr(cycle, name) for name in names if hasattr(cycle, name)}
     added = [name for name in (HF_GENERATE, HF_GENERATE_SCORES) if name not in DECODE_BACKENDS]
     cycle.sample_text = clock.wrap(cycle.sample_text, "rollout/mask_to_caption_policy_sampling")
+    if hasattr(cycle, "qwen_vl_sample_text"):  # the Qwen-VL family's loop-1 sampling
+        cycle.qwen_vl_sample_text = clock.wrap(cycle.qwen_vl_sample_text, "rollout/mask_to_caption_policy_sampling")
     cycle.partner_segment = clock.wrap(cycle.partner_segment, "rollout/mask_to_caption_partner_segment")
     cycle.partner_segment_video = clock.wrap(cycle.partner_segment_video, "rollout/mask_to_caption_partner_segment")
     cycle.partner_describe = clock.wrap(cycle.partner_describe, "rollout/caption_to_mask_partner_describe")
@@ -130,6 +172,8 @@ def instrumented(clock: PhaseClock, weights: WeightSets, texts, forced: ForcedAn
         with ExitStack() as stack:
             if forced is not None:
                 stack.enter_context(forced.installed())
+                if model is not None and is_qwen_vl_model(model):  # this family's passes decode with generate
+                    stack.enter_context(forced.installed_in_generate(model.model))
             yield
     finally:
         for name, fn in saved.items():
@@ -185,7 +229,10 @@ def run_variant(algo, model, optimizer, params, batch, clock, warmup: int, iters
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
-    parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS) + sorted(QWEN_VL_PRESETS),
+                        help="a size preset; the Qwen-VL family's: " + ", ".join(sorted(QWEN_VL_PRESETS)))
+    parser.add_argument("--loops", default="both", choices=["both", *LOOP_NAMES],
+                        help="the cycle loops a step runs (both: the dual-loop step)")
     parser.add_argument("--dtype", default=None, help="bfloat16 on CUDA, float32 on CPU by default")
     parser.add_argument("--batch", type=int, default=8, help="B prompts per iteration")
     parser.add_argument("--num-generations", type=int, default=8, help="G rollouts per prompt and loop")
@@ -231,8 +278,11 @@ def parse_args(argv=None):
     parser.add_argument("--profile-top", type=int, default=40)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    qwen_vl = args.preset in QWEN_VL_PRESETS
     if args.baselines is None:
-        args.baselines = "generate" if args.video else "generate,naive"
+        args.baselines = "" if qwen_vl else "generate" if args.video else "generate,naive"
+    if qwen_vl:
+        refuse_for_qwen_vl(parser, args)
     unknown = set(filter(None, args.baselines.split(","))) - {"generate", "naive"}
     if unknown:
         parser.error(f"--baselines: unknown {sorted(unknown)}; use a comma list of generate, naive")
@@ -255,6 +305,29 @@ def parse_args(argv=None):
     except ValueError as err:
         parser.error(str(err))
     return args
+
+
+LOOP_NAMES = ("mask_to_caption", "caption_to_mask")
+
+
+def refuse_for_qwen_vl(parser, args) -> None:
+    """The settings the Qwen-VL family cannot take, each with why and what to use instead."""
+    if args.mask_policy == "region":
+        parser.error("--mask-policy region samples the InternVL family's region-token cells, which the Qwen-VL family "
+                     "has none of (no visual-prompt input): use --mask-policy bernoulli")
+    baselines = set(filter(None, args.baselines.split(",")))
+    if "generate" in baselines:
+        parser.error("--baselines generate: on the Qwen-VL family every decoding pass of ours already is transformers' "
+                     "generate (the partner's answers and captions, qwen_vl_decode), so the baseline would time the "
+                     "same decoder; run with --baselines ''")
+    if "naive" in baselines:
+        parser.error("--baselines naive: its per-rollout plan builds InternVL prompts (tiles, region tokens); it has "
+                     "no Qwen-VL path: run with --baselines ''")
+    if args.video:
+        parser.error("--video: the video step is built for the InternVL family only")
+    if "tiles=" in args.sweep:
+        parser.error("--sweep tiles=: a tile count is the InternVL family's; the Qwen-VL family's image token count "
+                     "follows --image-size")
 
 
 # sweep keys -> argument names; tiles -> image (width, height) on the 448 px presets (1..12 tiles + thumbnail)
@@ -321,11 +394,35 @@ def make_algo(model, processor, weights, args, decode_backend: str) -> CycleGRPO
     config = dict(num_generations=args.num_generations, max_completion_length=args.max_new_tokens, beta=args.beta,
                   mask_policy=args.mask_policy, generation_chunk_size=args.generation_chunk_size,
                   decode_backend=decode_backend, logprob_head=args.logprob_head, video_mllm_frames=args.mllm_frames)
+    for name in LOOP_NAMES:  # a loop with weight 0 is not run
+        config[f"{name}_weight"] = 1.0 if args.loops in ("both", name) else 0.0
     rewards = {"mask_to_caption": [dict(type="video_jf" if args.video else "iou")]}
     if args.caption_reward == "stub":
         rewards["caption_to_mask"] = [StubCaptionReward()]
-    return CycleGRPO(model, processor, weights, rewards=rewards, config=config, minibatch_size=args.minibatch_size,
+    algo = CycleGRPO(model, processor, weights, rewards=rewards, config=config, minibatch_size=args.minibatch_size,
                      seed=0)
+    explain_refusals(algo, args)
+    return algo
+
+
+def explain_refusals(algo, args) -> None:
+    """A step part that refuses this model (``ValueError`` / ``NotImplementedError`` from the step's encode or a loop's
+    rollout: a setting or a model family it does not support) stops the bench naming the part and the ``--loops``
+    runs to try instead of ending in a traceback."""
+    def checked(fn, where: str, instead: list[str]):
+        def call(*a, **kw):
+            try:
+                return fn(*a, **kw)
+            except (ValueError, NotImplementedError) as err:
+                hint = "; time one loop alone with " + " or ".join(f"--loops {n}" for n in instead) if instead else ""
+                raise SystemExit(f"{PROG}: {where} does not run on --preset {args.preset}: {err}{hint}") from err
+        return call
+
+    loops = [loop.name for loop in algo.loops]
+    multi = loops if len(loops) > 1 else []
+    algo.encode = checked(algo.encode, f"the step's encode (loops: {', '.join(loops)})", multi)
+    for loop in algo.loops:
+        loop.rollout = checked(loop.rollout, f"loop {loop.name}", [n for n in multi if n != loop.name])
 
 
 def forced_answers(args, processor, model, clock) -> ForcedAnswers | None:
@@ -352,7 +449,7 @@ def run_benchmark(argv: list[str] | None = None) -> dict:
                                     storage_device="cpu" if args.storage == "cpu" else None)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-6, weight_decay=0.0)
-    image_size = args.image_size or (224 if args.preset == "tiny" else 896)
+    image_size = args.image_size or (224 if args.preset.startswith("tiny") else 896)
     batch = step_batch(args, image_size, image_size)
     clock = PhaseClock(device)
     clock.sync()
@@ -363,6 +460,8 @@ def run_benchmark(argv: list[str] | None = None) -> dict:
               "dtype": str(dtype), "amp_dtype": amp_name, "torch": torch.__version__, "build_s": build_s,
               "params": sum(p.numel() for p in model.parameters()), "trainable_params": sum(p.numel() for p in params),
               "gradient_checkpointing": grad_ckpt, "n_tiles": tiles_per_prompt(args, processor, batch),
+              "family": getattr(model, "family", "internvl"),
+              "image_tokens_per_prompt": processor.image_token_count(tiles_per_prompt(args, processor, batch)),
               **{k: v for k, v in vars(args).items() if k not in ("json", "profile", "amp_dtype")},
               "model_gib": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30,
               "partner_reference_swap_gib": memory.total_bytes / 2**30,
@@ -377,7 +476,7 @@ def run_benchmark(argv: list[str] | None = None) -> dict:
                 json.dump(result, f, indent=2)
 
     forced = forced_answers(args, processor, model, clock)
-    with instrumented(clock, weights, texts, forced):
+    with instrumented(clock, weights, texts, forced, model):
         algo = make_algo(model, processor, weights, args, args.decode_backend)
         for loop in algo.loops:
             clock.wrap_loop(loop)

@@ -10,7 +10,9 @@
   ``[SEG]`` path (decoder state → ``text_hidden_fcs`` → SAM2 → mask → IoU); policy captions and partner captions
   stop at a length drawn uniformly from ``caption_lengths`` (seeded). Forcing = every logit but the forced token's
   set to -inf before the choice (the stop rule, caches and timing stay the decoder's own). It hooks our fast decoder
-  (``fast_decode_step.TokenChooser``, eager and outside the CUDA graph) and HF ``generate`` (a logits processor).
+  (``fast_decode_step.TokenChooser``, eager and outside the CUDA graph), the reference decoder
+  (``generation.sample_completions``) and HF ``generate`` (a logits processor; for the Qwen-VL family's passes, which
+  call ``generate`` with ``input_ids``, :meth:`ForcedAnswers.installed_in_generate`).
 * :func:`token_counts`, :func:`summarize`: generated tokens and throughput of one iteration.
 * :func:`profile_iteration`: one iteration under ``torch.profiler`` → the top operators/kernels and phase ranges.
 """
@@ -24,8 +26,10 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
+from transformers import LogitsProcessorList
 
-from projects.llava_sam2.rl_train.model.decoding import fast_decode_step
+from projects.llava_sam2.rl_train.model.decoding import fast_decode_step, generation
+from projects.llava_sam2.rl_train.model.pipeline import qwen_vl_prompts
 
 # phase name fragment -> the pass decoding inside it (ForcedAnswers' modes)
 FORCED_PASSES = {"policy_sampling": "caption", "partner_describe": "caption", "partner_segment": "seg_answer"}
@@ -105,6 +109,7 @@ class ForcedAnswers:
     seed: int = 0
     _generator: torch.Generator = field(init=False, repr=False)
     _call: tuple[object, Tensor | None, list[int]] | None = field(default=None, init=False, repr=False)
+    _reference: tuple[Tensor | None, list[int]] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         self._generator = torch.Generator().manual_seed(self.seed)
@@ -132,15 +137,16 @@ class ForcedAnswers:
         only = torch.full_like(logits, float("-inf")).scatter_(1, forced.clamp_min(0)[:, None], 0.0)  # [N, V]
         return torch.where((forced >= 0)[:, None], only, logits)
 
-    def processor(self):
-        """A transformers logits processor doing the same inside ``generate`` (column t = tokens generated so far)."""
+    def processor(self, prompt_length: int = 0):
+        """A transformers logits processor doing the same inside ``generate`` (column t = tokens generated so far:
+        the ids it sees less ``prompt_length``, the prompt's ids when ``generate`` was given ``input_ids``)."""
         forced = self
 
         class Forced:
             table = None
 
             def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
-                t = input_ids.shape[1]
+                t = input_ids.shape[1] - prompt_length
                 if t == 0:
                     self.table = forced.table(scores.shape[0], scores.device)
                 return forced.force(scores, self.table, t)
@@ -149,9 +155,30 @@ class ForcedAnswers:
 
     @contextmanager
     def installed(self):
-        """Our fast decoder's token choices go through :meth:`force` inside the block (``TokenChooser.__call__``)."""
+        """Our decoders' token choices go through :meth:`force` inside the block: the fast decoder's
+        (``TokenChooser.__call__``) and the reference decoder's (``generation._next_token``, a fresh table per
+        ``sample_completions`` call: the Qwen-VL family's policy sampling runs on it)."""
         original = fast_decode_step.TokenChooser.__call__
         forced = self
+        next_token = generation._next_token
+        holders = [m for m in (generation, qwen_vl_prompts) if hasattr(m, "sample_completions")]
+        decoders = {m: m.sample_completions for m in holders}
+
+        def reference_call(decode):
+            def call(lm, inputs_embeds, *args, **kwargs):
+                forced._reference = (forced.table(inputs_embeds.shape[0], inputs_embeds.device), [0])
+                try:
+                    return decode(lm, inputs_embeds, *args, **kwargs)
+                finally:
+                    forced._reference = None
+            return call
+
+        def choose_next(logits: Tensor, **kwargs) -> Tensor:
+            if forced._reference is not None:
+                table, column = forced._reference
+                logits = forced.force(logits, table, column[0])
+                column[0] += 1
+            return next_token(logits, **kwargs)
 
         def choose(chooser, logits: Tensor, state) -> None:
             if forced._call is None or forced._call[0] is not state:  # a new decode call: fresh table, column 0
@@ -161,11 +188,35 @@ class ForcedAnswers:
             column[0] += 1
 
         fast_decode_step.TokenChooser.__call__ = choose
+        generation._next_token = choose_next
+        for module, decode in decoders.items():
+            module.sample_completions = reference_call(decode)
         try:
             yield self
         finally:
             fast_decode_step.TokenChooser.__call__ = original
-            self._call = None
+            generation._next_token = next_token
+            for module, decode in decoders.items():
+                module.sample_completions = decode
+            self._call = self._reference = None
+
+    @contextmanager
+    def installed_in_generate(self, module):
+        """Inside the block, ``module.generate`` (transformers, called with ``input_ids``) runs with this scripting
+        appended to its logits processors, a fresh processor per call (the Qwen-VL family's decoders)."""
+        original = module.generate
+
+        def generate(*args, **kwargs):
+            ids = kwargs.get("input_ids")
+            processors = LogitsProcessorList(kwargs.pop("logits_processor", None) or [])
+            processors.append(self.processor(prompt_length=0 if ids is None else ids.shape[1]))
+            return original(*args, logits_processor=processors, **kwargs)
+
+        module.generate = generate  # an instance attribute: shadows the class's method until deleted
+        try:
+            yield self
+        finally:
+            del module.generate
 
 
 def token_counts(rollouts) -> dict:

@@ -11,8 +11,11 @@ released-size Qwen3 preset.
 
 ``QWEN_VL_PRESETS`` are the Qwen-VL family (``qwen_vl``): Sa2VA-Qwen2.5-VL-3B / -7B and Sa2VA-Qwen3-VL-4B, the
 base models' config.json fields (Qwen2.5-VL-3B/7B-Instruct, Qwen3-VL-4B-Instruct) in the layout upstream's converter
-writes, with the vocabulary grown by Sa2VA's five special tokens. ``build_preset`` returns a ``Sa2VAQwenConfig`` for
-them; building one needs the transformers release that has the family (``QWEN_VL_FAMILIES``).
+writes, with the vocabulary grown by Sa2VA's five special tokens; the Qwen2.5-VL sizes are checked against copies of
+the released config.json files (docs/upstream.md, the Qwen-VL section). ``tiny_qwen25vl`` / ``tiny_qwen3vl`` are
+CPU-sized members of the family whose vocabulary and vision-marker ids are the tiny Qwen-VL tokenizer's
+(``qwen_processor.tiny_qwen_vl_tokenizer``). ``build_preset`` returns a ``Sa2VAQwenConfig`` for them; building one
+needs the transformers release that has the family (``QWEN_VL_FAMILIES``).
 """
 from __future__ import annotations
 
@@ -197,12 +200,13 @@ def _qwen25_vl_vision(out_hidden: int) -> dict[str, Any]:
             "fullatt_block_indexes": [7, 15, 23, 31], "out_hidden_size": out_hidden}
 
 
-def _qwen25_vl_text(hidden: int, layers: int, heads: int, kv_heads: int, ffn: int) -> dict[str, Any]:
+def _qwen25_vl_text(hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, max_window_layers: int
+                    ) -> dict[str, Any]:
     return {"model_type": "qwen2_5_vl_text", "hidden_size": hidden, "num_hidden_layers": layers,
             "num_attention_heads": heads, "num_key_value_heads": kv_heads, "intermediate_size": ffn,
             "hidden_act": "silu", "max_position_embeddings": 128000, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
             "rope_scaling": {"type": "mrope", "rope_type": "default", "mrope_section": [16, 24, 24]},
-            "use_sliding_window": False, "sliding_window": 32768, "max_window_layers": layers,
+            "use_sliding_window": False, "sliding_window": 32768, "max_window_layers": max_window_layers,
             "tie_word_embeddings": False, "bos_token_id": 151643, "eos_token_id": 151645,
             "vocab_size": 151665 + 5}
 
@@ -215,8 +219,9 @@ def _qwen_vl_top(text: dict[str, Any], vision: dict[str, Any]) -> dict[str, Any]
 
 
 QWEN_VL_PRESETS: dict[str, dict[str, Any]] = {
-    "qwen25vl_3b": _qwen_vl_top(_qwen25_vl_text(2048, 36, 16, 2, 11008), _qwen25_vl_vision(2048)),
-    "qwen25vl_7b": _qwen_vl_top(_qwen25_vl_text(3584, 28, 28, 4, 18944), _qwen25_vl_vision(3584)),
+    # max_window_layers as released (70 in the 3B, 28 in the 7B); unused while use_sliding_window is off
+    "qwen25vl_3b": _qwen_vl_top(_qwen25_vl_text(2048, 36, 16, 2, 11008, 70), _qwen25_vl_vision(2048)),
+    "qwen25vl_7b": _qwen_vl_top(_qwen25_vl_text(3584, 28, 28, 4, 18944, 28), _qwen25_vl_vision(3584)),
     "qwen3vl_4b": _qwen_vl_top(
         {"model_type": "qwen3_vl_text", "hidden_size": 2560, "num_hidden_layers": 36, "num_attention_heads": 32,
          "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 9728, "hidden_act": "silu",
@@ -229,6 +234,33 @@ QWEN_VL_PRESETS: dict[str, dict[str, Any]] = {
          "temporal_patch_size": 2, "num_position_embeddings": 2304, "deepstack_visual_indexes": [5, 11, 17],
          "out_hidden_size": 2560}),
 }
+
+
+
+def _tiny_qwen_vl(family: str) -> dict[str, Any]:
+    """A CPU-sized member of the family (2 text layers of width 64, a 2-block vision tower, the tiny SAM2); the
+    vocabulary and the vision-marker ids are the tiny Qwen-VL tokenizer's, filled in by ``build_preset``."""
+    text = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "intermediate_size": 128, "hidden_act": "silu", "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
+            "tie_word_embeddings": False}
+    vision = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "in_channels": 3,
+              "spatial_merge_size": 2, "temporal_patch_size": 2, "out_hidden_size": 64}
+    if family == "qwen2_5_vl":
+        text.update(model_type="qwen2_5_vl_text", rope_theta=1000000.0,
+                    rope_scaling={"type": "mrope", "rope_type": "default", "mrope_section": [2, 3, 3]})
+        vision.update(model_type="qwen2_5_vl", hidden_act="silu", patch_size=14, window_size=56,
+                      fullatt_block_indexes=[1], tokens_per_second=2)
+    else:
+        text.update(model_type="qwen3_vl_text", head_dim=16, rope_theta=5000000.0, attention_bias=False,
+                    rope_scaling={"rope_type": "default", "mrope_interleaved": True, "mrope_section": [2, 3, 3]})
+        vision.update(model_type="qwen3_vl", hidden_act="gelu_pytorch_tanh", patch_size=16,
+                      num_position_embeddings=16, deepstack_visual_indexes=[0])
+    return {**_qwen_vl_top(text, vision), "grounding_config": copy.deepcopy(_TINY_GROUNDING),
+            "torch_dtype": "float32"}
+
+
+QWEN_VL_PRESETS["tiny_qwen25vl"] = _tiny_qwen_vl("qwen2_5_vl")
+QWEN_VL_PRESETS["tiny_qwen3vl"] = _tiny_qwen_vl("qwen3_vl")
 
 
 def _tiny_vocab_size() -> int:
@@ -246,6 +278,13 @@ def build_preset(name: str, vocab_size: int | None = None) -> Sa2VAConfig | Sa2V
     Qwen-VL presets; tiny: the tiny tokenizer's length by default)."""
     if name in QWEN_VL_PRESETS:
         data = copy.deepcopy(QWEN_VL_PRESETS[name])
+        if name.startswith("tiny"):
+            from ..text.qwen_processor import tiny_qwen_vl_tokenizer, vision_token_fields
+
+            tokenizer = tiny_qwen_vl_tokenizer()
+            data.update(vision_token_fields(tokenizer))
+            data["text_config"].update(vocab_size=len(tokenizer), bos_token_id=tokenizer.convert_tokens_to_ids(
+                "<|endoftext|>"), eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"))
         if vocab_size is not None:
             data["text_config"]["vocab_size"] = int(vocab_size)
         return Sa2VAQwenConfig(data)

@@ -35,7 +35,7 @@ from .constants import IMAGE_PLACEHOLDER, SEG_TOKEN
 from .processor import Sa2VAProcessor
 from .prompts import RES_EVAL_PROMPT
 from .tiling import check_rgb_image, sam_pixel_values
-from .tokenizer import load_tokenizer
+from .tokenizer import load_tiny_tokenizer, load_tokenizer
 
 QWEN_VISION_START, QWEN_VISION_END, QWEN_IMAGE_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"
 # upstream predict_forward: the pre-resize of qwen_vl_utils (factor 28, 4..16384 tokens), then the processor's budget
@@ -46,6 +46,24 @@ PROCESSOR_PIXELS = (512 * 28 * 28, 2048 * 28 * 28)
 REGION_OUTLINE_RGB = (255, 0, 0)
 REGION_OUTLINE_FRACTION = 0.01  # of the longer image side, at least 2 px
 DRAWN_REGION_CAPTION_PROMPT = "<image>\nPlease give me a short description of the region outlined in red."
+# Qwen-VL's vision markers, in the order they are appended to the tiny tokenizer (tiny_qwen_vl_tokenizer)
+QWEN_VL_VISION_TOKENS = (QWEN_VISION_START, QWEN_VISION_END, QWEN_IMAGE_PAD, "<|video_pad|>")
+
+
+def tiny_qwen_vl_tokenizer():
+    """The shipped tiny tokenizer with Qwen-VL's vision markers appended as special tokens: the text side of the tiny
+    Qwen-VL presets and of ``bench rl-step`` on this family's presets (its ids fit inside every released vocabulary;
+    only the texts differ)."""
+    tokenizer = load_tiny_tokenizer()
+    tokenizer.add_tokens(list(QWEN_VL_VISION_TOKENS), special_tokens=True)
+    return tokenizer
+
+
+def vision_token_fields(tokenizer) -> dict[str, int]:
+    """The config.json fields naming the vision markers (what transformers' Qwen-VL code finds images by), as
+    ``tokenizer``'s ids."""
+    start, end, pad, video = (tokenizer.convert_tokens_to_ids(t) for t in QWEN_VL_VISION_TOKENS)
+    return {"image_token_id": pad, "video_token_id": video, "vision_start_token_id": start, "vision_end_token_id": end}
 
 
 @dataclass(frozen=True)
