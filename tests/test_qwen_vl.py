@@ -255,7 +255,7 @@ def test_loop_1s_region_input_is_the_region_drawn_into_the_image(replica, tokeni
     image = Image.fromarray((np.random.default_rng(1).random((70, 100, 3)) * 255).astype(np.uint8))
     region = np.zeros((70, 100), bool)
     region[10:50, 20:80] = True
-    drawn = np.asarray(processor.draw_region(image, region))
+    drawn = np.asarray(processor.region_outline.draw(image, region))
     changed = (drawn != np.asarray(image)).any(-1)  # [H, W]
     width = 2  # max(2, 1% of 100 px)
     outline = region.copy()
@@ -278,4 +278,4 @@ def test_loop_1s_region_input_is_the_region_drawn_into_the_image(replica, tokeni
     assert torch.equal(seen[0]["pixel_values"], expected.pixel_values)
     assert seen[0]["image_grid_thw"].tolist() == [expected.image_grid_thw.tolist()]
     prompt = tokenizer.decode(seen[0]["input_ids"][0])
-    assert prompt == processor.drawn_region_caption_prompt(expected.n_tiles) and "outlined in red" in prompt
+    assert prompt == processor.region_outline.caption_prompt(processor, expected.n_tiles) and "outlined in red" in prompt
