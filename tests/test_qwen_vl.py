@@ -273,6 +273,10 @@ def test_loop_1s_region_input_is_the_region_drawn_into_the_image(replica, tokeni
     described = describe_masks(model, processor, encoded, [region, None, np.zeros_like(region)], [0, 0, 0],
                                ["s0", "s1", "s2"], max_new_tokens=4, empty_region=None)
     assert described[1] is None and described[2] is None and len(seen) == 1
+    assert described[0].is_drawn and described[0].region_tokens == 0
+    with pytest.raises(ValueError, match="no native region input"):  # upstream never trained its region tokens
+        describe_masks(model, processor, encoded, [region], [0], ["s0"], max_new_tokens=4, empty_region=None,
+                       region_input="native")
     assert torch.equal(described[0].region_cells, torch.from_numpy(region)) and described[0].answer.num_tokens > 0
     expected = processor.preprocess_image(Image.fromarray(drawn))
     assert torch.equal(seen[0]["pixel_values"], expected.pixel_values)
