@@ -61,7 +61,7 @@ class RegionOutline:
         """bool ``[H, W]``: the pixels of the bool ``[H, W]`` region within the outline width of its outside."""
         mask = torch.as_tensor(np.asarray(region_mask), dtype=torch.bool)  # [H, W]
         if tuple(mask.shape) != tuple(size):
-            raise ValueError(f"draw_region: region mask is {tuple(mask.shape)} but the image is {tuple(size)} (H, W)")
+            raise ValueError(f"RegionOutline: region mask is {tuple(mask.shape)} but the image is {tuple(size)} (H, W)")
         w = self.width(*size)
         outside = (~mask).float()[None, None]  # [1, 1, H, W]
         near_outside = F.max_pool2d(outside, 2 * w + 1, stride=1, padding=w)[0, 0] > 0  # [H, W]
