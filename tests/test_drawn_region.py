@@ -107,6 +107,10 @@ def test_evaluation_takes_the_region_input(tiny):
     assert [r.region_tokens for r in result.records] == [0, 0]
     with pytest.raises(ValueError, match="region_input"):
         EvalConfig(region_input="tokens")
+    from projects.llava_sam2.rl_train.evaluation.video_cycle_tasks import evaluate_video
+
+    with pytest.raises(ValueError, match="region_input='drawn' is an image-task option"):  # not silently ignored
+        evaluate_video(model, processor, [], config=EvalConfig(region_input="drawn"))
 
 
 def test_pretrain_drawn_caption_rows_show_the_drawn_copy_and_keep_the_native_stream(tiny):
