@@ -16,7 +16,7 @@ arm B drawn; paired bootstrap CIs (evaluation/bootstrap.py, scene-level) of B âˆ
 Writes ``OUT/drawn_region_measure.json`` (settings, per-arm training logs, every row's metrics, the per-scene scores,
 the differences) and ``OUT/drawn_region_measure.md`` (the table). Needs WordNet for METEOR (``NLTK_DATA``).
 
-    python -m research.drawn_region_measure --out runs/drawn_region --device cuda --joint-steps 400 \\
+    python -m research.drawn_region_measure --out runs/drawn_region --device cuda --joint-steps 600 \\
         --scenes-per-batch 32 --eval-scenes 300 --num-workers 4
 """
 from __future__ import annotations
@@ -69,14 +69,22 @@ def train_arms(args, out: Path) -> dict:
         log.close()
     if failed:
         raise SystemExit(f"drawn_region_measure: arm(s) {failed} failed; see {out}/arm_<arm>.log")
+    return read_arms(out, round(time.perf_counter() - start, 1))
+
+
+def read_arms(out: Path, wall_seconds: float | None) -> dict:
+    """Each arm's training as its own ``pretrain_log.json`` tells it."""
     logs = {}
-    for arm, (command, _, _) in runs.items():
+    for arm in ARMS:
         log = json.loads((out / f"arm_{arm}" / "pretrain_log.json").read_text())
         joint = next(stage for stage in log["stages"] if stage["name"] == "joint")
-        logs[arm] = {"region_input": ARMS[arm], "command": " ".join(command[1:]), "steps_done": joint["steps_done"],
-                     "train_seconds": log["train_seconds"], "last_row": joint["rows"][-1] if joint["rows"] else None,
-                     "sha256": log["sha256"]}
-    return {"wall_seconds": round(time.perf_counter() - start, 1), "arms": logs}
+        logs[arm] = {"region_input": log["settings"]["region_input"], "command": log["command"],
+                     "steps_done": joint["steps_done"], "train_seconds": log["train_seconds"],
+                     "last_row": joint["rows"][-1] if joint["rows"] else None, "sha256": log["sha256"],
+                     **{k: log["settings"][k] for k in ("seed", "scenes_per_batch", "joint_lr", "init")}}
+        if logs[arm]["region_input"] != ARMS[arm]:
+            raise ValueError(f"{out}/arm_{arm} was trained with region_input={logs[arm]['region_input']!r}")
+    return {"wall_seconds": wall_seconds, "arms": logs}
 
 
 def evaluate_row(checkpoint: str, region_input: str, args) -> dict:
@@ -112,10 +120,11 @@ def markdown(report: dict) -> str:
         sign = "+" if signed else ""
         return f"{estimate['value']:{sign}.3f} [{estimate['low']:{sign}.3f}, {estimate['high']:{sign}.3f}]"
 
-    s = report["settings"]
+    s, arm = report["settings"], report["training"]["arms"]["A"]  # the arms' own logs, as trained
+    steps = "/".join(str(report["training"]["arms"][a]["steps_done"]) for a in ARMS)
     lines = [f"Held-out: `ShapesWorld('test', seed={s['eval_seed']})`, {s['eval_scenes']} scenes at "
-             f"{s['eval_image_size']} px; both arms {s['joint_steps']} joint steps of {s['scenes_per_batch']} scenes "
-             f"(lr {s['joint_lr']}, seed {s['seed']}) from the committed model; 95 % bootstrap CIs "
+             f"{s['eval_image_size']} px; arms A/B {steps} joint steps of {arm['scenes_per_batch']} scenes "
+             f"(lr {arm['joint_lr']}, seed {arm['seed']}) from `{arm['init']}`; 95 % bootstrap CIs "
              f"({s['n_resamples']} resamples). Device: {report['device']}.", "",
              "| model | region input | " + " | ".join(METRIC_NAMES[t] for t in TASKS) + " |",
              "|---|---|" + "---|" * len(TASKS)]
@@ -134,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--init", default=COMMITTED, help="the checkpoint both arms continue (and the zero-shot row)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--joint-steps", type=int, default=400)
+    parser.add_argument("--joint-steps", type=int, default=600)
     parser.add_argument("--scenes-per-batch", type=int, default=32)
     parser.add_argument("--joint-lr", type=float, default=4e-4)
     parser.add_argument("--warmup-steps", type=int, default=40)
@@ -144,11 +153,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-image-size", type=int, default=128)
     parser.add_argument("--eval-batch-size", type=int, default=64)
     parser.add_argument("--n-resamples", type=int, default=1000)
+    parser.add_argument("--reuse-arms", action="store_true",
+                        help="evaluate the arms already trained under OUT (arm_A, arm_B) instead of training them")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    training = train_arms(args, out)
+    training = read_arms(out, None) if args.reuse_arms else train_arms(args, out)
     print(json.dumps({"trained": training}), flush=True)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     plan = {"committed": (args.init, "native"), "committed, zero-shot drawn": (args.init, "drawn"),
