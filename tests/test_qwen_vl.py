@@ -255,7 +255,7 @@ def test_loop_1s_region_input_is_the_region_drawn_into_the_image(replica, tokeni
     image = Image.fromarray((np.random.default_rng(1).random((70, 100, 3)) * 255).astype(np.uint8))
     region = np.zeros((70, 100), bool)
     region[10:50, 20:80] = True
-    drawn = np.asarray(processor.draw_region(image, region))
+    drawn = np.asarray(processor.region_outline.draw(image, region))
     changed = (drawn != np.asarray(image)).any(-1)  # [H, W]
     width = 2  # max(2, 1% of 100 px)
     outline = region.copy()
@@ -273,9 +273,13 @@ def test_loop_1s_region_input_is_the_region_drawn_into_the_image(replica, tokeni
     described = describe_masks(model, processor, encoded, [region, None, np.zeros_like(region)], [0, 0, 0],
                                ["s0", "s1", "s2"], max_new_tokens=4, empty_region=None)
     assert described[1] is None and described[2] is None and len(seen) == 1
+    assert described[0].is_drawn and described[0].region_tokens == 0
+    with pytest.raises(ValueError, match="no native region input"):  # upstream never trained its region tokens
+        describe_masks(model, processor, encoded, [region], [0], ["s0"], max_new_tokens=4, empty_region=None,
+                       region_input="native")
     assert torch.equal(described[0].region_cells, torch.from_numpy(region)) and described[0].answer.num_tokens > 0
     expected = processor.preprocess_image(Image.fromarray(drawn))
     assert torch.equal(seen[0]["pixel_values"], expected.pixel_values)
     assert seen[0]["image_grid_thw"].tolist() == [expected.image_grid_thw.tolist()]
     prompt = tokenizer.decode(seen[0]["input_ids"][0])
-    assert prompt == processor.drawn_region_caption_prompt(expected.n_tiles) and "outlined in red" in prompt
+    assert prompt == processor.region_outline.caption_prompt(processor, expected.n_tiles) and "outlined in red" in prompt

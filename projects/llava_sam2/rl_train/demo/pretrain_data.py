@@ -19,7 +19,10 @@ is the same whatever the DataLoader workers. The held-out ``'val'`` stream is ne
   wrong for all but one row of the image); ``captions_per_scene`` objects also get a region-caption row. Texts are
   the object's referring expressions and its caption, asked with the 16 RefCOCO questions or the RES eval
   prompt; captions are asked with the RefCOCOg eval question or an Osprey one. Images are sent once per scene
-  and expanded to rows on the device (:meth:`JointBatch.sft_data`).
+  and expanded to rows on the device (:meth:`JointBatch.sft_data`). With ``region_input='drawn'`` a caption row
+  shows its region drawn into a copy of the scene (``processor.region_outline``: an extra image of the batch) and
+  asks the outline-naming question, with no region tokens; the random stream is consumed as for a native row, so
+  both inputs see the same scenes, segmentation rows and captioned objects.
 
 GT masks travel at the SAM2 low-res logits size (h = S_sam / 4, nearest, the resize ``sft_loss`` itself applies),
 stacked, so a batch moves to the device in a few copies instead of one per mask.
@@ -40,6 +43,7 @@ from ..data.shapes_scene import (CELL_PHRASES, COLOURS, SHAPES, SIZES, canonical
                                  referring_expressions, sample_scene)
 from ..model.sft.sft_data import DEFAULT_CAPTION_QUESTIONS
 from ..model.sft.sft_loss import resize_gt_masks
+from ..model.text.drawn_region import REGION_INPUTS
 from ..model.text.processor import Sa2VAProcessor, sft_collate
 from ..model.text.prompts import ANSWER_LIST, RES_EVAL_PROMPT, SEG_QUESTIONS, normalize_expression
 
@@ -71,9 +75,14 @@ class SceneSource:
         self.worlds = [ShapesWorld("train", 10**12, seed, image_size=int(side)) for side in image_sizes]
 
     def get(self, index: int):
-        scene, pixels = self.worlds[index % len(self.worlds)].scene(index)
-        inputs = self.processor.preprocess_image(PIL.Image.fromarray(pixels), where=f"train scene {index}")
+        scene, inputs, _ = self.get_with_image(index)
         return scene, inputs
+
+    def get_with_image(self, index: int):
+        """``get`` and the rendered PIL image."""
+        scene, pixels = self.worlds[index % len(self.worlds)].scene(index)
+        image = PIL.Image.fromarray(pixels)
+        return scene, self.processor.preprocess_image(image, where=f"train scene {index}"), image
 
 
 @dataclass
@@ -109,9 +118,11 @@ class TextBatch:
 class JointBatch:
     """B SFT rows over S images (stage ``joint``); ``sft_data`` gives the ``sft_collate`` layout.
 
-    pixel_values: float ``[S, n, 3, s, s]`` and g_pixel_values: uint8 ``[S, 3, S_sam, S_sam]`` per image;
+    pixel_values: float ``[S + D, n, 3, s, s]``: the S scenes, then the D drawn copies (``region_input='drawn'``);
+    g_pixel_values: uint8 ``[S, 3, S_sam, S_sam]``, the scenes' SAM2 inputs (only segmentation rows read them);
     text: ``sft_collate`` of the rows without images (input_ids, labels, attention_mask, position_ids ``[B, L]``);
-    row_image: long ``[B]``; is_caption: bool ``[B]``; prompt_masks: bool ``[C, g, g]`` (caption rows' regions);
+    row_image: long ``[B]``; is_caption: bool ``[B]``; region_rows: bool ``[B]``, the caption rows whose prompt holds
+    region tokens (all of them with native input, none drawn); prompt_masks: bool ``[C, g, g]``, those rows' regions;
     masks: float ``[M, h, h]`` GT of the segmentation rows at the logits size; seg_attributes: long ``[M, 4]``.
     """
 
@@ -123,13 +134,14 @@ class JointBatch:
     prompt_masks: torch.Tensor
     masks: torch.Tensor
     seg_attributes: torch.Tensor
+    region_rows: torch.Tensor
 
     def sft_data(self, device: torch.device | str) -> dict:
         """The ``sft_collate(...)['data']`` dict of these rows, images expanded on ``device``."""
         pixel_values = self.pixel_values.to(device)[self.row_image.to(device)]  # [B, n, 3, s, s]
         n = pixel_values.shape[1]
         vp = torch.zeros(len(self.row_image), n, dtype=torch.bool)  # region tokens come from the last tile
-        vp[:, -1] = self.is_caption
+        vp[:, -1] = self.region_rows
         seg_images = self.row_image[~self.is_caption].to(device)  # [M]
         g = self.g_pixel_values.to(device)[seg_images].float()  # [M, 3, S_sam, S_sam]
         data = {k: v.to(device) for k, v in self.text.items()}
@@ -182,9 +194,12 @@ class StageBatches(Dataset):
                  image_sizes: Sequence[int] = (224,), attribute_share: float = 0.0, group_by_scene: bool = True,
                  captions_per_scene: int = 1, text_rows: int = 32, clips_per_batch: int = 8,
                  video_frames: int = 16, video_image_size: int = 128, mllm_frames: int = 5,
-                 image_share: float = 0.0):
+                 image_share: float = 0.0, region_input: str = "native"):
         if stage not in STAGE_BASES:
             raise ValueError(f"StageBatches: stage={stage!r}; expected one of {tuple(STAGE_BASES)}")
+        if region_input not in REGION_INPUTS:
+            raise ValueError(f"StageBatches: region_input={region_input!r}; expected one of {REGION_INPUTS}")
+        self.region_input = region_input
         self.stage, self.processor, self.seed, self.steps = stage, processor, int(seed), int(steps)
         self.scenes_per_batch, self.image_size = int(scenes_per_batch), int(image_sizes[0])
         self.attribute_share, self.group_by_scene = float(attribute_share), bool(group_by_scene)
@@ -256,9 +271,9 @@ class StageBatches(Dataset):
         object count of 1-4-object scenes), one object each from as many scenes."""
         n_scenes = self.scenes_per_batch if self.group_by_scene else int(round(2.5 * self.scenes_per_batch))
         pixel_values, g_pixels, items, row_image, is_caption = [], [], [], [], []
-        prompt_masks, masks, seg_attributes = [], [], []
+        prompt_masks, masks, seg_attributes, drawn = [], [], [], []
         for i in range(n_scenes):
-            scene, inputs = self.source.get(first + i)
+            scene, inputs, image = self.source.get_with_image(first + i)
             pixel_values.append(inputs.pixel_values)
             g_pixels.append(inputs.g_pixel_values.to(torch.uint8))
             n = len(scene.objects)
@@ -270,15 +285,27 @@ class StageBatches(Dataset):
                 is_caption.append(False)
             if i < self.scenes_per_batch:
                 for k in rng.permutation(n)[:self.captions_per_scene]:
-                    cells = self.processor.region_cells(scene.visible[k], sample_id=f"train scene {first + i}",
-                                                        size=inputs.size)  # [g, g]
-                    items.append(self._caption_row(rng, scene, int(k), inputs.n_tiles, cells))
-                    prompt_masks.append(cells)
-                    row_image.append(i)
+                    if self.region_input == "drawn":
+                        copy = self.processor.preprocess_image(
+                            self.processor.region_outline.draw(image, scene.visible[k]),
+                            where=f"train scene {first + i}, object {k} drawn")
+                        items.append(self._drawn_caption_row(rng, scene, int(k), copy.n_tiles))
+                        drawn.append(copy.pixel_values)
+                        row_image.append(n_scenes + len(drawn) - 1)
+                    else:
+                        cells = self.processor.region_cells(scene.visible[k], sample_id=f"train scene {first + i}",
+                                                            size=inputs.size)  # [g, g]
+                        items.append(self._caption_row(rng, scene, int(k), inputs.n_tiles, cells))
+                        prompt_masks.append(cells)
+                        row_image.append(i)
                     is_caption.append(True)
-        return JointBatch(torch.stack(pixel_values), torch.stack(g_pixels), sft_collate(items)["data"],
-                          torch.tensor(row_image), torch.tensor(is_caption), torch.stack(prompt_masks),
-                          torch.cat(masks), torch.tensor(seg_attributes))
+        g = self.processor.region_grid_size
+        is_caption = torch.tensor(is_caption)
+        return JointBatch(torch.stack(pixel_values + drawn), torch.stack(g_pixels), sft_collate(items)["data"],
+                          torch.tensor(row_image), is_caption,
+                          torch.stack(prompt_masks) if prompt_masks else torch.zeros(0, g, g, dtype=torch.bool),
+                          torch.cat(masks), torch.tensor(seg_attributes),
+                          region_rows=is_caption & (self.region_input == "native"))
 
     # ----------------------------------------------------------------------------------------- stage video
     def _video_batch(self, rng: np.random.Generator, first: int) -> VideoBatch:
@@ -322,6 +349,15 @@ class StageBatches(Dataset):
         return self.texts.encode(("cap", q, int(cells.sum()), caption, n_tiles),
                                  lambda: self.processor.caption_text(n_tiles, cells, DEFAULT_CAPTION_QUESTIONS[q]),
                                  caption)
+
+
+    def _drawn_caption_row(self, rng, scene, k: int, n_tiles: int) -> dict:
+        """A caption row about the region drawn into an image of ``n_tiles``: the outline-naming question."""
+        rng.integers(len(DEFAULT_CAPTION_QUESTIONS))  # the native row's question draw: keeps both streams in step
+        caption = canonical_caption(scene.attrs[k])
+        outline = self.processor.region_outline
+        return self.texts.encode(("drawn", caption, n_tiles),
+                                 lambda: outline.caption_text(self.processor, n_tiles), caption)
 
 
 def _point_prompt(rng: np.random.Generator, visible: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:

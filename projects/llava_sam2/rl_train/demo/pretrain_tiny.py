@@ -12,7 +12,8 @@ model"):
    ``[SEG]`` slot), encoders trained;
 2. ``lm``: next-token pretraining of the tiny LLM on the shapes-world phrases (optional);
 3. ``joint``: Sa2VA SFT of every weight on referring segmentation (every object of a scene in one batch, each
-   with its own text) and region captioning, with SAM's IoU-head loss and, optionally, the attribute teacher;
+   with its own text) and region captioning (the region as region tokens, or drawn into the image with
+   ``--region-input drawn``), with SAM's IoU-head loss and, optionally, the attribute teacher;
 4. ``video``: video RES on moving-shapes clips through SAM2's memory propagation, which trains the memory modules
    the image stages never reach (optional; usually a continuation of an image-trained checkpoint, ``--init``).
 
@@ -38,6 +39,7 @@ from ..cli.settings import add_settings_arguments, settings_from_args
 from ..model.checkpoints.hf_checkpoint import load_pretrained, save_pretrained
 from ..model.network.presets import build_preset
 from ..model.network.sa2va import Sa2VAModel
+from ..model.text.drawn_region import REGION_INPUTS, SHAPES_WORLD_OUTLINE
 from ..model.text.processor import Sa2VAProcessor
 from ..model.text.tokenizer import load_tiny_tokenizer, load_tokenizer
 from .pretrain_data import StageBatches, VideoBatch, loader
@@ -82,6 +84,9 @@ class PretrainSettings:
     about as many rows)"""
     captions_per_scene: int = 1
     """joint stage: region-caption rows per scene"""
+    region_input: str = "native"
+    """how a caption row (and the held-out caption / cycle tasks) shows its region: 'native' (region tokens) or
+    'drawn' (its outline drawn into a copy of the scene, white, with no region tokens; model/text/drawn_region.py)"""
     # stage 1: promptable segmentation of the tiny SAM2
     sam_steps: int = 1500
     """stage sam: steps (0 skips it)"""
@@ -170,6 +175,8 @@ class PretrainSettings:
             raise ValueError(f"PretrainSettings: image_sizes={self.image_sizes} / eval_image_size="
                              f"{self.eval_image_size} / video_image_size={self.video_image_size}: sides of at least "
                              "32 px")
+        if self.region_input not in REGION_INPUTS:
+            raise ValueError(f"PretrainSettings.region_input={self.region_input!r}: expected one of {REGION_INPUTS}")
         unknown = [t for t in self.eval_tasks if t not in EVAL_TASKS]
         if unknown:
             raise ValueError(f"PretrainSettings.eval_tasks: {unknown} not in {EVAL_TASKS}")
@@ -187,7 +194,8 @@ def build_tiny(seed: int, device: str, init: str = ""):
         tokenizer = load_tiny_tokenizer()
         model = Sa2VAModel(build_preset("tiny", vocab_size=len(tokenizer))).to(device)
     model.bind_tokenizer(tokenizer)
-    processor = Sa2VAProcessor.from_config(tokenizer, model.config, empty_region="dilate_to_one_cell")
+    processor = Sa2VAProcessor.from_config(tokenizer, model.config, empty_region="dilate_to_one_cell",
+                                           region_outline=SHAPES_WORLD_OUTLINE)
     return model, tokenizer, processor
 
 
@@ -196,7 +204,8 @@ def _batches(stage: str, processor, s: PretrainSettings, steps: int):
                                image_sizes=s.image_sizes, attribute_share=s.attribute_share,
                                group_by_scene=s.group_by_scene, captions_per_scene=s.captions_per_scene,
                                clips_per_batch=s.clips_per_batch, video_frames=s.video_frames,
-                               video_image_size=s.video_image_size, image_share=s.image_share),
+                               video_image_size=s.video_image_size, image_share=s.image_share,
+                               region_input=s.region_input),
                   s.num_workers)
 
 
@@ -286,7 +295,8 @@ def evaluate_held_out(model, processor, s: PretrainSettings, held_out: dict, wri
     write()
     if s.eval_tasks:
         world = ShapesWorld("val", s.eval_scenes, 0, image_size=s.eval_image_size)
-        tasks = evaluate(model, processor, world, s.eval_tasks, EvalConfig(batch_size=32, show_progress=False))
+        tasks = evaluate(model, processor, world, s.eval_tasks,
+                         EvalConfig(batch_size=32, show_progress=False, region_input=s.region_input))
         held_out["tasks"] = {name: {k: v.to_dict() for k, v in task.metrics.items()} for name, task in tasks.items()}
         write()
 

@@ -6,6 +6,8 @@ Four tasks (``TASKS``), each producing one :class:`~.records.EvalRecord` per sam
   answer → ``[SEG]`` mask → IoU vs gt_mask; cIoU / gIoU as Sa2VA (``metrics`` module doc).
 * ``caption`` (partner-free region captioning): region prompt on gt_mask → greedy caption → cleaned
   → nltk METEOR vs the sample's captions (optionally METEOR 1.5 via the jar, reported apart).
+  ``EvalConfig.region_input`` picks how every region is shown (the caption and both cycle tasks): region tokens
+  (``'native'``) or drawn into a copy of the image (``'drawn'``, region_tokens 0 in the records).
 * ``cycle_iou`` (Loop 1): gt_mask → caption (model A) → mask' (model B) → IoU(gt_mask, mask').
 * ``cycle_caption`` (Loop 2): gt caption → mask (model A) → caption' (model B) → METEOR(caption', gt).
 
@@ -30,6 +32,7 @@ from tqdm.auto import tqdm
 
 from ..data.bad_samples import SkippedSample
 from ..model.pipeline.shared import Answer, RegionAnswer, describe_masks, encode_images, segment_texts
+from ..model.text.drawn_region import check_region_input
 from ..model.text.processor import EMPTY_REGION_POLICIES
 from .bootstrap import Estimate
 from .captions import CAPTION_CLEANERS, get_cleaner, meteor15_scores, meteor_per_caption
@@ -64,6 +67,9 @@ class EvalConfig:
     """text of the res task: 'expression' (first expression, else first caption) or 'caption' (the reverse)."""
     empty_region: str = "dilate_to_one_cell"
     """gt_mask that hits no region-grid point: see Sa2VAProcessor ('keep' needs a 'keep' processor)."""
+    region_input: str | None = None
+    """region input of the caption / cycle tasks: 'native' (region tokens), 'drawn' (the region drawn into a copy of
+    the image; ``caption_question`` must then name the outline) or None (the model family's own)."""
     # scoring
     caption_cleaning: str = "sa2va"
     """'sa2va' (upstream region-caption cleaning) or 'tags' (tags only); see captions.py."""
@@ -87,6 +93,7 @@ class EvalConfig:
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"EvalConfig.{name}={getattr(self, name)!r}: expected one of {allowed}")
+        check_region_input(self.region_input, "EvalConfig")
         if self.video_mllm_frames < 1:
             raise ValueError(f"EvalConfig.video_mllm_frames={self.video_mllm_frames}: use >= 1 (upstream: 5)")
         if self.batch_size < 1 or self.max_new_tokens < 1:
@@ -159,7 +166,8 @@ class _Batch:
         model, processor, features = self._model(which)
         return describe_masks(model, processor, features, masks, range(len(masks)),
                               [s.sample_id for s in self.samples], max_new_tokens=self.config.max_new_tokens,
-                              empty_region=empty_region, question=self.config.caption_question)
+                              empty_region=empty_region, question=self.config.caption_question,
+                              region_input=self.config.region_input)
 
     def captions_a(self) -> tuple[list[Answer], list[int]]:
         """Model A's greedy caption of every gt_mask, and the region tokens each prompt showed."""
@@ -168,7 +176,7 @@ class _Batch:
             if empty:
                 raise ValueError(f"sample {empty[0]!r}: gt_mask has no foreground pixel; drop it from the eval split")
             described = self.describe("a", [s.gt_mask for s in self.samples], self.config.empty_region)
-            self._captions_a = ([d.answer for d in described], [int(d.region_cells.sum()) for d in described])
+            self._captions_a = ([d.answer for d in described], [d.region_tokens for d in described])
         return self._captions_a
 
 
@@ -221,7 +229,7 @@ def _cycle_caption(batch: _Batch) -> list[EvalRecord]:
     answers_a = batch.segment("a", texts)
     described = batch.describe("b", [answer_mask(a) for a in answers_a], "dilate_to_one_cell")
     answers_b = [None if d is None else d.answer for d in described]
-    cells = [None if d is None else int(d.region_cells.sum()) for d in described]
+    cells = [None if d is None else d.region_tokens for d in described]
     records = []
     for sample, text, a, b, k in zip(batch.samples, texts, answers_a, answers_b, cells):
         caption, refs = ("" if b is None else clean(b.text)), references(sample)

@@ -171,6 +171,9 @@ def evaluate_video(model, processor, dataset: Iterable, tasks: Sequence[str] = V
         raise ValueError(f"evaluate_video: tasks={list(tasks)}; choose one or more of {VIDEO_TASKS}")
     if model.seg_token_id is None:
         raise ValueError("evaluate_video: model has no tokenizer bound; call model.bind_tokenizer(tokenizer) first")
+    if config.region_input == "drawn":
+        raise ValueError("evaluate_video: the video tasks show a key frame's region as region tokens only; "
+                         "EvalConfig.region_input='drawn' is an image-task option")
     model_b = model if model_b is None else model_b
     processor_b = processor if processor_b is None else processor_b
     results = {task: TaskResult(task, []) for task in tasks}

@@ -9,7 +9,8 @@
       │    └─ completion_texts / answer_texts     prompt-ready text / upstream's ``prediction``
       ├─ greedy_answers                           greedy answer + one mask per fed-back [SEG] (PromptRow → Answer)
       │    ├─ segment_texts                       the partner task "segment a text": RES prompt → answer + masks
-      │    └─ describe_masks                      the partner task "describe a mask": region prompt → caption
+      │    └─ describe_masks                      the partner task "describe a mask": region prompt (region tokens,
+      │                                           or the region drawn into the image) → caption
       ├─ generation.completion_logprobs           teacher-forced log-probs of given answers (the GRPO loss)
       └─ forced_seg_prompts                       teacher-forced fixed answer → its [SEG] state → SAM2 prompt
            └─ forced_answer_seg_prompts / forced_answer_masks   from prompt ids, and on to the SAM2 decoder
@@ -49,6 +50,7 @@ from ..decoding.generation import Completions, SharedPrefix, completion_hidden
 from ..decoding.text_decoding import (
     TextDecoding, answer_texts, completion_texts, eval_mode, fed_back_seg_positions, sample_text)
 from ..network.grounding import GroundingFeatures, MaskDecoderOutput
+from ..text.drawn_region import check_region_input
 from .qwen_vl_decode import qwen_vl_completions
 from .qwen_vl_prompts import qwen_vl_answer_states
 
@@ -70,7 +72,7 @@ class EncodedImages:
         grounding: SAM2 ``GroundingFeatures`` of the I images.
         vision_inputs: Qwen-VL family only: per image ``(pixel_values [P_i, K], image_grid_thw [3])``; its
             ``tile_start`` counts LLM image tokens.
-        source_images: Qwen-VL family only: the PIL images (a region is drawn into a copy to describe it).
+        source_images: the PIL images (``describe_masks(region_input='drawn')`` draws a region into a copy).
     """
 
     image_sizes: list[tuple[int, int]]
@@ -112,7 +114,7 @@ def encode_images(model, processor, images: Sequence, where: Sequence[str]) -> E
                          tile_start=np.cumsum([0] + [x.n_tiles for x in inputs]).tolist(),
                          vit_tokens=vit_tokens, grounding=grounding,
                          vision_inputs=[(x.pixel_values, x.image_grid_thw) for x in inputs] if is_qwen_vl else None,
-                         source_images=list(images) if is_qwen_vl else None)
+                         source_images=list(images))
 
 
 def is_qwen_vl_model(model) -> bool:
@@ -357,29 +359,45 @@ def segment_texts(model, processor, encoded: EncodedImages, texts: Sequence[str 
 
 @dataclass
 class RegionAnswer:
-    """A greedy answer about a region: the ``answer`` and the bool ``[g, g]`` ``region_cells`` its prompt showed (the
-    Qwen-VL family: the bool ``[H, W]`` mask drawn into its image)."""
+    """A greedy answer about a region: the ``answer`` and the bool ``[g, g]`` ``region_cells`` its prompt showed
+    (``is_drawn``: the bool ``[H, W]`` mask drawn into its image instead; the prompt had no region tokens)."""
 
     answer: Answer
     region_cells: Tensor
+    is_drawn: bool = False
+
+    @property
+    def region_tokens(self) -> int:
+        """Region tokens the prompt held (0 for a drawn region)."""
+        return 0 if self.is_drawn else int(self.region_cells.sum())
 
 
 def describe_masks(model, processor, encoded: EncodedImages, masks: Sequence, images: Sequence[int],
                    sample_ids: Sequence[str], *, max_new_tokens: int, empty_region: str | None,
                    question: str | None = None, decoding: TextDecoding | None = None,
-                   tile_embeds: Tensor | None = None, chunk_size: int | None = None) -> list[RegionAnswer | None]:
+                   tile_embeds: Tensor | None = None, chunk_size: int | None = None,
+                   region_input: str | None = None) -> list[RegionAnswer | None]:
     """The partner task "describe a mask": per bool ``[H, W]`` mask (tensor or array) of image ``images[n]``, its
     region cells (``processor.region_cells`` at the image's size; ``empty_region`` for a mask that hits no grid point,
     e.g. ``'dilate_to_one_cell'``: the one cell it covers most) and the greedy answer to the region-caption prompt
     (``processor.caption_prompt`` with ``question``); None for a missing or all-False mask (no region to describe).
-    One :func:`greedy_answers` call over the non-empty masks, in order, without masks."""
+    One :func:`greedy_answers` call over the non-empty masks, in order, without masks.
+
+    ``region_input``: ``'native'`` (the region tokens above; the InternVL family's default) or ``'drawn'`` (the
+    region drawn into a copy of the image, ``pipeline/drawn_regions.py``; ``question`` must then name the outline;
+    the Qwen-VL family's default and only input, upstream never trained its region tokens)."""
+    check_region_input(region_input, "describe_masks")
     kept = [n for n, mask in enumerate(masks) if mask is not None and bool(mask.any())]
-    if is_qwen_vl_model(model):  # the family seam: the region drawn into the image (model/text/qwen_processor.py)
-        from .qwen_vl_regions import describe_drawn_regions  # it builds on this module's greedy_answers
+    is_qwen_vl = is_qwen_vl_model(model)
+    if is_qwen_vl and region_input == "native":
+        raise ValueError("describe_masks: the Qwen-VL family has no native region input (upstream never trained its "
+                         "region tokens); use region_input='drawn' (its default)")
+    if region_input == "drawn" or is_qwen_vl:
+        from .drawn_regions import describe_drawn_regions  # it builds on this module's greedy_answers
 
         return describe_drawn_regions(model, processor, encoded, masks, images, sample_ids, kept,
-                                       max_new_tokens=max_new_tokens, question=question, decoding=decoding,
-                                       chunk_size=chunk_size)
+                                      max_new_tokens=max_new_tokens, question=question, decoding=decoding,
+                                      tile_embeds=tile_embeds, chunk_size=chunk_size)
     rows = []
     for n in kept:
         image = images[n]

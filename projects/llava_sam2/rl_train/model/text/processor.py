@@ -22,6 +22,7 @@ Everything the upstream model does to its inputs before the forward pass, in one
 * ``tokenize_prompts``: left-padded batch for generation. ``encode_fn``: SFT ids/labels with
   xtuner's ``template_map_fn`` + ``encode_fn`` (= upstream ``video_lisa_encode_fn``).
 * ``sft_collate``: the ``video_lisa_collate_fn`` batch layout.
+* ``region_outline``: the other region input, the region drawn into a copy of the image (``drawn_region.py``).
 
 Empty-region rule. A region whose mask hits no grid sample point gets 0 region tokens upstream
 (an empty ``<vp></vp>``), so the model sees nothing of it. Policy ``empty_region``:
@@ -54,6 +55,7 @@ from .constants import (
     IMG_CONTEXT_TOKEN,
     SEG_TOKEN,
 )
+from .drawn_region import RegionOutline
 from .input_check import InputCheck, nearest_cells, region_grid_size
 from .prompts import REGION_CAPTION_EVAL_PROMPT, RES_EVAL_PROMPT, image_block, region_string
 from .tiling import TilingSettings, check_rgb_image, normalise_tiles, sam_pixel_values, tile_image
@@ -113,7 +115,7 @@ class Sa2VAProcessor:
     def __init__(self, tokenizer: Any, *, template: str, image_size: int = 448, patch_size: int = 14,
                  downsample_ratio: float = 0.5, min_dynamic_patch: int = 1, max_dynamic_patch: int = 12,
                  use_thumbnail: bool = True, sam_image_size: int = 1024,
-                 empty_region: str = "raise") -> None:
+                 empty_region: str = "raise", region_outline: RegionOutline | None = None) -> None:
         name = str(template).replace("-", "_")  # upstream normalises config.template the same way
         if name.startswith("internvl"):  # InternVL's own conversation names (internvl2_5 in InternVL3 configs)
             raise ValueError(f"template={template!r} is an InternVL base model's, not a Sa2VA checkpoint's: point at "
@@ -141,6 +143,7 @@ class Sa2VAProcessor:
         self.downsample_ratio = downsample_ratio
         self.sam_image_size = sam_image_size
         self.empty_region = empty_region
+        self.region_outline = region_outline or RegionOutline()  # the 'drawn' region input (drawn_region.py)
         self.region_grid_size = region_grid_size(image_size, patch_size, downsample_ratio)  # g, e.g. 448/14·0.5 = 16
         self.tokens_per_tile = self.region_grid_size**2  # 256 for 448/14/0.5
         self.bos_token_ids, self.eos_token_ids = list(bos_ids), list(eos_ids)

@@ -11,9 +11,9 @@ qwen_chat.
 
 The family has no region (visual-prompt) input upstream (its SFT configs leave the visual-prompt data out, "not
 supported yet"), so its ``<vp>`` tokens were never trained and a mask-pooled region prompt would be an input the LLM
-never learned to read. A region is instead drawn into the image (:meth:`Sa2VAQwenProcessor.draw_region`: its outline
-in red), which the base Qwen-VL models' visual-prompt ability can read, and the caption question names the outline
-(``DRAWN_REGION_CAPTION_PROMPT``). ``caption_prompt`` / ``region_cells`` (the InternVL region-token path) raise.
+never learned to read. A region is instead drawn into the image (``region_outline``, a ``drawn_region.RegionOutline``:
+its outline in red), which the base Qwen-VL models' visual-prompt ability can read, and the caption question names the
+outline. ``caption_prompt`` / ``region_cells`` (the InternVL region-token path) raise.
 
 It answers the calls the shared pipeline makes of a processor; where the InternVL processor speaks of tiles
 (``n_tiles``), this one's count is LLM image tokens.
@@ -24,14 +24,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 from PIL import Image
 from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
 from xtuner.utils import PROMPT_TEMPLATE
 
 from .constants import IMAGE_PLACEHOLDER, SEG_TOKEN
+from .drawn_region import RegionOutline
 from .processor import Sa2VAProcessor
 from .prompts import RES_EVAL_PROMPT
 from .tiling import check_rgb_image, sam_pixel_values
@@ -42,10 +41,6 @@ QWEN_VISION_START, QWEN_VISION_END, QWEN_IMAGE_PAD = "<|vision_start|>", "<|visi
 PRE_RESIZE_FACTOR = 28
 PRE_RESIZE_PIXELS = (4 * 28 * 28, 16384 * 28 * 28)
 PROCESSOR_PIXELS = (512 * 28 * 28, 2048 * 28 * 28)
-# the region drawn into the image (loop 1's region input for this family): outline colour and width
-REGION_OUTLINE_RGB = (255, 0, 0)
-REGION_OUTLINE_FRACTION = 0.01  # of the longer image side, at least 2 px
-DRAWN_REGION_CAPTION_PROMPT = "<image>\nPlease give me a short description of the region outlined in red."
 # Qwen-VL's vision markers, in the order they are appended to the tiny tokenizer (tiny_qwen_vl_tokenizer)
 QWEN_VL_VISION_TOKENS = (QWEN_VISION_START, QWEN_VISION_END, QWEN_IMAGE_PAD, "<|video_pad|>")
 
@@ -86,7 +81,8 @@ class Sa2VAQwenProcessor:
     """Tokenizer + Qwen image processor, with upstream predict_forward's image budget."""
 
     def __init__(self, tokenizer: Any, image_processor: Any, *, sam_image_size: int = 1024,
-                 min_pixels: int = PROCESSOR_PIXELS[0], max_pixels: int = PROCESSOR_PIXELS[1]) -> None:
+                 min_pixels: int = PROCESSOR_PIXELS[0], max_pixels: int = PROCESSOR_PIXELS[1],
+                 region_outline: RegionOutline | None = None) -> None:
         for token in (QWEN_VISION_START, QWEN_VISION_END, QWEN_IMAGE_PAD, SEG_TOKEN):
             token_id = tokenizer.convert_tokens_to_ids(token)
             if token_id is None or token_id == tokenizer.unk_token_id:
@@ -98,6 +94,7 @@ class Sa2VAQwenProcessor:
         self.template = PROMPT_TEMPLATE.qwen_chat  # stop words (<|im_end|>, <|endoftext|>) and the fallback turn
         self.sam_image_size = sam_image_size
         self.min_pixels, self.max_pixels = min_pixels, max_pixels
+        self.region_outline = region_outline or RegionOutline()  # loop 1's region input: the region drawn in
         self.merge_size = int(image_processor.merge_size)
         self.seg_token_id = tokenizer.convert_tokens_to_ids(SEG_TOKEN)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else \
@@ -149,8 +146,8 @@ class Sa2VAQwenProcessor:
         """Drop the single ``<image>`` and put the image block first, as upstream's message does."""
         if region_cells is not None:
             raise ValueError("the Qwen-VL family has no region (visual-prompt) token input, as upstream's "
-                             "Sa2VAChatModelQwen; describe a region by drawing it into the image (draw_region, "
-                             "drawn_region_caption_prompt: what describe_masks does for this family)")
+                             "Sa2VAChatModelQwen; describe a region by drawing it into the image (region_outline: "
+                             "what describe_masks does for this family)")
         if text.count(IMAGE_PLACEHOLDER) != 1:
             raise ValueError(f"user text must contain '<image>' exactly once, got {text.count(IMAGE_PLACEHOLDER)} in "
                              f"{text[:80]!r}")
@@ -178,36 +175,13 @@ class Sa2VAQwenProcessor:
 
     def caption_prompt(self, n_tiles: int, region_cells: Any, question: str | None = None) -> str:
         raise ValueError("the Qwen-VL family has no region (visual-prompt) token input, as upstream's "
-                         "Sa2VAChatModelQwen; describe a region by drawing it into the image (draw_region, "
-                         "drawn_region_caption_prompt: what describe_masks does for this family)")
+                         "Sa2VAChatModelQwen; describe a region by drawing it into the image (region_outline: "
+                         "what describe_masks does for this family)")
 
     def region_cells(self, *args: Any, **kwargs: Any):
         raise ValueError("the Qwen-VL family has no region (visual-prompt) token input, as upstream's "
-                         "Sa2VAChatModelQwen; describe a region by drawing it into the image (draw_region, "
-                         "drawn_region_caption_prompt: what describe_masks does for this family)")
-
-    def draw_region(self, image: Image.Image, region_mask: Any) -> Image.Image:
-        """A copy of ``image`` with the outline of the bool ``[H, W]`` region (its pixels within ``w`` px of the
-        outside, w = ``REGION_OUTLINE_FRACTION`` of the longer side, at least 2) painted ``REGION_OUTLINE_RGB``."""
-        check_rgb_image(image)
-        mask = torch.as_tensor(np.asarray(region_mask), dtype=torch.bool)  # [H, W]
-        if tuple(mask.shape) != (image.height, image.width):
-            raise ValueError(f"draw_region: region mask is {tuple(mask.shape)} but the image is "
-                             f"{(image.height, image.width)} (H, W)")
-        width = max(2, round(REGION_OUTLINE_FRACTION * max(image.height, image.width)))
-        outside = (~mask).float()[None, None]  # [1, 1, H, W]
-        near_outside = F.max_pool2d(outside, 2 * width + 1, stride=1, padding=width)[0, 0] > 0  # [H, W]
-        outline = (mask & near_outside).numpy()  # region pixels within width of the outside
-        pixels = np.array(image.convert("RGB"))  # [H, W, 3]
-        pixels[outline] = REGION_OUTLINE_RGB
-        return Image.fromarray(pixels)
-
-    def drawn_region_caption_prompt(self, n_tiles: int, question: str | None = None) -> str:
-        """The region-caption user turn for an image with the region drawn in (``question`` must name the outline)."""
-        text = DRAWN_REGION_CAPTION_PROMPT if question is None else question
-        if IMAGE_PLACEHOLDER not in text:
-            text = IMAGE_PLACEHOLDER + text
-        return self.template_user_turn(self.expand_image(text, n_tiles))
+                         "Sa2VAChatModelQwen; describe a region by drawing it into the image (region_outline: "
+                         "what describe_masks does for this family)")
 
     def tokenize_prompts(self, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded ``input_ids`` [N, L] and bool ``attention_mask`` [N, L], as the InternVL processor."""
