@@ -67,6 +67,9 @@ class QwenImageInputs:
 class Sa2VAQwenProcessor:
     """Tokenizer + Qwen image processor, with upstream predict_forward's image budget."""
 
+    prompt_length_multiple: int | None = None
+    """As ``Sa2VAProcessor.prompt_length_multiple``."""
+
     def __init__(self, tokenizer: Any, image_processor: Any, *, sam_image_size: int = 1024,
                  min_pixels: int = PROCESSOR_PIXELS[0], max_pixels: int = PROCESSOR_PIXELS[1]) -> None:
         for token in (QWEN_VISION_START, QWEN_VISION_END, QWEN_IMAGE_PAD, SEG_TOKEN):
@@ -191,6 +194,8 @@ class Sa2VAQwenProcessor:
             text = IMAGE_PLACEHOLDER + text
         return self.template_user_turn(self.expand_image(text, n_tiles))
 
-    def tokenize_prompts(self, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Left-padded ``input_ids`` [N, L] and bool ``attention_mask`` [N, L], as the InternVL processor."""
-        return Sa2VAProcessor.tokenize_prompts(self, prompts)
+    def tokenize_prompts(self, prompts: Sequence[str], pad_to_multiple_of: int | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-padded ``input_ids`` [N, L] and bool ``attention_mask`` [N, L], as the InternVL processor (its
+        ``pad_to_multiple_of`` / ``prompt_length_multiple`` buckets included)."""
+        return Sa2VAProcessor.tokenize_prompts(self, prompts, pad_to_multiple_of)
