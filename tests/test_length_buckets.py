@@ -165,3 +165,17 @@ def test_bucketed_step_sees_bucket_lengths_and_scores_as_the_unbucketed_one(monk
     assert grads.keys() == plain_grads.keys() and len(grads) > 0
     for name, grad in grads.items():
         torch.testing.assert_close(grad, plain_grads[name], atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_released_size_configs_bucket_and_cpu_configs_keep_exact_lengths():
+    from pathlib import Path
+
+    from mmengine.config import Config
+
+    root = Path(__file__).resolve().parents[1] / "projects/llava_sam2/configs/rl"
+    knobs = ("prompt_length_multiple", "completion_length_multiple")
+    seen = {}
+    for name in ("sa2va_4b_grpo_cycle.py", "gpu_smoke_4b.py", "tiny_grpo_cycle_cpu.py"):
+        config = GRPOConfig(**Config.fromfile(str(root / name)).train_cfg["algorithm"]["config"])
+        seen[name] = tuple(getattr(config, knob) for knob in knobs)
+    assert seen == {"sa2va_4b_grpo_cycle.py": (64, 32), "gpu_smoke_4b.py": (64, 32), "tiny_grpo_cycle_cpu.py": (None, None)}
