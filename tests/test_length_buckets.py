@@ -150,7 +150,8 @@ def test_bucketed_step_sees_bucket_lengths_and_scores_as_the_unbucketed_one(monk
     assert torch.equal(rescored, captions.old_logp)
 
     # the same rollouts without buckets: equal log-probs, loss and gradients within float reordering
-    plain = dataclasses.replace(step, rollouts=(unpadded(captions, int(caption_lengths.max())), unpadded(grounding, None)))
+    plain = dataclasses.replace(step, rollouts=(unpadded(captions, int(caption_lengths.max())),
+                                                unpadded(grounding, None)))
     assert plain.rollouts[0].replay.prompt_ids.shape[1] < captions.replay.prompt_ids.shape[1]
     with torch.no_grad():
         plain_logp = loop.action_logp(model, step.features, model.project_vision(step.features.vit_tokens),
@@ -178,4 +179,5 @@ def test_released_size_configs_bucket_and_cpu_configs_keep_exact_lengths():
     for name in ("sa2va_4b_grpo_cycle.py", "gpu_smoke_4b.py", "tiny_grpo_cycle_cpu.py"):
         config = GRPOConfig(**Config.fromfile(str(root / name)).train_cfg["algorithm"]["config"])
         seen[name] = tuple(getattr(config, knob) for knob in knobs)
-    assert seen == {"sa2va_4b_grpo_cycle.py": (64, 32), "gpu_smoke_4b.py": (64, 32), "tiny_grpo_cycle_cpu.py": (None, None)}
+    assert seen == {"sa2va_4b_grpo_cycle.py": (64, 32), "gpu_smoke_4b.py": (64, 32),
+                    "tiny_grpo_cycle_cpu.py": (None, None)}

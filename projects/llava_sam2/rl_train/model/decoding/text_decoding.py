@@ -5,8 +5,8 @@
   Qwen tokenizer, reference §8.1) cut the output where the decoded text, ``\\r``/``\\n`` removed, first ends with
   them (upstream's textual criterion).
 * :func:`sample_text`: G sampled (or one greedy) completions of each prompt row, in chunks of whole groups, by
-  the chosen decoder (``model.decoding.fast_generation.DECODE_BACKENDS``; the fast path by default), then the textual cut,
-  then (``TextDecoding.completion_length_multiple``) right padding to a bucketed length.
+  the chosen decoder (``model.decoding.fast_generation.DECODE_BACKENDS``; the fast path by default), then the textual
+  cut, then (``TextDecoding.completion_length_multiple``) right padding to a bucketed length.
 * :func:`answer_texts` (upstream ``prediction``: ``decode(ids, skip_special_tokens=False).strip()``) and
   :func:`completion_texts` (the answer as prompt text for a partner model: stop tokens, special tokens, stop words
   and Sa2VA/InternVL tags removed, whitespace collapsed).
