@@ -1,7 +1,7 @@
 """Length buckets: padded batch lengths drawn from a few values (prompts left padded, completions right padded).
 
-Every new batch length is a new shape for the GPU work that follows (cuDNN attention plans, allocator blocks, CUDA
-graphs), paid again by each batch whose longest prompt or completion differs by one token. Rounding the padded
+Every new batch length is a new shape for the GPU work that follows (cuDNN attention plans, allocator blocks, cuBLAS
+algorithm choices), paid again by each batch whose longest prompt or completion differs by one token. Rounding the padded
 length up to a multiple keeps the shapes to a handful; the padding is masked, so it changes no value.
 """
 from __future__ import annotations
@@ -10,8 +10,7 @@ from __future__ import annotations
 def bucket_length(length: int, multiple: int | None, cap: int | None = None) -> int:
     """``length`` rounded up to a multiple of ``multiple`` (None or 1: unchanged), at most ``max(length, cap)``.
 
-    Batches padded to a few bucketed lengths reuse the shapes an earlier batch already paid for (cuDNN attention
-    plans, allocator blocks, CUDA graphs) instead of bringing a new shape every step."""
+    ``cap`` is the largest length the caller can hold (a completion's ``max_new_tokens``)."""
     if multiple is None or multiple <= 1:
         return length
     padded = -(-length // multiple) * multiple
