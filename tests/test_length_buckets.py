@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
@@ -181,3 +182,42 @@ def test_released_size_configs_bucket_and_cpu_configs_keep_exact_lengths():
         seen[name] = tuple(getattr(config, knob) for knob in knobs)
     assert seen == {"sa2va_4b_grpo_cycle.py": (64, 32), "gpu_smoke_4b.py": (64, 32),
                     "tiny_grpo_cycle_cpu.py": (None, None)}
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_qwen_vl_prompts_score_the_same_with_buckets(family):
+    """The Qwen-VL family's M-RoPE positions come from ``get_rope_index`` over the attention mask, so extra left
+    padding moves no real token's position: bucketed prompts (64) and completions (8) score as the exact ones."""
+    pytest.importorskip("transformers", minversion="4.57")  # Qwen3VLForConditionalGeneration
+    from PIL import Image
+    from qwen_vl_fixtures import tiny_qwen_model, tiny_qwen_tokenizer
+
+    from projects.llava_sam2.rl_train.model.decoding.grouped_scoring import grouped_completion_logprobs
+    from projects.llava_sam2.rl_train.model.pipeline.qwen_vl_prompts import qwen_vl_prompt_inputs
+    from projects.llava_sam2.rl_train.model.pipeline.shared import encode_images
+    from projects.llava_sam2.rl_train.model.text.qwen_processor import Sa2VAQwenProcessor
+
+    tok = tiny_qwen_tokenizer()
+    model = tiny_qwen_model(family)
+    model.bind_tokenizer(tok)
+    processor = Sa2VAQwenProcessor.from_config(tok, model.config, min_pixels=4 * 28 * 28, max_pixels=16 * 28 * 28)
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray((rng.random(shape) * 255).astype(np.uint8)) for shape in ((70, 100, 3), (60, 60, 3))]
+    encoded = encode_images(model, processor, images, ["image 0", "image 1"])
+    prompts = [processor.segment_prompt(encoded.n_tiles(0), "the circle"),
+               processor.segment_prompt(encoded.n_tiles(1), "the small blue square on the left")]
+    G, generator = 2, torch.Generator().manual_seed(0)
+    completion_ids = torch.randint(20, 200, (2 * G, 5), generator=generator)  # [N, T]
+    completion_mask = torch.arange(5)[None] < torch.tensor([5, 3, 4, 1])[:, None]  # [N, T]
+    scores = []
+    for multiple, T in ((None, 5), (64, 8)):
+        ids, attention = processor.tokenize_prompts(prompts, pad_to_multiple_of=multiple)
+        padded = torch.nn.functional.pad(completion_ids, (0, T - 5))
+        padded_mask = torch.nn.functional.pad(completion_mask, (0, T - 5))
+        with torch.no_grad():
+            inputs = qwen_vl_prompt_inputs(model, encoded, [0, 1], ids, attention)
+            scores.append(grouped_completion_logprobs(
+                model.hf_model, inputs.embeds, attention.bool(), padded, padded_mask, num_generations=G,
+                prompt_positions=inputs.positions, prefix_additions=inputs.layer_additions))
+    assert scores[1].shape == (4, 8) and not scores[1][:, 5:].any()
+    torch.testing.assert_close(scores[1][:, :5], scores[0], atol=1e-5, rtol=1e-5)
