@@ -143,11 +143,10 @@ def test_bucketed_step_sees_bucket_lengths_and_scores_as_the_unbucketed_one(monk
               {MAX_COMPLETION - 1} | {k * PROMPT_MULTIPLE + a for k in range(1, 8) for a in (0, answer)}
     assert set(lengths) <= buckets, sorted(set(lengths) - buckets)
 
-    # the loss pass re-scores loop 1's captions exactly as the rollout did: old_logp bit for bit
-    with torch.no_grad():
-        loop = algo.loops[0]
-        rescored = loop.action_logp(model, step.features, model.project_vision(step.features.vit_tokens), captions,
-                                    range(3))
+    # the loss pass (with grad) re-scores loop 1's captions exactly as the rollout did: old_logp bit for bit
+    loop = algo.loops[0]
+    rescored = loop.action_logp(model, step.features, model.project_vision(step.features.vit_tokens), captions,
+                                range(3)).detach()
     assert torch.equal(rescored, captions.old_logp)
 
     # the same rollouts without buckets: equal log-probs, loss and gradients within float reordering
