@@ -180,6 +180,12 @@ def sample_text(model, embeds: Tensor, attention: Tensor, decoding: TextDecoding
                                 do_sample=do_sample, stop_token_ids=list(decoding.stop_token_ids),
                                 pad_token_id=decoding.pad_token_id, generator=generator, **extra(b0, b1))
              for b0, b1 in group_chunks(embeds.shape[0], G, chunk_size)]
+    return joined_completions(parts, decoding, max_new_tokens)
+
+
+def joined_completions(parts: list[Completions], decoding: TextDecoding, max_new_tokens: int) -> Completions:
+    """A sampler's decoded chunks as one batch: rows concatenated, cut at the textual stop words, then right padded
+    to the bucketed length (``decoding.completion_length_multiple``, at most ``max_new_tokens``)."""
     out = cut_at_stop_words(_pad_cat(parts, decoding.pad_token_id), decoding)
     length = bucket_length(out.ids.shape[1], decoding.completion_length_multiple, cap=max_new_tokens)
     return pad_completions(out, length, decoding.pad_token_id)
