@@ -63,15 +63,13 @@ def test_tokenize_prompts_left_pads_to_a_multiple():
     assert torch.equal(processor.tokenize_prompts(prompts)[0], padded)
 
 
-def bucketed_algo(monkeypatch):
-    """Tiny CycleGRPO with both loops and length buckets. On random weights every sampled caption runs to the cap, so
-    the decoder's sampled rows are cut at seeded lengths 1..6 (as stop tokens would) and the batch shortened to its
-    longest row: the completions have several lengths, and their batch is shorter than the cap."""
-    model, processor = build_tiny()
-    decode = text_decoding.decode_completions
-    generator = torch.Generator().manual_seed(0)
+def stopping_early(decode, seed: int = 0):
+    """``decode`` (a decoder returning ``Completions``) with its sampled rows cut at seeded lengths 1..6, as stop
+    tokens would cut them, and the batch shortened to its longest row. On random weights every sampled caption runs
+    to the cap; this gives a step completions of several lengths, shorter than the cap."""
+    generator = torch.Generator().manual_seed(seed)
 
-    def stopping_early(*args, **kwargs):
+    def decode_and_stop(*args, **kwargs):
         out = decode(*args, **kwargs)
         if not kwargs["do_sample"]:
             return out
@@ -81,7 +79,13 @@ def bucketed_algo(monkeypatch):
         return Completions(out.ids[:, :T].masked_fill(~mask, kwargs["pad_token_id"]), mask,
                            torch.zeros_like(out.is_truncated), out.token_logp[:, :T].masked_fill(~mask, 0.0))
 
-    monkeypatch.setattr(text_decoding, "decode_completions", stopping_early)
+    return decode_and_stop
+
+
+def bucketed_algo(monkeypatch):
+    """Tiny CycleGRPO with both loops and length buckets, captions stopped early (:func:`stopping_early`)."""
+    model, processor = build_tiny()
+    monkeypatch.setattr(text_decoding, "decode_completions", stopping_early(text_decoding.decode_completions))
     rewards = {"mask_to_caption": [CaptionParityReward()], "caption_to_mask": [WordCount()]}
     algo, _ = make_algo(model, processor, rewards, beta=0.04, num_iterations=2, max_completion_length=MAX_COMPLETION,
                         prompt_length_multiple=PROMPT_MULTIPLE, completion_length_multiple=COMPLETION_MULTIPLE)
@@ -220,3 +224,36 @@ def test_qwen_vl_prompts_score_the_same_with_buckets(family):
                 prompt_positions=inputs.positions, prefix_additions=inputs.layer_additions))
     assert scores[1].shape == (4, 8) and not scores[1][:, 5:].any()
     torch.testing.assert_close(scores[1][:, :5], scores[0], atol=1e-5, rtol=1e-5)
+
+
+def test_qwen_vl_loop_1_step_buckets_and_scores_as_the_unbucketed_one(monkeypatch):
+    """Loop 1 on the Qwen-VL family (captions sampled on the drawn region through the family's sampler): its prompts
+    and captions are bucketed too, old_logp equals the loss pass bit for bit, and the loss and gradients equal those
+    of the same rollout without the padding within 1e-5."""
+    pytest.importorskip("transformers", minversion="4.57")
+    from qwen_vl_fixtures import tiny_qwen_tokenizer
+    from test_qwen_vl_grpo import LOOP1_ONLY, _lora_replica
+
+    from projects.llava_sam2.rl_train.model.pipeline import qwen_vl_prompts
+
+    model, processor = _lora_replica("qwen2_5_vl", tiny_qwen_tokenizer())
+    monkeypatch.setattr(qwen_vl_prompts, "sample_completions", stopping_early(qwen_vl_prompts.sample_completions))
+    algo, _ = make_algo(model, processor, {"mask_to_caption": [CaptionParityReward()]}, beta=0.04, num_iterations=2,
+                        max_completion_length=MAX_COMPLETION, prompt_length_multiple=PROMPT_MULTIPLE,
+                        completion_length_multiple=COMPLETION_MULTIPLE, **LOOP1_ONLY)
+    step = run_rollout(algo, shapes_batch(2))
+    captions, = step.rollouts
+    caption_lengths = captions.action_mask.sum(1)
+    assert captions.replay.prompt_ids.shape[1] % PROMPT_MULTIPLE == 0
+    assert captions.replay.completion_ids.shape[1] % COMPLETION_MULTIPLE == 0
+    assert captions.replay.completion_ids.shape[1] > caption_lengths.max()
+    model.train()
+    loop = algo.loops[0]
+    rescored = loop.action_logp(model, step.features, None, captions, range(2)).detach()
+    assert torch.equal(rescored, captions.old_logp)
+    loss, grads = loss_and_grads(algo, model, step)
+    plain = dataclasses.replace(step, rollouts=(unpadded(captions, int(caption_lengths.max())),))
+    plain_loss, plain_grads = loss_and_grads(algo, model, plain)
+    assert loss == pytest.approx(plain_loss, abs=1e-5) and grads.keys() == plain_grads.keys() and grads
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, plain_grads[name], atol=1e-5, rtol=1e-5, msg=name)
