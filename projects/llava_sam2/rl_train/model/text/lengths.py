@@ -1,8 +1,9 @@
 """Length buckets: padded batch lengths drawn from a few values (prompts left padded, completions right padded).
 
-Every new batch length is a new shape for the GPU work that follows (cuDNN attention plans, allocator blocks, cuBLAS
-algorithm choices), paid again by each batch whose longest prompt or completion differs by one token. Rounding the padded
-length up to a multiple keeps the shapes to a handful; the padding is masked, so it changes no value.
+Every new batch length is a new shape for the GPU work that follows (cuDNN attention plans, allocator blocks,
+cuBLAS algorithm choices), paid again by each batch whose longest prompt or completion differs by one token.
+Rounding the padded length up to a multiple keeps the shapes to a handful; the padding is masked, so it changes no
+value.
 """
 from __future__ import annotations
 
