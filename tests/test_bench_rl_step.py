@@ -23,11 +23,16 @@ def test_bench_rl_step_runs_ours_and_both_baselines_on_cpu(tmp_path):
     result = bench.run_benchmark(["--preset", "tiny", "--batch", "2", "--num-generations", "2",
                                   "--max-new-tokens", "4", "--warmup", "0", "--iters", "1", "--naive-samples", "1",
                                   "--storage", "cpu", "--force-seg", "--caption-lengths", "2,3",
+                                  "--prompt-length-multiple", "64", "--completion-length-multiple", "4",
                                   "--baseline-warmup", "0", "--sweep", "G=4 amp=bfloat16,logprob=fused T=8", "--sweep-warmup", "0",
                                   "--profile", str(prof), "--json", str(out)])
     assert {name: getattr(cycle, name) for name in before} == before and DECODE_BACKENDS == backends
     assert TokenChooser.__call__ is choose
     assert set(result["baselines"]) == {"generate", "naive"}
+    # --warmup 0: the one timed iteration is the process's first, the cold one; no later (warm) iteration
+    assert result["iteration_step_s"] == [result["cold_step_s"]] and result["warm_step_s"] is None
+    assert result["cold_step_s"] == pytest.approx(result["seconds_per_iteration"])
+    assert result["prompt_length_multiple"] == 64 and result["completion_length_multiple"] == 4
     for variant in (result, *result["baselines"].values()):
         tokens = variant["tokens_per_iteration"]
         assert tokens["partner_no_seg"] == 0  # the forced answer's [SEG] was fed back in every loop-1 rollout
@@ -59,6 +64,15 @@ def test_bench_rl_step_runs_ours_and_both_baselines_on_cpu(tmp_path):
     table = json.loads(prof.read_text())
     assert table["top"] and all(row["count"] > 0 for row in table["top"])
     assert {row["name"] for row in table["phases"]} >= {"encode", "rollout", "logprob_backward"}
+
+
+def test_cold_and_warm_split_the_timed_iterations():
+    """Cold = the first timed iteration of a run without warm-up; warm = the mean of the ones after it."""
+    assert bench.cold_and_warm([3.0, 1.0, 2.0], warmup=0, num_rollouts=6) == {
+        "cold_step_s": 3.0, "warm_step_s": 1.5, "cold_rollouts_per_s": 2.0, "warm_rollouts_per_s": 4.0}
+    after_warmup = bench.cold_and_warm([1.0, 3.0], warmup=1, num_rollouts=4)
+    assert after_warmup["cold_step_s"] is None and after_warmup["warm_step_s"] == 2.0
+    assert bench.cold_and_warm([5.0], warmup=0, num_rollouts=4)["warm_step_s"] is None
 
 
 def test_sweep_point_rejects_an_unknown_amp_dtype_or_logprob_head():

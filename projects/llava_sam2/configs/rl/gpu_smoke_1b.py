@@ -25,6 +25,8 @@ model.update(  # noqa: F405
     processor_cfg=dict(empty_region="dilate_to_one_cell"),
 )
 train_cfg.algorithm.config.update(num_generations=8, max_completion_length=32)  # noqa: F405
+# the released-size configs' length buckets (_base_/sa2va_grpo_cycle_dlc.py, docs/speed.md)
+train_cfg.algorithm.config.update(prompt_length_multiple=64, completion_length_multiple=32)  # noqa: F405
 # loop 1 also asks the judge about the policy's own caption: with random weights the partner never answers with
 # [SEG], so its IoU is 0 for every rollout, and the judge (answers that vary with the caption, from the check's
 # stub server) gives the step a non-zero loss for the parity and resume comparisons

@@ -32,6 +32,13 @@ the top operators / kernels by self device time (CPU time on CPU) and the per-ph
 A baseline's peak also counts what stays allocated from ours (model, optimizer state, weight sets); the naive
 one adds its deep-copied EMA model.
 
+Cold and warm: every variant also reports each timed iteration's step seconds (``iteration_step_s``), and with
+``--warmup 0`` ``cold_step_s`` (the first iteration of the process, which pays every first-shape cost: attention
+plans, allocator growth, graph captures) and ``warm_step_s`` (the mean of the later ones); after a warm-up
+``cold_step_s`` is None and ``warm_step_s`` is the mean of all timed iterations. ``--prompt-length-multiple`` and
+``--completion-length-multiple`` turn on the length buckets of the released-size configs (GRPOConfig), so that
+a new batch meets shapes an earlier one already paid for (docs/speed.md).
+
 Random-weight caveats: the LM never emits a stop token (every caption runs to ``--max-new-tokens``: the worst case)
 and the partner practically never emits ``[SEG]`` in loop 1 (its SAM2 decode is skipped; ``partner_no_seg`` says how
 often), which flatters the step. ``--force-seg`` forces the partner's loop-1 answers to ``Sure, [SEG].`` + stop, so
@@ -97,7 +104,7 @@ from projects.llava_sam2.rl_train.benchmarks.rl_baselines import (
     HF_GENERATE, HF_GENERATE_SCORES, NaiveStep, StubCaptionReward, folded_texts, hf_generate_completions,
     hf_generate_with_scores)
 from projects.llava_sam2.rl_train.benchmarks.step_clock import (
-    ForcedAnswers, PhaseClock, peak_gib, profile_iteration, reset_peak, summarize, token_counts)
+    ForcedAnswers, PhaseClock, peak_gib, profile_iteration, reset_peak, step_seconds, summarize, token_counts)
 
 PROG = "sa2va-rl bench rl-step"
 
@@ -212,8 +219,9 @@ def run_iteration(algo, model, optimizer, params, batch, clock: PhaseClock, amp:
 
 def run_variant(algo, model, optimizer, params, batch, clock, warmup: int, iters: int,
                 amp: torch.dtype | None = None) -> dict:
-    """Warm-up iterations, then ``iters`` timed ones of ``algo``; the summary of the mean iteration."""
-    counts = defaultdict(float)
+    """Warm-up iterations, then ``iters`` timed ones of ``algo``; the summary of the mean iteration, plus each timed
+    iteration's step seconds and the cold / warm split (:func:`cold_and_warm`)."""
+    counts, totals, steps = defaultdict(float), defaultdict(float), []
     clock.take()
     for iteration in range(warmup + iters):
         clock.active = iteration >= warmup
@@ -222,9 +230,27 @@ def run_variant(algo, model, optimizer, params, batch, clock, warmup: int, iters
         for key, value in run_iteration(algo, model, optimizer, params, batch, clock, amp).items():
             if clock.active:
                 counts[key] += value
-    seconds = {k: v / iters for k, v in clock.take().items()}
+        if clock.active:
+            seconds = clock.take()
+            steps.append(step_seconds(seconds))
+            for key, value in seconds.items():
+                totals[key] += value
+    seconds = {k: v / iters for k, v in totals.items()}
     N = len(batch) * algo.config.num_generations * len(algo.loops)
-    return summarize(seconds, {k: v / iters for k, v in counts.items()}, N, peak_gib(clock.device))
+    summary = summarize(seconds, {k: v / iters for k, v in counts.items()}, N, peak_gib(clock.device))
+    return {**summary, "iteration_step_s": steps, **cold_and_warm(steps, warmup, N)}
+
+
+def cold_and_warm(steps: list[float], warmup: int, num_rollouts: int) -> dict:
+    """Cold: the first timed iteration when nothing ran before it (``warmup`` 0), so it pays every first-shape cost
+    (attention plans, allocator growth, graph captures, lazy inits); None after a warm-up. Warm: the mean of the
+    timed iterations after the cold one (all of them after a warm-up); None when there are none."""
+    cold = steps[0] if warmup == 0 and steps else None
+    later = steps[1:] if warmup == 0 else steps
+    warm = sum(later) / len(later) if later else None
+    return {"cold_step_s": cold, "warm_step_s": warm,
+            "cold_rollouts_per_s": None if cold is None else num_rollouts / cold,
+            "warm_rollouts_per_s": None if warm is None else num_rollouts / warm}
 
 
 def parse_args(argv=None):
@@ -248,6 +274,12 @@ def parse_args(argv=None):
                         help="ours: the decoder of every rollout pass (GRPOConfig.decode_backend)")
     parser.add_argument("--logprob-head", default="reference", choices=sorted(LOGPROB_HEADS),
                         help="ours: how the LM head scores tokens in every log-prob pass (GRPOConfig.logprob_head)")
+    parser.add_argument("--prompt-length-multiple", type=int, default=None,
+                        help="ours: left-pad every prompt batch to a multiple of this (GRPOConfig."
+                             "prompt_length_multiple; the released-size configs use 64); default: no buckets")
+    parser.add_argument("--completion-length-multiple", type=int, default=None,
+                        help="ours: right-pad sampled completions to a multiple of this (GRPOConfig."
+                             "completion_length_multiple; the released-size configs use 32); default: no buckets")
     parser.add_argument("--storage", default="cuda", choices=["cuda", "cpu"],
                         help="where partner/reference/swap values live: beside the parameters, or pinned host memory")
     parser.add_argument("--caption-reward", default="stub", choices=["stub", "default"])
@@ -393,7 +425,9 @@ def tiles_per_prompt(args, processor, batch) -> int:
 def make_algo(model, processor, weights, args, decode_backend: str) -> CycleGRPO:
     config = dict(num_generations=args.num_generations, max_completion_length=args.max_new_tokens, beta=args.beta,
                   mask_policy=args.mask_policy, generation_chunk_size=args.generation_chunk_size,
-                  decode_backend=decode_backend, logprob_head=args.logprob_head, video_mllm_frames=args.mllm_frames)
+                  decode_backend=decode_backend, logprob_head=args.logprob_head, video_mllm_frames=args.mllm_frames,
+                  prompt_length_multiple=args.prompt_length_multiple,
+                  completion_length_multiple=args.completion_length_multiple)
     for name in LOOP_NAMES:  # a loop with weight 0 is not run
         config[f"{name}_weight"] = 1.0 if args.loops in ("both", name) else 0.0
     rewards = {"mask_to_caption": [dict(type="video_jf" if args.video else "iou")]}
@@ -568,13 +602,18 @@ def print_table(result: dict) -> None:
     rows = [("ours", result)] + [(f"{name}{' (extrapolated)' if 'extrapolated_from_rollouts' in r else ''}", r)
                                  for name, r in result["baselines"].items()]
     rows += [(f"sweep {label}", r) for label, r in result.get("sweep", {}).items()]
-    print(f"{'variant':<28} {'step s':>9} {'rollouts/s':>11} {'policy tok/s':>13} {'rollout tok/s':>14} "
-          f"{'peak GiB':>9}")
+    print(f"{'variant':<28} {'step s':>9} {'cold s':>8} {'warm s':>8} {'rollouts/s':>11} {'policy tok/s':>13} "
+          f"{'rollout tok/s':>14} {'peak GiB':>9}")
+
+    def seconds(value) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
     for name, r in rows:
         if "error" in r:
             print(f"{name:<28} {r['error'][:80]}")
             continue
-        print(f"{name:<28} {r['seconds_per_iteration']:>9.2f} {r['rollouts_per_s']:>11.2f} "
+        print(f"{name:<28} {r['seconds_per_iteration']:>9.2f} {seconds(r.get('cold_step_s')):>8} "
+              f"{seconds(r.get('warm_step_s')):>8} {r['rollouts_per_s']:>11.2f} "
               f"{r['policy_caption_tokens_per_s']:>13.1f} {r['rollout_tokens_per_s']:>14.1f} {r['peak_gib']:>9.2f}")
 
 

@@ -234,6 +234,11 @@ def token_counts(rollouts) -> dict:
     return counts
 
 
+def step_seconds(seconds: dict) -> float:
+    """The whole step: the sum of the top-level phases (names without ``/``; the others are nested in them)."""
+    return sum(v for k, v in seconds.items() if "/" not in k)
+
+
 def summarize(seconds: dict, tokens: dict, num_rollouts: int, peak_gib: float) -> dict:
     """Per-phase seconds of one iteration → throughput: ``num_rollouts`` rollouts (both loops) per step."""
     seconds = dict(sorted(seconds.items()))
@@ -242,7 +247,7 @@ def summarize(seconds: dict, tokens: dict, num_rollouts: int, peak_gib: float) -
         if total is not None:
             parts = [v for k, v in seconds.items() if k.startswith(f"rollout/{name}_") and not k.endswith("_total")]
             seconds[f"rollout/{name}_policy_rest"] = total - sum(parts)  # prompts, old_logp, mask sampling
-    step = sum(v for k, v in seconds.items() if "/" not in k)
+    step = step_seconds(seconds)
     generated = sum(v for k, v in tokens.items() if k.endswith("_tokens"))
     return {
         "seconds_per_iteration": step, "seconds": seconds, "tokens_per_iteration": tokens,

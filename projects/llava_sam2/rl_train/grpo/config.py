@@ -52,6 +52,14 @@ class GRPOConfig:
     sees every frame the data gives."""
     mask_truncated_completions: bool = False
     """Drop captions that hit max_completion_length from the loss (DAPO: truncation noise, not bad captions)."""
+    prompt_length_multiple: int | None = None
+    """Every prompt batch of the step (policy sampling, old/ref/loss scoring, partner passes) is left padded to a
+    multiple of this many tokens, e.g. 64, so a run meets a few prompt shapes instead of one per batch (first-shape
+    costs, docs/speed.md); the padding is masked and changes no value. None: padded to the batch's longest."""
+    completion_length_multiple: int | None = None
+    """Sampled completions are right padded to a multiple of this many tokens (at most max_completion_length), e.g.
+    32, so the teacher-forced passes over them meet a few lengths; padded tokens are masked out of every loss term.
+    None: the longest completion of the batch."""
     decode_backend: str = "fast"
     """Text decoder of every rollout pass: fast (prefill once per prompt, static KV cache, CUDA graph, LoRA merged into
     scratch weights for the call; transformers Qwen2/Qwen3/Llama/Phi3 LMs) | fast_compiled (the same step through
@@ -170,6 +178,11 @@ class GRPOConfig:
         _require(self.decode_backend in DECODE_BACKENDS,
                  f"decode_backend={self.decode_backend!r} is not one of {sorted(DECODE_BACKENDS)}; use 'fast' "
                  "(default) or 'reference' (for LMs the fast path does not support).")
+        for knob in ("prompt_length_multiple", "completion_length_multiple"):
+            value = getattr(self, knob)
+            _require(value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
+                     f"{knob}={value!r}; use None (no buckets) or an int >= 1, e.g. 64 for prompts, 32 for "
+                     "completions.")
         _require(self.max_completion_length >= 1,
                  f"max_completion_length={self.max_completion_length}; it must be >= 1 token.")
         _require(self.temperature > 0, f"temperature={self.temperature}; it must be > 0 (sampling needs it).")

@@ -210,9 +210,11 @@ class CycleGRPO:
         if seed is not None:
             generator = torch.Generator(device=model.device)
             generator.manual_seed(int(seed))
+        processor.prompt_length_multiple = config.prompt_length_multiple  # every tokenize_prompts of the step
         self.context = CycleContext(
             model=model, processor=processor, weights=weights, config=config, mask_policy=build_mask_policy(config),
-            decoding=TextDecoding.from_processor(processor, config.decode_backend), seg_answer_ids=answer_ids,
+            decoding=TextDecoding.from_processor(processor, config.decode_backend, config.completion_length_multiple),
+            seg_answer_ids=answer_ids,
             seg_answer_index=seg_position, seg_answer_max_tokens=int(seg_answer_max_tokens),
             use_partner_captions=bool(use_partner_captions), generator=generator)
         self.loops = []

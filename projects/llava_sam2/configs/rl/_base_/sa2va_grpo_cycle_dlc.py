@@ -21,6 +21,10 @@ train_cfg.update(max_iters=max_iters)  # noqa: F405
 # bit-equal log-probs under bf16 autocast, ~1 s a step less at 4b on an H100 (docs/benchmarks.md); the CPU
 # configs keep the reference head the demo's recorded numbers were made with
 train_cfg["algorithm"]["config"]["logprob_head"] = "fused"  # noqa: F405
+# length buckets (docs/speed.md): prompts left padded to a multiple of 64 tokens, captions right padded to a multiple
+# of 32, so a run meets a few shapes instead of paying first-shape costs on every new batch; the padding is masked
+# (equal log-probs and gradients within float reordering); the CPU configs keep exact lengths, as recorded
+train_cfg["algorithm"]["config"].update(prompt_length_multiple=64, completion_length_multiple=32)  # noqa: F405
 warmup_iters = int(0.05 * max_iters)
 param_scheduler = [
     dict(type=LinearLR, start_factor=1e-5, by_epoch=False, begin=0, end=warmup_iters),  # noqa: F405

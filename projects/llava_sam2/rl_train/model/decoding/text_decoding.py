@@ -5,7 +5,8 @@
   Qwen tokenizer, reference §8.1) cut the output where the decoded text, ``\\r``/``\\n`` removed, first ends with
   them (upstream's textual criterion).
 * :func:`sample_text`: G sampled (or one greedy) completions of each prompt row, in chunks of whole groups, by
-  the chosen decoder (``model.decoding.fast_generation.DECODE_BACKENDS``; the fast path by default), then the textual cut.
+  the chosen decoder (``model.decoding.fast_generation.DECODE_BACKENDS``; the fast path by default), then the textual
+  cut, then (``TextDecoding.completion_length_multiple``) right padding to a bucketed length.
 * :func:`answer_texts` (upstream ``prediction``: ``decode(ids, skip_special_tokens=False).strip()``) and
   :func:`completion_texts` (the answer as prompt text for a partner model: stop tokens, special tokens, stop words
   and Sa2VA/InternVL tags removed, whitespace collapsed).
@@ -22,6 +23,7 @@ import torch
 from torch import Tensor
 
 from ..text.constants import IMAGE_PLACEHOLDER, INTERNVL_SPECIAL_TOKENS, SA2VA_SPECIAL_TOKENS
+from ..text.lengths import bucket_length, check_length_multiple
 from .fast_generation import DECODE_BACKENDS, decode_completions
 from .generation import Completions, SharedPrefix
 
@@ -75,6 +77,9 @@ class TextDecoding:
             first ends with one.
         pad_token_id: fed after a row has stopped.
         decode_backend: the decoder, a key of ``model.decoding.fast_generation.DECODE_BACKENDS`` (``'fast'`` | ``'reference'``).
+        completion_length_multiple: :func:`sample_text` right-pads its completions ``[N, T]`` to a multiple of this
+            (at most ``max_new_tokens``), so the teacher-forced passes over them see a few lengths; None: T is the
+            longest completion.
     """
 
     tokenizer: object
@@ -82,16 +87,20 @@ class TextDecoding:
     stop_words: tuple[str, ...]
     pad_token_id: int
     decode_backend: str = "fast"
+    completion_length_multiple: int | None = None
 
     def __post_init__(self) -> None:
         if self.decode_backend not in DECODE_BACKENDS:
             raise ValueError(f"TextDecoding: decode_backend={self.decode_backend!r} is not one of "
                              f"{sorted(DECODE_BACKENDS)}; use 'fast' or 'reference'.")
+        check_length_multiple("TextDecoding: completion_length_multiple", self.completion_length_multiple)
 
     @classmethod
-    def from_processor(cls, processor, decode_backend: str = "fast") -> "TextDecoding":
+    def from_processor(cls, processor, decode_backend: str = "fast",
+                       completion_length_multiple: int | None = None) -> "TextDecoding":
         ids, words = stop_criteria(processor.tokenizer, processor.template.get("STOP_WORDS", []))
-        return cls(processor.tokenizer, tuple(ids), tuple(words), int(processor.pad_token_id), decode_backend)
+        return cls(processor.tokenizer, tuple(ids), tuple(words), int(processor.pad_token_id), decode_backend,
+                   completion_length_multiple)
 
 
 def group_chunks(num_groups: int, group_size: int, chunk_size: int | None) -> list[tuple[int, int]]:
@@ -100,9 +109,9 @@ def group_chunks(num_groups: int, group_size: int, chunk_size: int | None) -> li
     return [(b0, min(b0 + per_call, num_groups)) for b0 in range(0, num_groups, per_call)]
 
 
-def _pad_cat(parts: list[Completions], pad_token_id: int) -> Completions:
-    """Concatenate completion chunks along rows, right-padding to the longest T."""
-    T = max(p.ids.shape[1] for p in parts)
+def _pad_cat(parts: list[Completions], pad_token_id: int, length: int = 0) -> Completions:
+    """Concatenate completion chunks along rows, right-padding to the longest T (at least ``length``)."""
+    T = max(length, *(p.ids.shape[1] for p in parts))
 
     def pad(x: Tensor, value) -> Tensor:
         return torch.nn.functional.pad(x, (0, T - x.shape[1]), value=value)  # [n, T]
@@ -117,6 +126,14 @@ def _pad_cat(parts: list[Completions], pad_token_id: int) -> Completions:
         token_logp=torch.cat([pad(p.token_logp, 0.0) for p in parts]),
         hidden=hidden,  # [n, T, D] or None
     )
+
+
+def pad_completions(completions: Completions, length: int, pad_token_id: int) -> Completions:
+    """``completions`` right-padded to ``length`` columns: pad ids, mask False, log-prob 0 (hidden 0), so every
+    masked sum over them is unchanged."""
+    if completions.ids.shape[1] >= length:
+        return completions
+    return _pad_cat([completions], pad_token_id, length)
 
 
 def cut_at_stop_words(completions: Completions, decoding: TextDecoding) -> Completions:
@@ -163,7 +180,15 @@ def sample_text(model, embeds: Tensor, attention: Tensor, decoding: TextDecoding
                                 do_sample=do_sample, stop_token_ids=list(decoding.stop_token_ids),
                                 pad_token_id=decoding.pad_token_id, generator=generator, **extra(b0, b1))
              for b0, b1 in group_chunks(embeds.shape[0], G, chunk_size)]
-    return cut_at_stop_words(_pad_cat(parts, decoding.pad_token_id), decoding)
+    return joined_completions(parts, decoding, max_new_tokens)
+
+
+def joined_completions(parts: list[Completions], decoding: TextDecoding, max_new_tokens: int) -> Completions:
+    """A sampler's decoded chunks as one batch: rows concatenated, cut at the textual stop words, then right padded
+    to the bucketed length (``decoding.completion_length_multiple``, at most ``max_new_tokens``)."""
+    out = cut_at_stop_words(_pad_cat(parts, decoding.pad_token_id), decoding)
+    length = bucket_length(out.ids.shape[1], decoding.completion_length_multiple, cap=max_new_tokens)
+    return pad_completions(out, length, decoding.pad_token_id)
 
 
 def clean_text(text: str, stop_words: Sequence[str] = ()) -> str:

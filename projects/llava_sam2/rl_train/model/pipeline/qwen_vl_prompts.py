@@ -23,7 +23,7 @@ from torch import Tensor
 
 from ..decoding.generation import Completions, sample_completions
 from ..decoding.grouped_scoring import grouped_hidden
-from ..decoding.text_decoding import TextDecoding, _pad_cat, cut_at_stop_words, group_chunks
+from ..decoding.text_decoding import TextDecoding, group_chunks, joined_completions
 from .qwen_vl_decode import row_vision_inputs
 
 
@@ -108,7 +108,8 @@ def qwen_vl_sample_text(model, encoded, images: Sequence[int], prompt_ids: Tenso
     """``text_decoding.sample_text`` of the family: G completions of each left-padded prompt ``[b, L]`` about
     ``images`` (rows of ``encoded``), row ``r·G + g`` the g-th of prompt r, by the reference decoder on the seam's
     inputs (M-RoPE positions, Qwen3-VL's deepstack at the prefill), at most ``chunk_size`` rows (whole groups) per
-    call, cut at the textual stop words. ``token_logp`` is at ``temperature``, as the GRPO loss scores it."""
+    call, cut at the textual stop words and padded to the bucketed length (``text_decoding.joined_completions``).
+    ``token_logp`` is at ``temperature``, as the GRPO loss scores it."""
     G = num_generations
     parts = []
     for b0, b1 in group_chunks(prompt_ids.shape[0], G, chunk_size):
@@ -120,4 +121,4 @@ def qwen_vl_sample_text(model, encoded, images: Sequence[int], prompt_ids: Tenso
                                         stop_token_ids=list(decoding.stop_token_ids),
                                         pad_token_id=decoding.pad_token_id, generator=generator,
                                         prompt_positions=inputs.positions, prefill_kwargs=inputs.prefill_kwargs()))
-    return cut_at_stop_words(_pad_cat(parts, decoding.pad_token_id), decoding)
+    return joined_completions(parts, decoding, max_new_tokens)

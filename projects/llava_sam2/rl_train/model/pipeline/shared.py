@@ -51,6 +51,7 @@ from ..decoding.text_decoding import (
     TextDecoding, answer_texts, completion_texts, eval_mode, fed_back_seg_positions, sample_text)
 from ..network.grounding import GroundingFeatures, MaskDecoderOutput
 from ..text.drawn_region import check_region_input
+from ..text.lengths import bucket_length
 from .qwen_vl_decode import qwen_vl_completions
 from .qwen_vl_prompts import qwen_vl_answer_states
 
@@ -145,9 +146,10 @@ def prompt_embeds(model, encoded: EncodedImages, tile_embeds: Tensor, prompt_ids
     return model.embed_inputs(prompt_ids, image_fills(model, encoded, tile_embeds, images, region_cells))
 
 
-def _left_pad(rows: Sequence[Tensor], pad_id: int) -> tuple[Tensor, Tensor]:
-    """Token rows → left-padded ids ``[n, L]`` and attention ``[n, L]`` (bool)."""
-    length = max(len(row) for row in rows)
+def _left_pad(rows: Sequence[Tensor], pad_id: int, multiple: int | None = None) -> tuple[Tensor, Tensor]:
+    """Token rows → left-padded ids ``[n, L]`` and attention ``[n, L]`` (bool); L is the longest row rounded up to
+    ``multiple`` (``text.lengths.bucket_length``)."""
+    length = bucket_length(max(len(row) for row in rows), multiple)
     ids = rows[0].new_full((len(rows), length), pad_id)
     attention = torch.zeros(len(rows), length, dtype=torch.bool, device=ids.device)
     for r, row in enumerate(rows):
@@ -157,13 +159,15 @@ def _left_pad(rows: Sequence[Tensor], pad_id: int) -> tuple[Tensor, Tensor]:
 
 def image_prefix_prompts(model, encoded: EncodedImages, tile_embeds: Tensor, prompt_ids: Tensor, attention: Tensor,
                          images: Sequence[int], region_cells: Sequence[Tensor | None] | None,
-                         pad_id: int) -> tuple[SharedPrefix, Tensor, Tensor] | None:
+                         pad_id: int, pad_to_multiple_of: int | None = None
+                         ) -> tuple[SharedPrefix, Tensor, Tensor] | None:
     """Split prompt rows after their image's tokens, so that rows about one image share one prefilled prefix.
 
     Row r of the left-padded ids ``[n, L]`` (host tensors: the cut is found row by row) is cut after its k_r-th
     ``<IMG_CONTEXT>``, k_r = its image's tile tokens: the prefix (template header, ``<img>``, image tokens) depends
     only on the image, the rest (``</img>``, region tokens, question, assistant header) on the row. Rows with the
-    same image and prefix ids share one prefix.
+    same image and prefix ids share one prefix. Both parts are left padded to a multiple of ``pad_to_multiple_of``
+    (the processor's ``prompt_length_multiple``; None: to their longest row).
 
     Returns ``(SharedPrefix over the U distinct prefixes [U, P, D], rest embeddings [n, S, D], rest attention
     [n, S])``, or None when a row has fewer ``<IMG_CONTEXT>`` tokens than its image's tiles (no image block to share).
@@ -185,8 +189,9 @@ def image_prefix_prompts(model, encoded: EncodedImages, tile_embeds: Tensor, pro
         rests.append(row[cut:])
         rest_fills.append(fills[r][k:])
     device = model.device
-    prefix_ids, prefix_attention = (x.to(device) for x in _left_pad([ids for ids, _ in prefixes], pad_id))  # [U, P]
-    rest_ids, rest_attention = (x.to(device) for x in _left_pad(rests, pad_id))  # [n, S]
+    prefix_ids, prefix_attention = (x.to(device) for x in _left_pad([ids for ids, _ in prefixes], pad_id,
+                                                                    pad_to_multiple_of))  # [U, P]
+    rest_ids, rest_attention = (x.to(device) for x in _left_pad(rests, pad_id, pad_to_multiple_of))  # [n, S]
     prefix = SharedPrefix(model.embed_inputs(prefix_ids, [fill for _, fill in prefixes]), prefix_attention,
                           torch.tensor(index, device=device))
     return prefix, model.embed_inputs(rest_ids, rest_fills), rest_attention
@@ -311,8 +316,9 @@ def greedy_answers(model, processor, encoded: EncodedImages, rows: Sequence[Prom
                                           max_new_tokens=max_new_tokens, return_hidden=seg_masks is not None)
                 answers += _answers(model, encoded, images, None, None, out, decoding, seg_masks, None, image_masks)
                 continue
+            bucket = getattr(processor, "prompt_length_multiple", None)
             split = image_prefix_prompts(model, encoded, tiles, ids, attention, images, cells,
-                                         processor.pad_token_id) if prefill_by_image else None
+                                         processor.pad_token_id, bucket) if prefill_by_image else None
             if split is None:
                 ids, attention = ids.to(model.device), attention.to(model.device)
                 split = None, prompt_embeds(model, encoded, tiles, ids, images, cells), attention

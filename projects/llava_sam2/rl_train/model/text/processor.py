@@ -57,6 +57,7 @@ from .constants import (
 )
 from .drawn_region import RegionOutline
 from .input_check import InputCheck, nearest_cells, region_grid_size
+from .lengths import bucket_length, check_length_multiple
 from .prompts import REGION_CAPTION_EVAL_PROMPT, RES_EVAL_PROMPT, image_block, region_string
 from .tiling import TilingSettings, check_rgb_image, normalise_tiles, sam_pixel_values, tile_image
 from .tokenizer import check_sa2va_tokenizer
@@ -111,6 +112,10 @@ class VideoInputs:
 
 class Sa2VAProcessor:
     """Prepares Sa2VA inputs; all template strings come from xtuner's ``PROMPT_TEMPLATE[template]``."""
+
+    prompt_length_multiple: int | None = None
+    """``tokenize_prompts`` left-pads every batch to a multiple of this (None: to the batch's longest prompt); the
+    GRPO trainer sets it from ``GRPOConfig.prompt_length_multiple``."""
 
     def __init__(self, tokenizer: Any, *, template: str, image_size: int = 448, patch_size: int = 14,
                  downsample_ratio: float = 0.5, min_dynamic_patch: int = 1, max_dynamic_patch: int = 12,
@@ -321,17 +326,22 @@ class Sa2VAProcessor:
         return self.template_user_turn(self.expand_video(self._segment_question(expression, question), n_frames))
 
     # ------------------------------------------------------------------------------- token ids
-    def tokenize_prompts(self, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    def tokenize_prompts(self, prompts: Sequence[str], pad_to_multiple_of: int | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded ``input_ids`` [N, L] (long) and ``attention_mask`` [N, L] (bool).
 
         Each prompt is encoded like ``predict_forward`` (``add_special_tokens=True``: nothing for Qwen,
         ``<s>`` for InternLM2); pads are ``pad_token_id`` on the left so generation continues every
-        row from its last real token.
+        row from its last real token. L is the longest prompt rounded up to a multiple of ``pad_to_multiple_of``
+        (default: ``self.prompt_length_multiple``; None: not rounded). The extra columns are padding like any other:
+        hidden by the attention mask, and positions count only attended tokens, so they change no value.
         """
         if isinstance(prompts, str) or len(prompts) == 0:
             raise ValueError("tokenize_prompts: expected a non-empty list of prompt strings")
+        multiple = self.prompt_length_multiple if pad_to_multiple_of is None else pad_to_multiple_of
+        check_length_multiple("tokenize_prompts: pad_to_multiple_of", multiple)
         encoded = [self.tokenizer.encode(p, add_special_tokens=True) for p in prompts]
-        length = max(len(ids) for ids in encoded)
+        length = bucket_length(max(len(ids) for ids in encoded), multiple)
         input_ids = torch.full((len(encoded), length), self.pad_token_id, dtype=torch.long)  # [N, L]
         attention_mask = torch.zeros((len(encoded), length), dtype=torch.bool)  # [N, L]
         for row, ids in enumerate(encoded):

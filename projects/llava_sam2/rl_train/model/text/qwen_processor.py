@@ -80,6 +80,9 @@ class QwenImageInputs:
 class Sa2VAQwenProcessor:
     """Tokenizer + Qwen image processor, with upstream predict_forward's image budget."""
 
+    prompt_length_multiple: int | None = None
+    """As ``Sa2VAProcessor.prompt_length_multiple``."""
+
     def __init__(self, tokenizer: Any, image_processor: Any, *, sam_image_size: int = 1024,
                  min_pixels: int = PROCESSOR_PIXELS[0], max_pixels: int = PROCESSOR_PIXELS[1],
                  region_outline: RegionOutline | None = None) -> None:
@@ -183,6 +186,8 @@ class Sa2VAQwenProcessor:
                          "Sa2VAChatModelQwen; describe a region by drawing it into the image (region_outline: "
                          "what describe_masks does for this family)")
 
-    def tokenize_prompts(self, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Left-padded ``input_ids`` [N, L] and bool ``attention_mask`` [N, L], as the InternVL processor."""
-        return Sa2VAProcessor.tokenize_prompts(self, prompts)
+    def tokenize_prompts(self, prompts: Sequence[str], pad_to_multiple_of: int | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-padded ``input_ids`` [N, L] and bool ``attention_mask`` [N, L], as the InternVL processor (its
+        ``pad_to_multiple_of`` / ``prompt_length_multiple`` buckets included)."""
+        return Sa2VAProcessor.tokenize_prompts(self, prompts, pad_to_multiple_of)
