@@ -169,6 +169,10 @@ def test_a_config_that_mixes_the_families_is_refused(run, source):
         load_sft_config(SFT_CONFIG, {"model.arch_type": "llava"})
     with pytest.raises(ValueError, match=r"vision encoder was trained"):
         load_sft_config(SFT_CONFIG, {"model.mllm.freeze_visual_encoder": False})
+    from projects.llava_sam2.rl_train.cli import convert
+
+    with pytest.raises(ValueError, match=r"convert to-hf: the SFT run is of the qwen_vl family"):
+        convert.main(["to-hf", str(SFT_CONFIG), QWEN_SFT_PTH, "--save-path", str(run.root / "hf")])
 
 
 # ---------------------------------------------------------------------------------------------- 4. config, RL

@@ -124,7 +124,8 @@ class Sa2VATrainModel(BaseModel):
         upstream_sft: start from an upstream XTuner SFT run: ``dict(sft_model=<the SFT config's model dict>,
             template=<its template>, pretrained_pth=<its iter_*.pth file or DeepSpeed dir>, lora_mode='keep' |
             'merge')`` (engine/upstream_sft.py); LoRA, freeze flags, special tokens and paths come from it. With
-            'keep' the SFT adapter is trained on and ``lora`` is unused.
+            'keep' the SFT adapter is trained on and ``lora`` is unused. A Qwen-VL family run (``arch_type='qwen'``)
+            builds a ``Sa2VAQwenModel`` with its ``Sa2VAQwenProcessor`` (``processor_cfg``: its kwargs).
         tokenizer: tokenizer object, config dict or path; None reads it from ``pretrained_path`` (or the tiny one).
         lora: ``apply_lora`` kwargs (r, lora_alpha, lora_dropout, target_modules).
         train_embeddings: also train the LLM input embeddings and LM head (upstream SFT does; off for RL).
