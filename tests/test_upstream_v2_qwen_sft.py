@@ -139,6 +139,35 @@ def test_qwen_checkpoint_loads_to_the_sft_models_tensors(run, source, expected, 
     assert torch.allclose(logits(model), logits(run.model), atol=2e-5, rtol=0)
 
 
+def test_a_qwen2_5_vl_run_and_its_start_weights_load(tmp_path, monkeypatch):
+    """Qwen2.5-VL (``Qwen2_5_VL`` mllm): the .pth loads to the SFT model's tensors; the config's own
+    ``model.pretrained_pth`` (the start weights, upstream's names without peft's prefix, loaded before the LoRA wrap)
+    fills what the SFT .pth lacks, its adapter tensors ignored as upstream ignores them."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run = make_tiny_qwen_sft_run(tmp_path, family="qwen2_5_vl")
+    finally:
+        torch.set_num_threads(threads)
+    monkeypatch.chdir(tmp_path)
+    reference = copy.deepcopy(run.model)
+    reference.model = reference.model.merge_and_unload()
+    expected = checkpoint_state_dict(reference)
+    src, _ = load_sft_config(SFT_CONFIG, {"model.mllm.type": "Qwen2_5_VL"})
+    model, _, report = load_upstream_qwen_sft(replace(src, pretrained_pth=QWEN_SFT_PTH), lora_mode="keep")
+    assert model.config.family == "qwen2_5_vl" and report.lora_layers == 14
+    loaded = checkpoint_state_dict(model)
+    assert loaded.keys() == expected.keys() and all(torch.equal(loaded[k], v) for k, v in expected.items())
+    norm = "model.model.language_model.norm.weight"  # not in the SFT .pth: from the start weights when given
+    start = {"mllm.model." + norm[len("model."):]: expected[norm] + 1.0,
+             "mllm.model.model.language_model.layers.0.mlp.up_proj.lora_A.default.weight": torch.ones(8, 64)}
+    torch.save(start, tmp_path / "Sa2VA-Qwen-tiny.pth")
+    src, _ = load_sft_config(SFT_CONFIG, {"model.pretrained_pth": str(tmp_path / "Sa2VA-Qwen-tiny.pth")})
+    model, _, report = load_upstream_qwen_sft(replace(src, pretrained_pth=QWEN_SFT_PTH), lora_mode="keep")
+    assert report.ignored_init_adapter == 1 and report.counts["init"] == 1
+    assert torch.equal(checkpoint_state_dict(model)[norm], expected[norm] + 1.0)
+
+
 # ---------------------------------------------------------------------------------------------- 3. errors
 def test_mismatched_checkpoints_name_file_and_key(run, source, tmp_path):
     state = read_xtuner_checkpoint(run.path(QWEN_SFT_PTH))
