@@ -62,7 +62,8 @@ def representative(key: str) -> bool:
 def upstream_wrapper(checkout: Path, family: str) -> type:
     """The upstream mllm class, loaded from its file (its package __init__ pulls in the datasets and third_parts)."""
     file, name = WRAPPERS[family]
-    spec = importlib.util.spec_from_file_location(f"upstream_{family}_mllm", checkout / "projects/sa2va/models/mllm" / file)
+    path = checkout / "projects/sa2va/models/mllm" / file
+    spec = importlib.util.spec_from_file_location(f"upstream_{family}_mllm", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return getattr(module, name)

@@ -146,7 +146,8 @@ def make_tiny_qwen_sft_run(root: str | os.PathLike, family: str = "qwen3_vl", se
     if deepspeed:
         here = Path(__file__).resolve().parent
         env = dict(os.environ, OMP_NUM_THREADS="1",
-                   PYTHONPATH=os.pathsep.join(filter(None, [str(here.parent), str(here), os.environ.get("PYTHONPATH")])))
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(here.parent), str(here),
+                                                            os.environ.get("PYTHONPATH")])))
         result = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--root", str(root), "--family", family,
                                  "--seed", str(seed)], env=env, capture_output=True, text=True, timeout=600)
         if result.returncode != 0:

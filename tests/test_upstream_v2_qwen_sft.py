@@ -37,7 +37,6 @@ from qwen_sft_fixtures import (QWEN_SAM2_PT, QWEN_SFT_DS_DIR, QWEN_SFT_PTH,  # n
 REPO = Path(__file__).resolve().parents[1]
 SFT_CONFIG = REPO / "projects/llava_sam2/configs/rl/upstream_sft/sa2va_qwen3vl_tiny_sft.py"
 RL_CONFIG = REPO / "projects/llava_sam2/configs/rl/tiny_grpo_from_upstream_v2_qwen_sft_cpu.py"
-INTERN_VL_V2_PTH = "work_dirs/sa2va_in30_tiny_sft/iter_2.pth"
 PINNED = json.loads((REPO / "tests/data/upstream_v2_sft_keys.json").read_text())["qwen_vl"]
 HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 MLLM = "mllm.model.base_model.model."
