@@ -1,8 +1,11 @@
 """The GRPO step's shared passes on the Qwen-VL family: the family seam (``pipeline.qwen_vl_prompts``: M-RoPE
-positions, Qwen3-VL's deepstack) gives the grouped teacher-forced scoring transformers' own Qwen-VL values.
+positions, Qwen3-VL's deepstack) gives the grouped teacher-forced scoring transformers' own Qwen-VL values, and both
+cycle loops run on it (loop 1 with the gt region drawn into the image).
 
 Needs transformers >= 4.57 (Qwen3-VL): skipped on an older stack."""
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -22,7 +25,13 @@ from projects.llava_sam2.rl_train.model.pipeline.inference import predict  # noq
 from projects.llava_sam2.rl_train.model.pipeline.shared import (  # noqa: E402
     PromptRow, encode_images, forced_answer_masks, forced_answer_seg_prompts, greedy_answers)
 from projects.llava_sam2.rl_train.model.text.qwen_processor import Sa2VAQwenProcessor  # noqa: E402
-from grpo_tiny import make_algo, one_thread, run_rollout, shapes_batch, step_loss  # noqa: E402
+from projects.llava_sam2.rl_train.data.shapes_video import ShapesVideoWorld  # noqa: E402
+from projects.llava_sam2.rl_train.grpo.cycle import caption_logp  # noqa: E402
+from projects.llava_sam2.rl_train.grpo.features import loop_features  # noqa: E402
+from projects.llava_sam2.rl_train.grpo.rollout import CaptionReplay  # noqa: E402
+from projects.llava_sam2.rl_train.model.pipeline.qwen_vl_prompts import qwen_vl_sample_text  # noqa: E402
+from projects.llava_sam2.rl_train.model.pipeline.qwen_vl_regions import draw_regions  # noqa: E402
+from grpo_tiny import CaptionParityReward, make_algo, one_thread, run_rollout, shapes_batch, step_loss  # noqa: E402
 from qwen_vl_fixtures import (FAMILIES, PREDICT_TEXT, predict_image, seg_then_stop_model,  # noqa: E402
                               tiny_qwen_hf_processor, tiny_qwen_model, tiny_qwen_tokenizer)
 
@@ -265,3 +274,130 @@ def test_the_reference_decoder_on_the_seam_decodes_as_transformers_generate(fami
     assert (one_d.token_logp[:, :T] - expected.token_logp).abs().max() > 1e-4
     if inputs.layer_additions:  # Qwen3-VL: the deepstack features at the prefill matter too
         assert (no_deepstack.token_logp[:, :T] - expected.token_logp).abs().max() > 1e-4
+
+
+def _lora_replica(family: str, tokenizer, seed: int = 3):
+    """The replica with LoRA (r = 4, no dropout), the family's trainable set and lora_B drawn from N(0, 0.02²) (so
+    every LoRA tensor is on a gradient path), and its processor at a few image tokens."""
+    model = tiny_qwen_model(family)
+    model.bind_tokenizer(tokenizer)
+    model.apply_lora(r=4, lora_alpha=8, lora_dropout=0.0)
+    trainable = configure_trainable(model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in trainable.items():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+    processor = Sa2VAQwenProcessor.from_config(tokenizer, model.config, min_pixels=4 * 28 * 28,
+                                               max_pixels=16 * 28 * 28)
+    return model, processor
+
+
+LOOP1_ONLY = dict(mask_to_caption_weight=1.0, caption_to_mask_weight=0.0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_loop_1_samples_on_the_drawn_region_what_its_loss_pass_scores(family, tokenizer):
+    """Loop 1's policy pass on the family: G = 4 captions sampled (temperature 0.7, top-p 0.9) for two samples' gt
+    regions drawn into their images, through the seam (M-RoPE, deepstack at the prefill); the sampler's per-token
+    log-probs equal the teacher-forced ``caption_logp`` (what old_logp, ref_logp and the loss run) within 1e-5 fp32,
+    with the reference and the fused log-prob head alike. The drawn region is the input: the same captions scored
+    on the undrawn images give other values."""
+    model, processor = _lora_replica(family, tokenizer)
+    algo, _ = make_algo(model, processor, {"mask_to_caption": [CaptionParityReward()]}, temperature=0.7, top_p=0.9,
+                        **LOOP1_ONLY)
+    loop = algo.loops[0]
+    features = loop_features(algo.encode(shapes_batch(2)), loop.name)
+    assert features.region_cells is None and features.drawn_regions is not None
+    ids, attention = loop.region_prompts(features)  # [2, L]
+    G = 4
+    completions = qwen_vl_sample_text(model, features.drawn_regions, range(2), ids, attention, algo.context.decoding,
+                                      num_generations=G, max_new_tokens=6, do_sample=True, temperature=0.7,
+                                      top_p=0.9, generator=torch.Generator().manual_seed(0))
+    assert completions.completion_mask.sum() > 2 * G  # captions of more than one token
+    replay = CaptionReplay(prompt_ids=ids.repeat_interleave(G, 0), prompt_attention=attention.repeat_interleave(G, 0),
+                           completion_ids=completions.ids, image_index=features.image_index.repeat_interleave(G))
+    with torch.no_grad():
+        scored = {head: caption_logp(model, features, None, replay, completions.completion_mask, range(2), G, 0.7,
+                                     head) for head in ("reference", "fused")}
+        undrawn = replace(features, drawn_regions=draw_regions(
+            processor, [s.image for s in features.samples], [torch.zeros_like(m) for m in features.gt_masks],
+            features.sample_ids))
+        plain = caption_logp(model, undrawn, None, replay, completions.completion_mask, range(2), G, 0.7, "reference")
+    for head, logp in scored.items():
+        torch.testing.assert_close(logp, completions.token_logp, atol=1e-5, rtol=1e-5, msg=head)
+    assert (plain - completions.token_logp).abs().max() > 1e-4
+
+
+def _grads(model) -> dict[str, torch.Tensor]:
+    return {n: p.grad for n, p in model.named_parameters() if p.requires_grad and p.grad is not None}
+
+
+def _grad_sum(grads: dict[str, torch.Tensor], part: str) -> float:
+    return sum(float(g.abs().sum()) for n, g in grads.items() if part in n)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_one_loop_1_grpo_step_trains_lora_with_the_first_ratio_exactly_1(family, tokenizer):
+    """One loop-1 (mask → caption → mask') GRPO step on the family, one group per rollout chunk and per minibatch
+    (so the rollout keeps old_logp, and the second group's drawn image is found by its sample offset) and a KL term
+    (ref_logp under the reference weights): the partner grounds each caption with the family's greedy RES answer,
+    each minibatch's loss-pass log-probs equal its old_logp bit for bit (ratio exactly 1), and the loss is finite
+    with grads on every LoRA layer and nowhere else (the caption reads no mask head; the vision tower is frozen)."""
+    model, processor = _lora_replica(family, tokenizer)
+    rewards = {"mask_to_caption": [CaptionParityReward(), dict(type="iou")]}
+    algo, _ = make_algo(model, processor, rewards, beta=0.04, minibatch_size=4, generation_chunk_size=4,
+                        **LOOP1_ONLY)
+    step = run_rollout(algo, shapes_batch(2))
+    rollout, = step.rollouts
+    assert rollout.old_logp is not None and rollout.ref_logp is not None and torch.isfinite(rollout.ref_logp).all()
+    assert rollout.advantages.abs().sum() > 0, "the test reward gave every group zero spread; no signal"
+    assert rollout.reward_stats["partner/answer_tokens"] > 0  # the partner answered every caption's RES prompt
+    model.train()
+    minibatches = list(algo.minibatches(step))
+    assert [list(mb.parts[0].samples) for mb in minibatches] == [[0], [1]]
+    for minibatch in minibatches:
+        part, = minibatch.parts
+        logp = part.loop.action_logp(model, part.features, None, part.rollout, part.samples)
+        assert logp.requires_grad and torch.equal(logp.detach(), part.rollout.old_logp)
+    model.zero_grad(set_to_none=True)
+    out = step_loss(algo, model, step)
+    assert torch.isfinite(out["loss"]) and out["mask_to_caption/ratio_mean"] == 1.0
+    grads = _grads(model)
+    assert all(torch.isfinite(g).all() for g in grads.values())
+    lora = {n for n in grads if "lora_" in n}
+    assert lora == {n for n, p in model.named_parameters() if p.requires_grad and "lora_" in n}
+    assert all(grads[n].abs().sum() > 0 for n in lora if "lora_A" in n)
+    assert set(grads) == lora  # text_hidden_fcs and the mask decoder are not on loop 1's path
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_both_loops_step_with_loop_1_dense_loss_trains_lora_and_the_mask_head(family, tokenizer):
+    """Both loops in one step on the family (loop 1 with its dense self-segmentation loss, loop 2 with Bernoulli
+    masks): finite loss, grads on LoRA, ``text_hidden_fcs`` and the mask decoder, none on the vision tower; both
+    loops report their terms."""
+    model, processor = _lora_replica(family, tokenizer)
+    rewards = {"mask_to_caption": [CaptionParityReward()], "caption_to_mask": [dict(type="iou")]}
+    algo, _ = make_algo(model, processor, rewards, use_partner_captions=True, mask_policy="bernoulli",
+                        seg_noise_std=1.0, mask_to_caption_weight=1.0, caption_to_mask_weight=1.0,
+                        mask_to_caption_dense_weight=1.0)
+    step = run_rollout(algo, shapes_batch(2))
+    assert [r.loop for r in step.rollouts] == ["mask_to_caption", "caption_to_mask"]
+    model.zero_grad(set_to_none=True)
+    out = step_loss(algo, model, step)
+    assert torch.isfinite(out["loss"]) and float(out["mask_to_caption/dense_frac"]) > 0
+    assert "caption_to_mask/pg_term" in out
+    grads = _grads(model)
+    assert all(torch.isfinite(g).all() for g in grads.values())
+    for part in ("lora_", "text_hidden_fcs.", ".sam_mask_decoder."):
+        assert _grad_sum(grads, part) > 0, part
+    assert not any(".visual." in n for n in grads)
+
+
+def test_a_video_step_is_refused_on_the_family_naming_the_setting(tokenizer):
+    """Video clips have no encoder or prompt on the family: ``encode`` refuses them, naming video and the family."""
+    model, processor = _lora_replica("qwen2_5_vl", tokenizer)
+    algo, _ = make_algo(model, processor, {"mask_to_caption": [CaptionParityReward()]}, **LOOP1_ONLY)
+    clips = ShapesVideoWorld("train", 2, seed=0, image_size=32, num_frames=3)
+    with pytest.raises(ValueError, match="video steps .* not supported on the Qwen-VL family"):
+        algo.encode([clips[0], clips[1]])

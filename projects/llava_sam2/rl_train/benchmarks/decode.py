@@ -18,6 +18,12 @@ outside the vocabulary, so rows never stop and tokens/s are comparable):
 * ``fast_compiled``: the same with the step compiled by ``torch.compile`` (Inductor) before capture (not in the
   default ``--modes``: the first calls compile for a minute or more; the median excludes the warm-up call).
 
+A fast mode may carry ``+`` switches of ``decode_plan`` (docs/speed.md, "Decode-step variants"): ``+pad`` (LM head
+padded to a multiple of 64 rows), ``+fuse`` (joined q|k|v and gate|up GEMMs, fused RMSNorms), ``+sdpa`` / ``+flex``
+(the step's attention: SDPA ``enable_gqa`` / ``flex_attention`` instead of ``gqa_decode_attention``), ``+split``
+(prompt keys/values read once per prompt, not per row; needs ``+fuse``); e.g.
+``--modes fast,fast+pad+fuse,fast_compiled+pad+fuse``. ``--check`` then also compares each such mode with ``fast``.
+
 Per mode: median wall time of a full call (after one warm-up call), tokens/s = N·T / wall, the
 prefill time (the same call with one new token), decode-step latency = (wall - prefill) / (T - 1),
 and peak memory. A profiler pass per mode attributes kernels to one decode step by differencing a
@@ -90,9 +96,25 @@ def make_prompts(lm, batch: int, prompt_len: int, spread: int, seed: int):
         return lm.get_input_embeddings()(ids), attention
 
 
+# ``+name`` of a fast mode -> the fast_sample_completions argument it sets
+SWITCHES = {"pad": ("pad_head", True), "fuse": ("fuse_layers", True), "sdpa": ("decode_attention", "sdpa_gqa"),
+            "flex": ("decode_attention", "flex"), "split": ("split_prompt_cache", True)}
+
+
+def parse_mode(mode: str) -> tuple[str, dict]:
+    """``"fast_compiled+pad+fuse"`` -> ``("fast_compiled", {"pad_head": True, "fuse_layers": True})``."""
+    base, *switches = mode.split("+")
+    unknown = [s for s in switches if s not in SWITCHES]
+    if unknown or switches and base not in ("fast", "fast_eager", "fast_compiled"):
+        raise SystemExit(f"{PROG}: mode {mode!r}: switches {sorted(SWITCHES)} go after fast, fast_eager or "
+                         "fast_compiled (e.g. fast_compiled+pad+fuse)")
+    return base, dict(SWITCHES[s] for s in switches)
+
+
 def mode_call(mode: str, lm, embeds, attention, args, new_tokens: int, *, do_sample: bool = True,
               seed: int = 0, use_cuda_graph: bool | None = None):
     """One decode call of ``mode``; returns its output (Completions or generate ids)."""
+    mode, plan = parse_mode(mode)
     G, device = args.num_generations, embeds.device
     never = [lm.config.vocab_size]  # never emitted: fixed-length decoding
     generator = torch.Generator(device=device).manual_seed(seed)
@@ -106,7 +128,7 @@ def mode_call(mode: str, lm, embeds, attention, args, new_tokens: int, *, do_sam
     graph = {"fast": use_cuda_graph, "fast_compiled": use_cuda_graph, "fast_eager": False}[mode]
     return fast_sample_completions(lm, embeds, attention, num_generations=G, stop_token_ids=never,
                                    generator=generator, use_cuda_graph=graph, compile_step=mode == "fast_compiled",
-                                   **sampling)
+                                   **plan, **sampling)
 
 
 def _sync(device: torch.device) -> None:
@@ -114,28 +136,28 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed(fn, device: torch.device, repeats: int) -> float:
-    """Median wall seconds of ``fn()`` over ``repeats`` calls after one warm-up call."""
-    fn()
+def timed(fn, device: torch.device, repeats: int) -> tuple[float, float]:
+    """``(median, first)``: median wall seconds of ``fn()`` over ``repeats`` calls after one warm-up call, and the
+    warm-up call's own seconds (compilation and other first-shape costs)."""
     times = []
-    for _ in range(repeats):
+    for _ in range(1 + repeats):
         _sync(device)
         start = time.perf_counter()
         fn()
         _sync(device)
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(times[1:]), times[0]
 
 
 def bench_mode(mode: str, lm, embeds, attention, args) -> dict:
     device, T = embeds.device, args.new_tokens
     N = embeds.shape[0] * args.num_generations
-    prefill_s = timed(lambda: mode_call(mode, lm, embeds, attention, args, 1), device, args.repeats)
+    prefill_s, _ = timed(lambda: mode_call(mode, lm, embeds, attention, args, 1), device, args.repeats)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    wall_s = timed(lambda: mode_call(mode, lm, embeds, attention, args, T), device, args.repeats)
+    wall_s, first_s = timed(lambda: mode_call(mode, lm, embeds, attention, args, T), device, args.repeats)
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
-    return {"wall_s": wall_s, "tokens_per_s": N * T / wall_s, "prefill_s": prefill_s,
+    return {"wall_s": wall_s, "first_call_s": first_s, "tokens_per_s": N * T / wall_s, "prefill_s": prefill_s,
             "decode_step_ms": 1e3 * (wall_s - prefill_s) / max(T - 1, 1), "peak_gib": peak}
 
 
@@ -178,8 +200,11 @@ def profile_step(mode: str, lm, embeds, attention, args, trace: str | None) -> d
 def check(lm, embeds, attention, args) -> dict:
     """On-device agreement: fast vs reference (greedy), graph vs eager fast path, token_logp vs teacher forcing."""
     T, G = args.check_tokens, args.num_generations
-    ref = mode_call("reference", lm, embeds, attention, args, T, do_sample=False)
     fast = mode_call("fast", lm, embeds, attention, args, T, do_sample=False)
+    if args.check_scope == "variants":
+        return {mode: compare_with_fast(mode, lm, embeds, attention, args, fast)
+                for mode in args.modes.split(",") if "+" in mode}
+    ref = mode_call("reference", lm, embeds, attention, args, T, do_sample=False)
     out = {"greedy_rows_equal_reference": float((fast.ids == ref.ids).all(-1).float().mean()),
            "greedy_tokens_equal_reference": float((fast.ids == ref.ids).float().mean()),
            "first_token_equal_reference": float((fast.ids[:, 0] == ref.ids[:, 0]).float().mean())}
@@ -192,6 +217,8 @@ def check(lm, embeds, attention, args) -> dict:
         compiled = mode_call("fast_compiled", lm, embeds, attention, args, T, do_sample=False)
         out["compiled_greedy_tokens_equal_fast"] = float((compiled.ids == fast.ids).float().mean())
         out["compiled_first_token_equal_fast"] = float((compiled.ids[:, 0] == fast.ids[:, 0]).float().mean())
+    for mode in [m for m in args.modes.split(",") if "+" in m]:
+        out[mode] = compare_with_fast(mode, lm, embeds, attention, args, fast)
     sampled = mode_call("fast", lm, embeds, attention, args, T, seed=3)
     sampled_ref = mode_call("reference", lm, embeds, attention, args, T, seed=3)  # same seed: same draws
     out["sampled_tokens_equal_reference"] = float((sampled.ids == sampled_ref.ids).float().mean())
@@ -199,6 +226,23 @@ def check(lm, embeds, attention, args) -> dict:
         teacher = completion_logprobs(lm, embeds.repeat_interleave(G, 0), attention.repeat_interleave(G, 0),
                                       sampled.ids, sampled.completion_mask, temperature=args.temperature)
     out["token_logp_max_abs_diff_teacher"] = float((teacher - sampled.token_logp).abs().max())
+    return out
+
+
+def compare_with_fast(mode: str, lm, embeds, attention, args, fast_greedy) -> dict:
+    """A ``+`` variant against plain ``fast``: greedy and seeded tokens, and token_logp wherever the row so far is
+    the same (bf16 noise may flip a near-tie; past it the rows are different continuations)."""
+    T = args.check_tokens
+    out = {}
+    for name, seed, reference in (("greedy", None, fast_greedy),
+                                  ("sampled", 3, mode_call("fast", lm, embeds, attention, args, T, seed=3))):
+        got = mode_call(mode, lm, embeds, attention, args, T, do_sample=seed is not None, seed=seed or 0)
+        same = got.ids == reference.ids  # [N, T]
+        same_so_far = same.long().cumprod(-1).bool()
+        out[f"{name}_tokens_equal_fast"] = float(same.float().mean())
+        out[f"{name}_first_token_equal_fast"] = float(same[:, 0].float().mean())
+        out[f"{name}_token_logp_max_abs_diff_fast"] = float((got.token_logp - reference.token_logp)[same_so_far]
+                                                            .abs().max())
     return out
 
 
@@ -224,7 +268,11 @@ def parse_args(argv=None):
     p.add_argument("--top-kernels", type=int, default=15)
     p.add_argument("--check-tokens", type=int, default=16, help="new tokens of the --check calls")
     p.add_argument("--no-check", dest="check", action="store_false")
-    p.add_argument("--json", default=None, help="write all figures here")
+    p.add_argument("--check-scope", choices=["all", "variants"], default="all",
+                   help="variants: only compare the + modes with fast (no reference decode)")
+    p.add_argument("--json", default=None, help="write all figures here (rewritten after each mode)")
+    p.add_argument("--keep-going", action="store_true",
+                   help="a mode that raises is recorded under 'errors' and the others still run")
     p.add_argument("--trace", default=None, help="chrome-trace path prefix (<prefix>.<mode>.json)")
     return p.parse_args(argv)
 
@@ -236,37 +284,50 @@ def run_benchmark(argv: list[str] | None = None) -> dict:
     if device.type == "cpu":
         torch.set_num_threads(args.cpu_threads)
     dtype = as_torch_dtype(args.dtype or ("bfloat16" if device.type == "cuda" else "float32"), "--dtype")
-    modes = [m for m in args.modes.split(",") if not (m == "fast_eager" and device.type != "cuda")]
+    modes = [m for m in args.modes.split(",") if not (parse_mode(m)[0] == "fast_eager" and device.type != "cuda")]
     lm = build_lm(args.lm, device, dtype, args.lora_r)
     embeds, attention = make_prompts(lm, args.batch, args.prompt_len, args.length_spread, seed=0)
     report = {"config": {**vars(args), "dtype": str(dtype), "N": args.batch * args.num_generations,
                          "params_b": sum(p.numel() for p in lm.parameters()) / 1e9, "torch": torch.__version__,
                          "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"},
               "modes": {}, "profile": {}}
-    for mode in modes:
-        report["modes"][mode] = bench_mode(mode, lm, embeds, attention, args)
-        if args.profile_steps > 0:
-            report["profile"][mode] = profile_step(mode, lm, embeds, attention, args, args.trace)
+    for mode in modes:  # the JSON is rewritten after each mode: a run cut short by a timeout keeps what it measured
+        try:
+            report["modes"][mode] = bench_mode(mode, lm, embeds, attention, args)
+            if args.profile_steps > 0:
+                report["profile"][mode] = profile_step(mode, lm, embeds, attention, args, args.trace)
+        except Exception as error:  # noqa: BLE001 -- one failing variant must not cost the others' figures
+            if not args.keep_going:
+                raise
+            report.setdefault("errors", {})[mode] = f"{type(error).__name__}: {error}"[:2000]
+            args.modes = ",".join(m for m in args.modes.split(",") if m != mode)  # nothing to check it against
+        write_json(report, args.json)
     if args.check:
         report["check"] = check(lm, embeds, attention, args)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+    write_json(report, args.json)
     print_table(report)
     return report
+
+
+def write_json(report: dict, path: str | None) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(report, f, indent=2)
 
 
 def print_table(report: dict) -> None:
     c = report["config"]
     print(f"{c['lm']} ({c['params_b']:.2f} B params, {c['dtype']}) on {c['device_name']}: B={c['batch']} "
           f"G={c['num_generations']} N={c['N']} L={c['prompt_len']} T={c['new_tokens']} top_p={c['top_p']}")
-    print(f"{'mode':<12} {'tok/s':>9} {'wall s':>8} {'prefill s':>10} {'step ms':>8} {'peak GiB':>9} "
+    print(f"{'mode':<26} {'tok/s':>9} {'wall s':>8} {'prefill s':>10} {'step ms':>8} {'peak GiB':>9} "
           f"{'kernels/step':>13} {'dev ms/step':>12}")
     for mode, r in report["modes"].items():
         prof = report["profile"].get(mode, {})
-        print(f"{mode:<12} {r['tokens_per_s']:>9.1f} {r['wall_s']:>8.3f} {r['prefill_s']:>10.3f} "
+        print(f"{mode:<26} {r['tokens_per_s']:>9.1f} {r['wall_s']:>8.3f} {r['prefill_s']:>10.3f} "
               f"{r['decode_step_ms']:>8.2f} {r['peak_gib']:>9.2f} {prof.get('kernels_per_step', float('nan')):>13.1f} "
               f"{prof.get('device_ms_per_step', float('nan')):>12.3f}")
+    for mode, error in report.get("errors", {}).items():
+        print(f"{mode:<26} failed: {error[:300]}")
     if "check" in report:
         print("check:", json.dumps(report["check"]))
 

@@ -32,6 +32,13 @@ masks would be credited with a reward it cannot affect. The policy's propagated 
 masklet as a statistic (``video/policy_jf``). No loss pass propagates, so a video step's loss costs what an image
 step's does with n-tile prompts.
 
+On the Qwen-VL family (``is_qwen_vl_model``) loop 1's region input is the gt region drawn into a copy of the
+sample's image (``StepFeatures.drawn_regions``, drawn once per step) with the outline-naming caption question, the
+partner's own describe-a-mask input; its captions are sampled by the reference decoder on the family seam
+(``qwen_vl_prompts.qwen_vl_sample_text``: M-RoPE positions, Qwen3-VL's deepstack) and scored by the same grouped
+pass with those positions and additions (``GRPOConfig.decode_backend`` does not apply: the fast decoder's prefill
+takes no family positions, so each prompt is prefilled G times). Video steps are refused there at ``encode``.
+
 Each loop's ``action_logp`` is the single function that scores a given action (CleanRL's
 ``get_action_and_value``): the rollout calls it (no grad) for ``old_logp`` and, inside ``WeightSets.reference``,
 for ``ref_logp``; the loss calls it with grad (through the loop's own ``loss_fn``). The sampling pass builds the same
@@ -52,6 +59,7 @@ from ..model.decoding.text_decoding import (
     TextDecoding, completion_texts, eval_mode, fed_back_seg_positions, group_chunks, sample_text)
 from ..model.pipeline.shared import (
     EncodedImages, forced_answer_masks, forced_answer_seg_prompts, is_qwen_vl_model, prompt_embeds)
+from ..model.pipeline.qwen_vl_prompts import qwen_vl_prompt_inputs, qwen_vl_sample_text
 from ..model.pipeline.region_chain import MaskChain
 from ..model.pipeline.video import largest_mask_frames, masklet_masks, video_masklet_logits
 from ..model.sft.sft_loss import mask_loss_per_mask, resize_gt_masks
@@ -161,6 +169,14 @@ def caption_logp(model, features: StepFeatures, tile_embeds: Tensor, replay: Cap
     ``ref_logp`` and the loss all score through here, so the first ratio is 1.
     """
     G = group_size
+    if features.drawn_regions is not None:  # Qwen-VL: the region drawn into the image (module docstring)
+        inputs = qwen_vl_prompt_inputs(model, features.drawn_regions, list(samples), replay.prompt_ids[::G],
+                                       replay.prompt_attention[::G])  # [b, L, D], positions [3, b, L]
+        return grouped_completion_logprobs(model.hf_model, inputs.embeds, replay.prompt_attention[::G],
+                                           replay.completion_ids, completion_mask, num_generations=G,
+                                           temperature=temperature, logprob_head=logprob_head,
+                                           prompt_positions=inputs.positions,
+                                           prefix_additions=inputs.layer_additions)  # [n, T]
     cells = features.region_cells[list(samples)]  # [b, g, g]
     embeds = prompt_embeds(model, features, tile_embeds, replay.prompt_ids[::G],
                            [features.image_of(s) for s in samples], list(cells))  # [b, L, D]
@@ -212,13 +228,14 @@ class MaskToCaptionLoop:
         weights = dense_rollout_weights(rollout.advantages, G, cfg.mask_to_caption_dense_rollouts)  # [n]
         weights = weights * replay.has_caption.to(weights)
         rows = torch.nonzero(weights > 0).flatten().tolist()
-        zero = tile_embeds.sum() * 0.0  # a grad-carrying 0 when no rollout qualifies
+        # a 0 that carries grad to mlp1 when no rollout qualifies (the Qwen-VL family has no per-pass projection)
+        zero = tile_embeds.sum() * 0.0 if tile_embeds is not None else torch.zeros((), device=model.device)
         if not rows:
             return zero, {"dense_term": zero.detach(), "dense_frac": zero.detach(), "dense_iou": zero.detach()}
         owners = [samples[n // G] for n in rows]
         logits = teacher_forced_seg_logits(
             model, features, tile_embeds, replay.seg_prompt_ids[rows], replay.seg_prompt_attention[rows],
-            [features.image_of(b) for b in owners], self.ctx.seg_answer_ids.to(tile_embeds.device),
+            [features.image_of(b) for b in owners], self.ctx.seg_answer_ids.to(model.device),
             self.ctx.seg_answer_index)  # [m, h, w]
         target = resize_gt_masks([features.gt_masks[b][None].to(logits.device) for b in owners],
                                  tuple(logits.shape[-2:]))  # [m, h, w]
@@ -240,16 +257,18 @@ class MaskToCaptionLoop:
             raise ValueError(f"{self.name} loop: mask_to_caption_dense_weight={self.dense_weight} is not supported on "
                              f"video steps (e.g. sample {features.sample_ids[0]!r}); set it to 0 for video data.")
         images = features.image_index.tolist()
-        ids, attention = proc.tokenize_prompts(
-            [proc.caption_prompt(features.n_tiles(i), features.region_cells[b]) for b, i in enumerate(images)])
-        ids, attention = ids.to(model.device), attention.to(model.device)  # [B, L]
+        ids, attention = self.region_prompts(features)  # [B, L]
         with eval_mode(model):
             tiles = model.project_vision(features.vit_tokens)  # [n_tiles, t, D]
-            embeds = prompt_embeds(model, features, tiles, ids, images, list(features.region_cells))  # [B, L, D]
-            completions = sample_text(  # B prompts, G samples each (prefilled once per prompt on the fast path)
-                model, embeds, attention, ctx.decoding, num_generations=G, max_new_tokens=cfg.max_completion_length,
-                do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, chunk_size=chunk,
-                generator=ctx.generator)  # ids [N, T]
+            sampling = dict(num_generations=G, max_new_tokens=cfg.max_completion_length, do_sample=True,
+                            temperature=cfg.temperature, top_p=cfg.top_p, chunk_size=chunk, generator=ctx.generator)
+            if features.drawn_regions is None:
+                embeds = prompt_embeds(model, features, tiles, ids, images, list(features.region_cells))  # [B, L, D]
+                # B prompts, G samples each (prefilled once per prompt on the fast path)
+                completions = sample_text(model, embeds, attention, ctx.decoding, **sampling)  # ids [N, T]
+            else:  # Qwen-VL: each sample's drawn image, through the family seam (module docstring)
+                completions = qwen_vl_sample_text(model, features.drawn_regions, range(B), ids, attention,
+                                                  ctx.decoding, **sampling)  # ids [N, T]
             replay = CaptionReplay(prompt_ids=ids.repeat_interleave(G, 0),
                                    prompt_attention=attention.repeat_interleave(G, 0), completion_ids=completions.ids,
                                    image_index=features.image_index.repeat_interleave(G))
@@ -282,6 +301,18 @@ class MaskToCaptionLoop:
                           rewards=torch.full((B, G), float("nan")), is_truncated=completions.is_truncated,
                           max_action_length=cfg.max_completion_length, replay=replay, loop=self.name)
         return LoopRollout(rollout, reward_inputs(features, G, pred_masks=pred_masks, pred_captions=captions), stats)
+
+    def region_prompts(self, features: StepFeatures) -> tuple[Tensor, Tensor]:
+        """The B left-padded region-caption prompts ``[B, L]`` (model device) the policy answers: the region-token
+        prompt of each sample's gt cells, or on the Qwen-VL family the caption question about its drawn image."""
+        proc, model = self.ctx.processor, self.ctx.model
+        if features.drawn_regions is not None:
+            prompts = features.drawn_regions.caption_prompts(proc, range(features.num_samples))
+        else:
+            prompts = [proc.caption_prompt(features.n_tiles(features.image_of(b)), features.region_cells[b])
+                       for b in range(features.num_samples)]
+        ids, attention = proc.tokenize_prompts(prompts)
+        return ids.to(model.device), attention.to(model.device)
 
     def _with_seg_prompts(self, replay: CaptionReplay, features: StepFeatures, captions: Sequence[str],
                           images: Sequence[int]) -> CaptionReplay:

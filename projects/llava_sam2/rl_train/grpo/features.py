@@ -31,7 +31,8 @@ from torch import Tensor
 
 from ..data.types import VideoRegionSample
 from ..data.video import key_frame
-from ..model.pipeline.shared import EncodedImages, encode_images
+from ..model.pipeline.qwen_vl_regions import DrawnRegions, draw_regions
+from ..model.pipeline.shared import EncodedImages, encode_images, is_qwen_vl_model
 from ..model.pipeline.video import EncodedClips, encode_clips
 
 
@@ -67,7 +68,10 @@ class StepFeatures(EncodedImages):
         image_index: ``[B]`` long (model device), row of each sample's image in the per-image tensors.
         gt_masks: B bool ``[H, W]`` CPU tensors, the region of each sample (None for a text-only sample).
         region_cells: ``[B, g, g]`` bool region-token cells of each gt_mask (CPU; all False for a text-only
-            sample), or None when loop 1 is off.
+            sample), or None when loop 1 is off or the model is of the Qwen-VL family.
+        drawn_regions: the Qwen-VL family's loop-1 region input: each sample's gt_mask drawn into a copy of its
+            image, preprocessed once per step (``pipeline.qwen_vl_regions.DrawnRegions``), or None when loop 1 is
+            off or the model is of the InternVL family.
         prompt_texts: B texts loop 2 grounds (first caption, else first expression; "" for a region-only sample),
             or None when loop 2 is off.
         references: B lists of reference texts for caption rewards (captions, else expressions).
@@ -82,6 +86,7 @@ class StepFeatures(EncodedImages):
     prompt_texts: list[str] | None
     references: list[list[str]]
     video: VideoStep | None = None
+    drawn_regions: DrawnRegions | None = None
 
     @property
     def num_samples(self) -> int:
@@ -105,7 +110,8 @@ class StepFeatures(EncodedImages):
                        region_cells=None if self.region_cells is None else self.region_cells[rows],
                        prompt_texts=None if self.prompt_texts is None else [self.prompt_texts[r] for r in rows],
                        references=[self.references[r] for r in rows],
-                       video=None if self.video is None else self.video.select(rows))
+                       video=None if self.video is None else self.video.select(rows),
+                       drawn_regions=None if self.drawn_regions is None else self.drawn_regions.select(rows))
 
     def reward_images(self) -> list:
         """B images for rewards that look at pixels: each sample's image, or its clip's loop-1 key frame (frame 0
@@ -235,8 +241,9 @@ def encode_step(model, processor, batch: Sequence, *, use_region_cells: bool, us
     Args:
         model: the ``Sa2VAModel``; processor: its ``Sa2VAProcessor``.
         batch: B ``RegionSample``.
-        use_region_cells: compute region cells of every gt_mask (loop 1; the processor's empty-region policy
-            applies, so a region that hits no grid point raises under ``empty_region='raise'``).
+        use_region_cells: compute loop 1's region input of every gt_mask: its region cells (the processor's
+            empty-region policy applies, so a region that hits no grid point raises under
+            ``empty_region='raise'``), or on the Qwen-VL family the region drawn into a copy of its image.
         use_prompt_texts: pick the text loop 2 grounds ("" for a sample with neither caption nor expression, which
             ``loop_rows`` leaves out of loop 2).
         mllm_frames: video steps only, the frames of each clip the language model sees.
@@ -244,7 +251,11 @@ def encode_step(model, processor, batch: Sequence, *, use_region_cells: bool, us
     if isinstance(batch, (str, bytes)) or len(batch) == 0:
         raise ValueError("CycleGRPO.encode: got an empty batch; the dataloader must yield a non-empty list of "
                          "RegionSample (data.collate.region_collate).")
+    is_qwen_vl = is_qwen_vl_model(model)
     if check_one_kind(batch):
+        if is_qwen_vl:
+            raise ValueError(f"CycleGRPO.encode: video steps (e.g. sample {batch[0].sample_id!r}) are not supported on "
+                             "the Qwen-VL family (no clip encoder or video prompt there); train it on image data.")
         return encode_video_step(model, processor, batch, use_region_cells=use_region_cells,
                                  use_prompt_texts=use_prompt_texts, mllm_frames=mllm_frames)
     rows: dict[int, int] = {}  # id(PIL image) -> image row
@@ -258,8 +269,10 @@ def encode_step(model, processor, batch: Sequence, *, use_region_cells: bool, us
     encoded = encode_images(model, processor, images, names)
     sizes = encoded.image_sizes
     gt_masks = [_gt_mask(s, sizes[i]) for s, i in zip(batch, image_index)]
-    region_cells = None
-    if use_region_cells:
+    region_cells = drawn_regions = None
+    if use_region_cells and is_qwen_vl:
+        drawn_regions = draw_regions(processor, [s.image for s in batch], gt_masks, [s.sample_id for s in batch])
+    elif use_region_cells:
         cells = {b: processor.region_cells(m, sample_id=s.sample_id, size=sizes[i])
                  for b, (s, m, i) in enumerate(zip(batch, gt_masks, image_index)) if m is not None}  # b -> [g, g]
         blank = torch.zeros_like(next(iter(cells.values()))) if cells else None
@@ -272,5 +285,5 @@ def encode_step(model, processor, batch: Sequence, *, use_region_cells: bool, us
     return StepFeatures(
         **{f.name: getattr(encoded, f.name) for f in fields(EncodedImages)}, samples=list(batch),
         image_index=torch.tensor(image_index, dtype=torch.long, device=model.device), gt_masks=gt_masks,
-        region_cells=region_cells, prompt_texts=prompt_texts, references=references,
+        region_cells=region_cells, prompt_texts=prompt_texts, references=references, drawn_regions=drawn_regions,
     )

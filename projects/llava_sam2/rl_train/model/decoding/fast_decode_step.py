@@ -21,6 +21,7 @@ from transformers.cache_utils import Cache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from .decode_plan import StepPlan
 from .generation import decoder_and_head
 from ..network.transformers_seams import run_decoder_layer
 
@@ -175,22 +176,30 @@ class TokenChooser:
         state.column += 1
 
 
-def decode_logits(parts: DecoderParts, cache: Cache, state: DecodeState, temperature: float) -> Tensor:
+def decode_logits(parts: DecoderParts, cache: Cache, state: DecodeState, temperature: float,
+                  plan: StepPlan | None = None) -> Tensor:
     """Feed ``state.token`` at ``state.cache_position`` and return the next logits ``[N, V]`` (float32,
     divided by temperature); advances the position and cache slot. Fixed shapes, no host synchronisation:
-    the function a CUDA graph captures. Runs with :func:`gqa_decode_attention` as the attention."""
+    the function a CUDA graph captures. Runs with the attention set on the LM's config (by default
+    :func:`gqa_decode_attention`); ``plan`` (``decode_plan.StepPlan``) adds fused layers and a padded head."""
     hidden = parts.embed(state.token)[:, None].to(state.attention_bias.dtype)  # [N, 1, D]
     state.attention_bias.index_fill_(3, state.cache_position, 0.0)  # the input's own slot becomes visible
     rope = (F.embedding(state.position, state.cos)[:, None], F.embedding(state.position, state.sin)[:, None])
     position_ids = state.position[:, None]  # [N, 1]
-    for layer in parts.layers:
+    fused = plan.layers if plan is not None and plan.layers is not None else (None,) * len(parts.layers)
+    for layer, fused_layer in zip(parts.layers, fused):
+        if fused_layer is not None:
+            hidden = fused_layer.step(hidden, cache, state.attention_bias, rope, state.cache_position, plan.attention)
+            continue
         hidden = run_decoder_layer(layer, hidden, cache, attention_mask=state.attention_bias,
                                    position_ids=position_ids, use_cache=True, cache_position=state.cache_position,
                                    position_embeddings=rope)  # [N, 1, D]
-    normed = parts.norm(hidden)[:, -1]  # [N, D], the state of input state.token = column - 1's token
+    # [N, D], the state of input state.token = column - 1's token
+    normed = (plan.norm(parts.norm, hidden) if plan is not None else parts.norm(hidden))[:, -1]
     if state.hidden is not None:
         state.hidden.index_copy_(1, state.column - 1, normed[:, None].to(state.hidden.dtype))
-    logits = parts.head(normed).float() / temperature  # [N, V]
+    head_out = plan.logits(parts.head, normed) if plan is not None else parts.head(normed)
+    logits = head_out.float() / temperature  # [N, V] (contiguous: a padded head's [N, Vp] is sliced before this)
     state.position += 1
     state.cache_position += 1
     return logits

@@ -59,6 +59,7 @@ from transformers.cache_utils import Cache
 
 from . import fast_decode_step
 from .adapter_merge import autocast_off_when_merged, merged_adapters
+from .decode_plan import SplitPromptCache, build_step_plan
 from .fast_decode_step import (CACHE_ALIGN, GQA_DECODE_ATTENTION, DecodeState, DecoderParts, GraphedCall,
                                TokenChooser, compiled_decode_logits, decode_logits,
                                rope_table)
@@ -178,6 +179,10 @@ def fast_sample_completions(
     return_step_probs: bool = False,
     return_hidden: bool = False,
     prefix: SharedPrefix | None = None,
+    fuse_layers: bool = False,
+    pad_head: bool = False,
+    decode_attention: str = "grouped",
+    split_prompt_cache: bool = False,
 ) -> Completions | tuple[Completions, Tensor]:
     """Decode G completions for each of B prompts: :func:`generation.sample_completions` semantics, fast.
 
@@ -197,6 +202,15 @@ def fast_sample_completions(
         return_hidden: keep each fed-back token's final-norm state (``Completions.hidden``, N·T·D values).
         prefix: the prompts are ``[prefix | inputs_embeds]`` (``generation.SharedPrefix``); each distinct prefix is
             prefilled once (:func:`prefill_shared`).
+        fuse_layers: run Qwen2/Llama decoder layers on joined q|k|v and gate|up scratch weights with fused RMSNorms
+            (``decode_plan.FusedLayer``): fewer kernels per step, same results up to float rounding.
+        pad_head: compute the LM head on a copy padded to a multiple of 64 rows (aligned logit rows for cuBLAS);
+            the padded columns are sliced off before sampling: the same tokens and ``token_logp``.
+        decode_attention: the one-query attention of the step: ``grouped`` (``gqa_decode_attention``),
+            ``sdpa_gqa`` (SDPA ``enable_gqa``) or ``flex`` (``flex_attention``; fast only with ``compile_step``).
+        split_prompt_cache: keep the B prompts' keys/values once and the N rows' new ones apart
+            (``decode_plan.SplitPromptCache``): each step reads a prompt's cache once for its G rows, not G times.
+            Needs ``fuse_layers`` on an LM whose every layer fuses (it replaces ``decode_attention``).
 
     Returns:
         :class:`Completions` with N = B·G rows (and ``step_probs`` if asked), trimmed to the longest row.
@@ -215,8 +229,16 @@ def fast_sample_completions(
     L, G, T = attention_mask.shape[1], num_generations, max_new_tokens
     num_slots = -(-(L + T) // CACHE_ALIGN) * CACHE_ALIGN
     rope = rope_table(parts.rotary, num_slots, inputs_embeds[:1, :1])
-    first_logits = parts.head(hidden).float() / temperature  # [B, V]
-    cache = replicate_prefix(prompt_cache, G, num_slots)
+    plan = build_step_plan(parts.layers, parts.head, default_attention=GQA_DECODE_ATTENTION,
+                           attention=decode_attention, fuse_layers=fuse_layers, pad_head=pad_head)
+    first_logits = plan.logits(parts.head, hidden).float() / temperature  # [B, V]
+    if split_prompt_cache:
+        if plan.layers is None or any(layer is None for layer in plan.layers):
+            raise ValueError("fast_sample_completions: split_prompt_cache=True needs fuse_layers=True and an LM whose "
+                             "every decoder layer fuses (Qwen2/Llama layers on plain or merged linears).")
+        cache = SplitPromptCache.of(cache_tensors(prompt_cache), hidden.shape[0] * G, num_slots)
+    else:
+        cache = replicate_prefix(prompt_cache, G, num_slots)
     del prompt_cache
     state = init_state(attention_mask, G, T, num_slots, dtype=inputs_embeds.dtype,
                        vocab_size=first_logits.shape[-1], pad_token_id=pad_token_id, rope=rope,
@@ -230,10 +252,10 @@ def fast_sample_completions(
     choose(first_logits.repeat_interleave(G, 0), state)  # column 0 from the shared prefill, [N, V]
 
     step = compiled_decode_logits(fast_decode_step.COMPILE_BACKEND) if compile_step else decode_logits
-    forward = partial(step, parts, cache, state, temperature)
+    forward = partial(step, parts, cache, state, temperature, plan)
     use_graph = device.type == "cuda" if use_cuda_graph is None else use_cuda_graph
     next_logits = GraphedCall(forward, device) if use_graph else forward
-    with using_attention(parts.body.config, GQA_DECODE_ATTENTION):
+    with using_attention(parts.body.config, plan.attention):
         for t in range(1, T):
             if t % stop_check_interval == 0 and bool(state.is_finished.all()):  # host sync every k steps
                 break
@@ -279,6 +301,11 @@ def reference_completions(lm: nn.Module, inputs_embeds: Tensor, attention_mask: 
 DECODE_BACKENDS = {
     "fast": fast_merged_completions,  # LoRA merged into scratch weights for the call
     "fast_compiled": partial(fast_merged_completions, compile_step=True),  # opt-in until measured on GPU
+    # + decode_plan's fused layers and padded head (opt-in until measured on GPU; docs/speed.md "Decode-step variants")
+    "fast_fused": partial(fast_merged_completions, fuse_layers=True, pad_head=True),
+    "fast_fused_compiled": partial(fast_merged_completions, fuse_layers=True, pad_head=True, compile_step=True),
+    "fast_fused_split_compiled": partial(fast_merged_completions, fuse_layers=True, pad_head=True,
+                                         split_prompt_cache=True, compile_step=True),
     "fast_adapters": fast_sample_completions,  # LoRA kept as adapters: no scratch memory, ~2x the step's kernels
     "reference": reference_completions,
 }

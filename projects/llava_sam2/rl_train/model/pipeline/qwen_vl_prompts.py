@@ -21,7 +21,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..decoding.generation import Completions, sample_completions
 from ..decoding.grouped_scoring import grouped_hidden
+from ..decoding.text_decoding import TextDecoding, _pad_cat, cut_at_stop_words, group_chunks
 from .qwen_vl_decode import row_vision_inputs
 
 
@@ -49,6 +51,14 @@ class QwenPromptInputs:
             return {}
         return {"visual_pos_masks": self.image_rows,
                 "deepstack_visual_embeds": [layer[self.image_rows] for layer in self.layer_additions]}
+
+    def repeat_rows(self, num_generations: int) -> "QwenPromptInputs":
+        """Each prompt row repeated ``num_generations`` times (row ``b·G + g`` is prompt b), as a decoder that
+        samples G completions per prompt takes them."""
+        G = num_generations
+        return QwenPromptInputs(self.embeds.repeat_interleave(G, 0), self.positions.repeat_interleave(G, 1),
+                                [layer.repeat_interleave(G, 0) for layer in self.layer_additions],
+                                self.image_rows.repeat_interleave(G, 0))
 
 
 def qwen_vl_prompt_inputs(model, encoded, images: Sequence[int], prompt_ids: Tensor,
@@ -88,3 +98,26 @@ def qwen_vl_answer_states(model, encoded, images: Sequence[int], prompt_ids: Ten
                                torch.ones_like(answer_ids, dtype=torch.bool), 1, inputs.positions,
                                inputs.layer_additions, final_norm=model.seg_state_after_final_norm)
     return states  # [n, A, D]
+
+
+@torch.no_grad()
+def qwen_vl_sample_text(model, encoded, images: Sequence[int], prompt_ids: Tensor, attention: Tensor,
+                        decoding: TextDecoding, *, num_generations: int, max_new_tokens: int, do_sample: bool,
+                        temperature: float = 1.0, top_p: float = 1.0, chunk_size: int | None = None,
+                        generator: torch.Generator | None = None) -> Completions:
+    """``text_decoding.sample_text`` of the family: G completions of each left-padded prompt ``[b, L]`` about
+    ``images`` (rows of ``encoded``), row ``r·G + g`` the g-th of prompt r, by the reference decoder on the seam's
+    inputs (M-RoPE positions, Qwen3-VL's deepstack at the prefill), at most ``chunk_size`` rows (whole groups) per
+    call, cut at the textual stop words. ``token_logp`` is at ``temperature``, as the GRPO loss scores it."""
+    G = num_generations
+    parts = []
+    for b0, b1 in group_chunks(prompt_ids.shape[0], G, chunk_size):
+        inputs = qwen_vl_prompt_inputs(model, encoded, images[b0:b1], prompt_ids[b0:b1],
+                                       attention[b0:b1]).repeat_rows(G)
+        rows = attention[b0:b1].to(inputs.embeds.device).repeat_interleave(G, 0)  # [n·G, L]
+        parts.append(sample_completions(model.hf_model, inputs.embeds, rows, max_new_tokens=max_new_tokens,
+                                        temperature=temperature, top_p=top_p, do_sample=do_sample,
+                                        stop_token_ids=list(decoding.stop_token_ids),
+                                        pad_token_id=decoding.pad_token_id, generator=generator,
+                                        prompt_positions=inputs.positions, prefill_kwargs=inputs.prefill_kwargs()))
+    return cut_at_stop_words(_pad_cat(parts, decoding.pad_token_id), decoding)
