@@ -116,6 +116,9 @@ def _to_xtuner(args) -> int:
     else:
         train_model, cfg = _rl_model(args.config, args.checkpoint, args.cfg_options)
         model, origin = train_model.sa2va, args.checkpoint
+        if getattr(model, "family", None) == "qwen_vl":
+            raise SystemExit("convert to-xtuner: the Qwen-VL family has no XTuner layout writer here; export the RL "
+                             "result with `sa2va-rl export` (the HF layout upstream's Sa2VAChatModelQwen reads)")
         spec = cfg.model.get("upstream_sft")
         if lora is None and spec is not None:
             lora = sft_source(spec["sft_model"], spec["template"])[0].lora

@@ -40,9 +40,11 @@ from ..model.checkpoints.dtypes import as_torch_dtype
 from ..model.checkpoints.hf_checkpoint import load_pretrained, save_pretrained
 from ..model.decoding.text_decoding import TextDecoding
 from ..model.network.lora import apply_lora, check_compute_dtype, configure_trainable, keep_trainable_in
+from ..model.network.qwen_vl import Sa2VAQwenModel
 from ..model.network.sa2va import Sa2VAModel
 from ..model.sft.sft_loss import sft_loss
 from ..model.text.processor import Sa2VAProcessor
+from ..model.text.qwen_processor import Sa2VAQwenProcessor
 from .builders import build_tokenizer, check_model_source, model_config
 from .checkpointing import keep_trainable_state
 from .registry import ALGORITHMS, build_component
@@ -122,7 +124,8 @@ class Sa2VATrainModel(BaseModel):
         upstream_sft: start from an upstream XTuner SFT run: ``dict(sft_model=<the SFT config's model dict>,
             template=<its template>, pretrained_pth=<its iter_*.pth file or DeepSpeed dir>, lora_mode='keep' |
             'merge')`` (engine/upstream_sft.py); LoRA, freeze flags, special tokens and paths come from it. With
-            'keep' the SFT adapter is trained on and ``lora`` is unused.
+            'keep' the SFT adapter is trained on and ``lora`` is unused. A Qwen-VL family run (``arch_type='qwen'``)
+            builds a ``Sa2VAQwenModel`` with its ``Sa2VAQwenProcessor`` (``processor_cfg``: its kwargs).
         tokenizer: tokenizer object, config dict or path; None reads it from ``pretrained_path`` (or the tiny one).
         lora: ``apply_lora`` kwargs (r, lora_alpha, lora_dropout, target_modules).
         train_embeddings: also train the LLM input embeddings and LM head (upstream SFT does; off for RL).
@@ -152,18 +155,24 @@ class Sa2VATrainModel(BaseModel):
         sa2va, tokenizer, train_mask_decoder = _build_sa2va(pretrained_path, preset, upstream_sft, tokenizer,
                                                             as_torch_dtype(torch_dtype, "Sa2VATrainModel: torch_dtype"))
         sa2va.bind_tokenizer(tokenizer)
+        is_qwen_vl = isinstance(sa2va, Sa2VAQwenModel)
         if gradient_checkpointing:
-            sa2va.language_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        # lora_mode='keep' of an upstream SFT run: the LLM arrives with the SFT adapter, which RL continues
-        self.is_lora_from_sft = isinstance(sa2va.language_model, PeftModel)
-        if not self.is_lora_from_sft:
+            llm = sa2va.hf_model if is_qwen_vl else sa2va.language_model
+            llm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # lora_mode='keep' of an upstream SFT run: the LLM arrives with the SFT adapter, which RL continues (the
+        # Qwen-VL family's adapter wraps its whole transformers model, as upstream's)
+        self.is_lora_from_sft = isinstance(sa2va.model if is_qwen_vl else sa2va.language_model, PeftModel)
+        if not self.is_lora_from_sft and is_qwen_vl:
+            sa2va.apply_lora(**dict(lora))
+        elif not self.is_lora_from_sft:
             sa2va.language_model = apply_lora(sa2va.language_model, **dict(lora))
         configure_trainable(sa2va, train_embeddings=train_embeddings, train_mask_decoder=train_mask_decoder)
         if trainable_dtype is not None:
             keep_trainable_in(sa2va, as_torch_dtype(trainable_dtype, "Sa2VATrainModel: trainable_dtype"))
         self.sa2va = sa2va
         self.is_random_init = preset is not None  # a preset has no checkpoint: every weight is random
-        self.processor = Sa2VAProcessor.from_config(tokenizer, sa2va.config, **dict(processor_cfg or {}))
+        processor_cls = Sa2VAQwenProcessor if is_qwen_vl else Sa2VAProcessor
+        self.processor = processor_cls.from_config(tokenizer, sa2va.config, **dict(processor_cfg or {}))
         self.sft_loss_cfg = dict(sft_loss_cfg or {})
         self.weights_storage_device = weights_storage_device
         keep_trainable_state(self)

@@ -27,17 +27,26 @@ is the weights the SFT started from (loaded before the LoRA wrap), not a result.
 class the model dict names (``Sa2VAModel``: v2, ``VideoLLaVASAMModel*``: v1), which both codebases' configs import
 under those names.
 
+Codebase v2's Qwen-VL family (``sa2va_qwenvl25/sa2va_qwen25_{3b,7b}.py``, ``sa2va_qwenvl3/sa2va_qwen3_4b.py``,
+``sa2va_qwen_finetune.py``) is the same dict with ``arch_type='qwen'`` and ``mllm=dict(type=Qwen2_5_VL | Qwen3VL,
+model_path=<a Qwen-VL directory>, freeze_llm=True, freeze_visual_encoder=True, llm_lora=dict(..., r=128,
+lora_alpha=256, modules_to_save=['lm_head', 'embed_tokens'], target_modules=None))``; it loads into
+``Sa2VAQwenModel`` (``model.checkpoints.qwen_vl_sft``). The family is told from ``arch_type`` and checked against the
+mllm class.
+
 Only plain values are read; the lazy ``type=`` objects are never imported, so the upstream classes need not be
 importable (a config that imports them parses anywhere). An RL config embeds this dict as
 ``Sa2VATrainModel(upstream_sft=dict(sft_model=<the SFT model dict>, template=..., pretrained_pth=..., lora_mode=...))``.
 """
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..model.checkpoints.qwen_vl_sft import load_upstream_qwen_sft
 from ..model.checkpoints.upstream_base import SAM2_CFG_PATHS, LoraSpec, UpstreamSFTSource, read_base_config
 from ..model.checkpoints.xtuner_checkpoint import LORA_MODES, load_upstream_sft
 from .mmengine_seams import stored_config_dict
@@ -48,6 +57,10 @@ SAM2_BASE_DIR_V2 = "pretrained/sam2/"  # projects/sa2va/models/sam2_train.py mov
 # the model class an SFT config's model dict names, per codebase
 V1_MODEL_CLASSES = ("VideoLLaVASAMModel", "VideoLLaVASAMModel_zero3")
 V2_MODEL_CLASSES = ("Sa2VAModel",)
+# mllm classes per family: upstream's projects/sa2va/models/mllm/{internvl,qwenvl,qwen3vl}.py (v1: InternVL_Slowfast)
+QWEN_MLLM_CLASSES = ("Qwen2_5_VL", "Qwen3VL")
+INTERN_VL_MLLM_CLASSES = ("InternVLMLLM", "InternVL_Slowfast")
+ARCH_TYPES = {"intern_vl": "intern_vl", "qwen": "qwen_vl"}  # Sa2VAModel arch_type -> our model family
 SAM2_DEFAULT_CKPT = "sam2_hiera_large.pt"
 SAM2_DEFAULT_CFG = "sam2_hiera_l.yaml"
 # peft LoraConfig defaults for keys an llm_lora dict leaves out
@@ -118,6 +131,25 @@ def sft_codebase(sft_model: Mapping) -> str:
                      f"(projects/llava_sam2) nor v2's {list(V2_MODEL_CLASSES)} (projects/sa2va)")
 
 
+def sft_family(sft_model: Mapping, codebase: str) -> str:
+    """``'intern_vl'`` or ``'qwen_vl'``: v2's ``arch_type`` (v1 has only InternVL), checked against the mllm class."""
+    arch = sft_model.get("arch_type", "intern_vl")
+    if arch not in ARCH_TYPES:
+        raise ValueError(f"SFT config: arch_type={arch!r}; supported: {sorted(ARCH_TYPES)} (upstream's 'llava' has "
+                         "no released config)")
+    mllm_class = _class_name((sft_model.get("mllm") or {}).get("type", ""))
+    family = ARCH_TYPES[arch]
+    if family == "qwen_vl" and codebase != "v2":
+        raise ValueError("SFT config: arch_type='qwen' with a codebase v1 model class; the Qwen-VL family exists only "
+                         "in codebase v2 (projects/sa2va, model type Sa2VAModel)")
+    known = QWEN_MLLM_CLASSES if family == "qwen_vl" else INTERN_VL_MLLM_CLASSES
+    other = INTERN_VL_MLLM_CLASSES if family == "qwen_vl" else QWEN_MLLM_CLASSES
+    if mllm_class in other:
+        raise ValueError(f"SFT config: arch_type={arch!r} but model.mllm type {mllm_class!r}; upstream pairs "
+                         f"arch_type={arch!r} with {list(known)}, so the config mixes the two families")
+    return family
+
+
 def sft_source(sft_model: Mapping, template: str, *, pretrained_pth: str | None = None,
                sam2_checkpoint: str | None = None) -> tuple[UpstreamSFTSource, SFTTrainFlags]:
     """The model description of an upstream SFT ``model`` dict (module docstring); ``pretrained_pth`` overrides the
@@ -126,13 +158,13 @@ def sft_source(sft_model: Mapping, template: str, *, pretrained_pth: str | None 
     codebase = sft_codebase(cfg)
     mllm = cfg.get("mllm") or {}
     if "model_path" not in mllm:
-        raise ValueError("SFT config: model.mllm.model_path (the InternVL base directory, `path`) is missing; pass "
+        raise ValueError("SFT config: model.mllm.model_path (the InternVL / Qwen-VL base directory, `path`) is "
+                         "missing; pass "
                          "the SFT config's `model` dict as upstream_sft.sft_model")
     if mllm.get("pretrained_pth") is not None:
         raise ValueError("SFT config: model.mllm.pretrained_pth is set; only the whole model's pretrained_pth "
                          "(XTuner checkpoint of VideoLLaVASAMModel) is supported")
-    if cfg.get("arch_type", "intern_vl") != "intern_vl":
-        raise ValueError(f"SFT config: arch_type={cfg['arch_type']!r}; only 'intern_vl' (InternVL + SAM2) is supported")
+    family = sft_family(cfg, codebase)
     # v2's InternVLMLLM never applies visual_encoder_lora (it passes None on and switches it off)
     trains_vit_lora = codebase == "v1" and mllm.get("visual_encoder_lora") is not None
     if not mllm.get("freeze_visual_encoder", False) or trains_vit_lora:
@@ -167,9 +199,9 @@ def sft_source(sft_model: Mapping, template: str, *, pretrained_pth: str | None 
         special_tokens=tuple(special), lora=lora,
         tokenizer_path=tokenizer.get("pretrained_model_name_or_path"),
         padding_side=tokenizer.get("padding_side", "right"),
-        init_checkpoint=os.fspath(init) if init is not None else None, codebase=codebase)
+        init_checkpoint=os.fspath(init) if init is not None else None, codebase=codebase, family=family)
     cfg_path = grounding.get("cfg_path", SAM2_DEFAULT_CFG)
-    if cfg_path not in SAM2_CFG_PATHS and "grounding_config" not in read_base_config(source.base_path):
+    if cfg_path not in SAM2_CFG_PATHS and "grounding_config" not in _base_config(source):
         raise ValueError(f"SFT config: grounding_encoder cfg_path={cfg_path!r}; only {list(SAM2_CFG_PATHS)} (SAM 2.0 "
                          "Hiera-L, Sa2VA's) is known")
     flags = SFTTrainFlags(train_mask_decoder=not cfg.get("frozen_sam2_decoder", True), has_llm_lora=lora is not None,
@@ -177,8 +209,19 @@ def sft_source(sft_model: Mapping, template: str, *, pretrained_pth: str | None 
     return source, flags
 
 
+def _base_config(source: UpstreamSFTSource) -> dict:
+    if source.family == "intern_vl":
+        return read_base_config(source.base_path)
+    file = os.path.join(source.base_path, "config.json")
+    if not os.path.isfile(file):
+        raise FileNotFoundError(f"{file} is missing: mllm.model_path must be the local Qwen-VL directory the SFT "
+                                "run started from")
+    with open(file, encoding="utf-8") as f:
+        return json.load(f)
+
+
 def build_upstream_sft_model(upstream_sft: Mapping, torch_dtype=None):
-    """``Sa2VATrainModel(upstream_sft=...)``: (Sa2VAModel, tokenizer, SFTTrainFlags, LoadReport,
+    """``Sa2VATrainModel(upstream_sft=...)``: (Sa2VAModel or Sa2VAQwenModel, tokenizer, SFTTrainFlags, LoadReport,
     UpstreamSFTSource)."""
     spec = plain(upstream_sft)
     unknown = sorted(set(spec) - set(UPSTREAM_SFT_KEYS))
@@ -191,8 +234,8 @@ def build_upstream_sft_model(upstream_sft: Mapping, torch_dtype=None):
     if source.pretrained_pth is None:
         raise ValueError("upstream_sft: pretrained_pth is None; set it to the SFT checkpoint RL starts from "
                          "(work_dirs/<sft config>/iter_N.pth, a file or a DeepSpeed directory)")
-    model, tokenizer, report = load_upstream_sft(source, lora_mode=spec.get("lora_mode", "keep"),
-                                                 torch_dtype=torch_dtype)
+    load = load_upstream_qwen_sft if source.family == "qwen_vl" else load_upstream_sft
+    model, tokenizer, report = load(source, lora_mode=spec.get("lora_mode", "keep"), torch_dtype=torch_dtype)
     return model, tokenizer, flags, report, source
 
 

@@ -69,6 +69,8 @@ class UpstreamSFTSource:
         started from (e.g. ``tools/convert_to_pth.py`` of a released Sa2VA), loaded by upstream *before* the LoRA
         wrap; its tensors stand between the SFT checkpoint and the SAM2 / base weights. None: no such layer.
     codebase: ``'v1'`` (``projects/llava_sam2``) or ``'v2'`` (``projects/sa2va``), told from the SFT config.
+    family: ``'intern_vl'`` (``Sa2VAModel``) or ``'qwen_vl'`` (codebase v2's ``arch_type='qwen'``: ``base_path`` is a
+        Qwen2.5-VL / Qwen3-VL directory, loaded into ``Sa2VAQwenModel`` by ``qwen_vl_sft``).
     """
 
     base_path: str
@@ -82,6 +84,7 @@ class UpstreamSFTSource:
     grounding_config: dict | None = None
     init_checkpoint: str | None = None
     codebase: str = "v1"
+    family: str = "intern_vl"
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints

@@ -56,6 +56,10 @@ def copy_remote_code(remote_code_dir: str | os.PathLike, save_path: str | os.Pat
 def sft_to_hf(source: UpstreamSFTSource, save_path: str | os.PathLike, *, dtype: str = "auto",
               max_shard_size: int | str = "5GB", remote_code_dir: str | os.PathLike | None = None):
     """Write the HF Sa2VA layout of an upstream SFT run (LoRA merged); returns the LoadReport."""
+    if source.family != "intern_vl":
+        raise ValueError(f"convert to-hf: the SFT run is of the {source.family} family (arch_type='qwen'); only the "
+                         "InternVL family's runs are converted here. Start RL from it (upstream_sft) and write the "
+                         "result with `sa2va-rl export`, or use upstream's tools/convert_to_hf.py")
     model, tokenizer, report = load_upstream_sft(source, lora_mode="merge")
     apply_hf_dtype(model, dtype, read_base_config(source.base_path).get("torch_dtype"),
                    has_llm_lora=source.lora is not None)
