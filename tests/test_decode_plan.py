@@ -165,8 +165,10 @@ def test_fusion_reads_plain_and_merged_linears_but_not_live_adapters():
         assert torch.equal(fused.qkv_weight, expected)
     embeds, attention = prompts(lm, [4, 7])
     kw = dict(max_new_tokens=8, stop_token_ids=[NEVER])
-    got = fast(lm, embeds, attention, 2, 5, decoder=partial(decode_completions, decode_backend="fast_fused"), **kw)
-    assert_same_completions(got, reference(lm, embeds, attention, 2, 5, **kw))
+    expected = reference(lm, embeds, attention, 2, 5, **kw)
+    for backend in ("fast_fused", "fast_fused_sdpa"):
+        got = fast(lm, embeds, attention, 2, 5, decoder=partial(decode_completions, decode_backend=backend), **kw)
+        assert_same_completions(got, expected)
 
 
 @pytest.mark.parametrize("attention_fn", [sdpa_gqa_decode_attention, flex_decode_attention])

@@ -303,6 +303,7 @@ DECODE_BACKENDS = {
     "fast_compiled": partial(fast_merged_completions, compile_step=True),  # opt-in until measured on GPU
     # + decode_plan's fused layers and padded head (opt-in until measured on GPU; docs/speed.md "Decode-step variants")
     "fast_fused": partial(fast_merged_completions, fuse_layers=True, pad_head=True),
+    "fast_fused_sdpa": partial(fast_merged_completions, fuse_layers=True, pad_head=True, decode_attention="sdpa_gqa"),
     "fast_fused_compiled": partial(fast_merged_completions, fuse_layers=True, pad_head=True, compile_step=True),
     "fast_fused_split_compiled": partial(fast_merged_completions, fuse_layers=True, pad_head=True,
                                          split_prompt_cache=True, compile_step=True),
