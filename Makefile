@@ -12,9 +12,11 @@ export NLTK_DATA
 # torch >= 2.6 loads checkpoints weights-only by default; MMEngine/xtuner resume needs full pickles
 # of our own checkpoints (docs/stack.md §2).
 export TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD := 1
-# Two workers (one per core of the CI machine), each test file on one worker (module fixtures run once);
-# tests/conftest.py gives each worker one torch thread. The slowest tests are listed at the end.
-PYTEST_ARGS ?= -q -n 2 --dist loadfile --durations=15
+# Two workers (one per core of the CI machine), each test file on one worker (module fixtures run once), handed out
+# in collection order, which tests/conftest.py makes longest-first (without --no-loadscope-reorder, xdist sorts the
+# files by test count and the slowest files, which hold few tests, start last); tests/conftest.py gives each worker
+# one torch thread. The slowest tests are listed at the end.
+PYTEST_ARGS ?= -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15
 
 .PHONY: setup test demo clean-venv gpu-wheels gpu-check
 
