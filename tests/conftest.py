@@ -26,8 +26,9 @@ def _seed_everything():
 
 
 # The files with the longest runs (multi-process launches, the shortened demo), longest first. `make test` hands whole
-# files to two workers in collection order (`--dist loadfile`); starting these first keeps one of them from being the
-# last file of a worker that the other worker finished long ago (longest-processing-time-first scheduling).
+# files to two workers in collection order (`--dist loadfile --no-loadscope-reorder`, tests/test_make_test_schedule.py);
+# starting these first keeps one of them from being the last file of a worker that the other worker finished long ago
+# (longest-processing-time-first scheduling).
 LONGEST_FIRST = (
     "test_demo_pipeline.py", "test_check_gpu.py", "test_engine_launch.py", "test_demo_pipeline_same_domain.py",
     "test_engine_parity.py", "test_upstream_sft.py", "test_engine_fault_points.py", "test_prompt_filter.py",
