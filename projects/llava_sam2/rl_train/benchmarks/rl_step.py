@@ -270,7 +270,7 @@ def parse_args(argv=None):
     parser.add_argument("--beta", type=float, default=0.04, help="KL weight; 0 drops the reference pass")
     parser.add_argument("--generation-chunk-size", type=int, default=None)
     parser.add_argument("--minibatch-size", type=int, default=None)
-    parser.add_argument("--decode-backend", default="fast", choices=["fast", "fast_compiled", "fast_adapters"],
+    parser.add_argument("--decode-backend", default="fast", choices=sorted(set(DECODE_BACKENDS) - {"reference"}),
                         help="ours: the decoder of every rollout pass (GRPOConfig.decode_backend)")
     parser.add_argument("--logprob-head", default="reference", choices=sorted(LOGPROB_HEADS),
                         help="ours: how the LM head scores tokens in every log-prob pass (GRPOConfig.logprob_head)")
