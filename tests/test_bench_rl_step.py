@@ -2,6 +2,7 @@
 profiler table in one run, and the module state it patches is restored afterwards (no timing asserts: speed goes
 to docs/benchmarks.md)."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -226,3 +227,22 @@ def test_forced_caption_lengths_reach_the_reference_decoder():
     assert all(n in (2, 3) for n in first + second) and set(first + second) == {2, 3}
     assert all(ids[row, n - 1] == stop for row, n in enumerate(first))
     assert unforced == free and generation._next_token is original and lengths()[0] == free
+
+
+def test_the_gpu_step_defaults_are_the_released_size_configs_settings():
+    """On CUDA a flag left out takes the released-size configs' step settings (what a GPU user trains with); on CPU
+    GRPOConfig's defaults; 0 turns a length bucket off."""
+    from mmengine.config import Config
+
+    from projects.llava_sam2.rl_train.benchmarks.rl_step import STEP_DEFAULTS, fill_step_defaults, parse_args
+    from projects.llava_sam2.rl_train.grpo.config import GRPOConfig
+
+    root = Path(__file__).resolve().parents[1] / "projects/llava_sam2/configs/rl"
+    for name in ("sa2va_1b_grpo_cycle.py", "sa2va_4b_grpo_cycle.py", "sa2va_8b_grpo_cycle.py"):
+        released = Config.fromfile(str(root / name)).train_cfg["algorithm"]["config"]
+        assert {k: released.get(k) for k in STEP_DEFAULTS["cuda"]} == STEP_DEFAULTS["cuda"], name
+    defaults = GRPOConfig()
+    assert STEP_DEFAULTS["cpu"] == {k: getattr(defaults, k) for k in STEP_DEFAULTS["cpu"]}
+    args = fill_step_defaults(parse_args(["--completion-length-multiple", "0", "--decode-backend", "fast"]), "cuda")
+    assert (args.decode_backend, args.logprob_head, args.prompt_length_multiple, args.completion_length_multiple) == \
+        ("fast", "fused", 64, None)

@@ -270,16 +270,18 @@ def parse_args(argv=None):
     parser.add_argument("--beta", type=float, default=0.04, help="KL weight; 0 drops the reference pass")
     parser.add_argument("--generation-chunk-size", type=int, default=None)
     parser.add_argument("--minibatch-size", type=int, default=None)
-    parser.add_argument("--decode-backend", default="fast", choices=sorted(set(DECODE_BACKENDS) - {"reference"}),
-                        help="ours: the decoder of every rollout pass (GRPOConfig.decode_backend)")
-    parser.add_argument("--logprob-head", default="reference", choices=sorted(LOGPROB_HEADS),
-                        help="ours: how the LM head scores tokens in every log-prob pass (GRPOConfig.logprob_head)")
+    parser.add_argument("--decode-backend", default=None, choices=sorted(set(DECODE_BACKENDS) - {"reference"}),
+                        help="ours: the decoder of every rollout pass (GRPOConfig.decode_backend); default: "
+                             "STEP_DEFAULTS of the device")
+    parser.add_argument("--logprob-head", default=None, choices=sorted(LOGPROB_HEADS),
+                        help="ours: how the LM head scores tokens in every log-prob pass (GRPOConfig.logprob_head); "
+                             "default: STEP_DEFAULTS of the device")
     parser.add_argument("--prompt-length-multiple", type=int, default=None,
                         help="ours: left-pad every prompt batch to a multiple of this (GRPOConfig."
-                             "prompt_length_multiple; the released-size configs use 64); default: no buckets")
+                             "prompt_length_multiple); 0: no buckets; default: STEP_DEFAULTS of the device")
     parser.add_argument("--completion-length-multiple", type=int, default=None,
                         help="ours: right-pad sampled completions to a multiple of this (GRPOConfig."
-                             "completion_length_multiple; the released-size configs use 32); default: no buckets")
+                             "completion_length_multiple); 0: no buckets; default: STEP_DEFAULTS of the device")
     parser.add_argument("--storage", default="cuda", choices=["cuda", "cpu"],
                         help="where partner/reference/swap values live: beside the parameters, or pinned host memory")
     parser.add_argument("--caption-reward", default="stub", choices=["stub", "default"])
@@ -467,11 +469,34 @@ def forced_answers(args, processor, model, clock) -> ForcedAnswers | None:
     return ForcedAnswers(clock, stop_id, seg_answer=seg, caption_lengths=args.caption_lengths)
 
 
+# The step settings a flag left out takes: on CUDA those of the released-size configs
+# (configs/rl/_base_/sa2va_grpo_cycle_dlc.py, kept equal by tests/test_bench_rl_step.py), so the bench times the step
+# a GPU user trains with; on CPU GRPOConfig's defaults (the CPU configs' exact path).
+STEP_DEFAULTS = {
+    "cuda": dict(decode_backend="fast_fused_sdpa", logprob_head="fused", prompt_length_multiple=64,
+                 completion_length_multiple=32),
+    "cpu": dict(decode_backend="fast", logprob_head="reference", prompt_length_multiple=None,
+                completion_length_multiple=None),
+}
+
+
+def fill_step_defaults(args, device_type: str):
+    """Flags left out (None) take ``STEP_DEFAULTS[device_type]``; a length multiple of 0 means no buckets."""
+    for name, value in STEP_DEFAULTS[device_type].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    for name in ("prompt_length_multiple", "completion_length_multiple"):
+        if getattr(args, name) == 0:
+            setattr(args, name, None)
+    return args
+
+
 def run_benchmark(argv: list[str] | None = None) -> dict:
     """Run the benchmark; returns what ``--json`` writes."""
     args = parse_args(argv)
     started = time.perf_counter()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    fill_step_defaults(args, device.type)
     dtype = as_torch_dtype(args.dtype, "--dtype") if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     grad_ckpt = (args.grad_ckpt or ("on" if device.type == "cuda" else "off")) == "on"
     amp_name = args.amp_dtype or ("bfloat16" if device.type == "cuda" else "none")
