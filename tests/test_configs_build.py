@@ -119,6 +119,10 @@ def test_cpu_config_builds_like_the_trainer(path, local_files, tmp_path, monkeyp
         from projects.llava_sam2.rl_train.model.checkpoints.tiny_upstream_run import make_tiny_sft_run
         make_tiny_sft_run(tmp_path / "checkout", seed=0, codebase=codebase[rel(path)])
         monkeypatch.chdir(tmp_path / "checkout")
+    if rel(path) == "rl/tiny_grpo_from_upstream_v2_qwen_sft_cpu.py":  # a v2 Qwen-VL checkout after its SFT run
+        from qwen_sft_fixtures import make_tiny_qwen_sft_run
+        make_tiny_qwen_sft_run(tmp_path / "checkout", seed=0)
+        monkeypatch.chdir(tmp_path / "checkout")
     cfg = Config.fromfile(str(path))
     cfg.work_dir, cfg.log_level = str(tmp_path), "WARNING"
     cfg.merge_from_dict(local_options(rel(path), local_files))
