@@ -276,6 +276,9 @@ def parse_args(argv=None):
     parser.add_argument("--logprob-head", default=None, choices=sorted(LOGPROB_HEADS),
                         help="ours: how the LM head scores tokens in every log-prob pass (GRPOConfig.logprob_head); "
                              "default: STEP_DEFAULTS of the device")
+    parser.add_argument("--compile-loss-layers", action="store_true",
+                        help="ours: each decoder layer of the grouped log-prob passes through torch.compile "
+                             "(GRPOConfig.compile_loss_layers); sweep key loss=compiled|eager")
     parser.add_argument("--prompt-length-multiple", type=int, default=None,
                         help="ours: left-pad every prompt batch to a multiple of this (GRPOConfig."
                              "prompt_length_multiple); 0: no buckets; default: STEP_DEFAULTS of the device")
@@ -366,8 +369,10 @@ def refuse_for_qwen_vl(parser, args) -> None:
 
 # sweep keys -> argument names; tiles -> image (width, height) on the 448 px presets (1..12 tiles + thumbnail)
 SWEEP_KEYS = {"G": "num_generations", "T": "max_new_tokens", "B": "batch", "backend": "decode_backend",
-              "tiles": "tiles", "amp": "amp_dtype", "logprob": "logprob_head"}
-TEXT_KEYS = ("backend", "amp", "logprob")
+              "tiles": "tiles", "amp": "amp_dtype", "logprob": "logprob_head",
+              "loss": "compile_loss_layers"}
+TEXT_KEYS = ("backend", "amp", "logprob", "loss")
+LOSS_LAYERS = {"compiled": True, "eager": False}  # sweep loss= value -> compile_loss_layers
 TILE_IMAGES = {1: (448, 448), 5: (896, 896), 10: (1344, 1344), 13: (1792, 1344)}
 
 
@@ -383,6 +388,10 @@ def sweep_point(text: str) -> dict:
         raise ValueError(f"--sweep: amp={point['amp_dtype']}; use bfloat16, float16 or none")
     if point.get("logprob_head", "reference") not in LOGPROB_HEADS:
         raise ValueError(f"--sweep: logprob={point['logprob_head']}; use one of {sorted(LOGPROB_HEADS)}")
+    if "compile_loss_layers" in point:
+        if point["compile_loss_layers"] not in LOSS_LAYERS:
+            raise ValueError(f"--sweep: loss={point['compile_loss_layers']}; use one of {sorted(LOSS_LAYERS)}")
+        point["compile_loss_layers"] = LOSS_LAYERS[point["compile_loss_layers"]]
     if point.get("tiles", 5) not in TILE_IMAGES:
         raise ValueError(f"--sweep: tiles={point['tiles']}; use one of {sorted(TILE_IMAGES)}")
     return point
@@ -428,6 +437,7 @@ def make_algo(model, processor, weights, args, decode_backend: str) -> CycleGRPO
     config = dict(num_generations=args.num_generations, max_completion_length=args.max_new_tokens, beta=args.beta,
                   mask_policy=args.mask_policy, generation_chunk_size=args.generation_chunk_size,
                   decode_backend=decode_backend, logprob_head=args.logprob_head, video_mllm_frames=args.mllm_frames,
+                  compile_loss_layers=args.compile_loss_layers,
                   prompt_length_multiple=args.prompt_length_multiple,
                   completion_length_multiple=args.completion_length_multiple)
     for name in LOOP_NAMES:  # a loop with weight 0 is not run
@@ -608,6 +618,7 @@ def run_sweep(args, model, processor, weights, optimizer, params, clock, out: di
             out[label] = {**summary, "batch": settings.batch, "num_generations": settings.num_generations,
                           "max_new_tokens": settings.max_new_tokens, "decode_backend": settings.decode_backend,
                           "logprob_head": settings.logprob_head,
+                          "compile_loss_layers": settings.compile_loss_layers,
                           "amp_dtype": str(point_amp).removeprefix("torch.") if point_amp else "none",
                           "caption_lengths": forced.caption_lengths if forced is not None else None,
                           "n_tiles": tiles_per_prompt(settings, processor, batch)}

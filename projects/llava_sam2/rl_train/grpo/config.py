@@ -95,6 +95,11 @@ class GRPOConfig:
     model/decoding/generation.py LOGPROB_HEADS: reference (the head over every position, chunked by positions and
     checkpointed) | fused (only the real tokens, the vocabulary padded to a multiple of 64 for the GEMMs, one autograd
     Function that never holds [N, T, V] logits; equal to reference up to float order, docs/speed.md)."""
+    compile_loss_layers: bool = False
+    """Run each decoder layer of the grouped log-prob passes (old_logp, ref_logp, the loss) through torch.compile
+    (Inductor): fused elementwise work, no per-operation Python dispatch; one graph serves all layers. Compiles on the
+    first step (and per grad/train mode, adapter state, new length); equal to the eager pass up to float order
+    (model/decoding/grouped_scoring.py, docs/speed.md)."""
 
     # ---- rewards and advantages ----------------------------------------------------------------------------
     scale_rewards: str = "group"

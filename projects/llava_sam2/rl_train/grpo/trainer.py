@@ -51,6 +51,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..model.decoding.grouped_scoring import compile_group_layers
 from ..model.decoding.text_decoding import TextDecoding, group_chunks
 from ..model.network.lora import check_compute_dtype
 from ..model.pipeline.shared import SEG_ANSWER, seg_answer_ids
@@ -154,6 +155,16 @@ def build_composer(rewards, config: GRPOConfig, loop_key: str) -> RewardComposer
     return composer
 
 
+def _compile_scoring_layers(model: nn.Module, compile_layers: bool) -> None:
+    """``GRPOConfig.compile_loss_layers`` on the LM that every grouped scoring pass runs (Qwen-VL's ``hf_model``,
+    Sa2VA's ``language_model``), set either way so a model reused by a new trainer follows that trainer's config."""
+    scoring_lm = getattr(model, "hf_model", None)
+    if scoring_lm is None:
+        scoring_lm = getattr(model, "language_model", None)
+    if scoring_lm is not None:
+        compile_group_layers(scoring_lm, "inductor" if compile_layers else None)
+
+
 class CycleGRPO:
     """Dual-loop GRPO on one Sa2VA backbone (policy, EMA partner and reference share it through ``weights``).
 
@@ -211,6 +222,7 @@ class CycleGRPO:
             generator = torch.Generator(device=model.device)
             generator.manual_seed(int(seed))
         processor.prompt_length_multiple = config.prompt_length_multiple  # every tokenize_prompts of the step
+        _compile_scoring_layers(model, config.compile_loss_layers)
         self.context = CycleContext(
             model=model, processor=processor, weights=weights, config=config, mask_policy=build_mask_policy(config),
             decoding=TextDecoding.from_processor(processor, config.decode_backend, config.completion_length_multiple),

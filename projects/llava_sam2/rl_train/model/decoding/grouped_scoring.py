@@ -21,10 +21,20 @@ c_t from the continuation's state at input c_{t-1}; positions are ``cumsum(atten
 Supported: transformers Qwen2 / Qwen3 / Llama / Phi3 bodies (``layers``, ``norm``, ``rotary_emb``; the 4.57 layer API)
 with the ``sdpa`` or ``eager`` attention and no sliding window in reach; other LMs are scored by ``completion_logprobs``
 on the N repeated rows (same values, the old cost).
+
+Compiled layers (:func:`compile_group_layers`, ``GRPOConfig.compile_loss_layers``): the per-layer call runs through
+``torch.compile`` so its elementwise work (LoRA, RMSNorm, rotary, masks) fuses and the Python dispatch of its ~400
+operations leaves the host. All decoder layers are one class, so the layer is an argument of the compiled function
+(its parameters are graph inputs) and the 2nd..Nth layer reuse the graph of the first; a graph is added per grad mode,
+train/eval mode, adapter state and, while shapes stay static, per prompt/completion length (the first new length
+makes them dynamic: torch's default). The compiled call sits inside the per-layer checkpoint, so the recompute in
+backward replays the same graph. Every scoring pass of a model (rollout, reference, loss) runs it, so old_logp still
+equals the loss pass; a process that passes torch's recompile limit runs further graphs eagerly (same values).
 """
 from __future__ import annotations
 
 from functools import partial
+from typing import Callable
 
 import torch
 from torch import Tensor, nn
@@ -35,6 +45,7 @@ from .generation import MAX_LOGIT_BYTES, completion_logprobs, continuation_posit
 from ..network.transformers_seams import attention_implementation, run_decoder_layer
 
 SUPPORTED_ATTENTION = ("sdpa", "eager")  # implementations that take a 4-D additive mask
+COMPILE_ATTRIBUTE = "grouped_layer_compile"  # on the decoder body: the torch.compile backend of its layer calls
 
 
 class GroupKV:
@@ -98,6 +109,26 @@ def _layer_on_group(layer: nn.Module, num_generations: int, prefix_kwargs: dict,
     return h_prefix, h_continuation
 
 
+def compile_group_layers(lm: nn.Module, backend: str | None = "inductor") -> None:
+    """Run :func:`grouped_hidden`'s per-layer calls on ``lm`` through ``torch.compile(backend=backend)`` from now on
+    (None: eagerly again). Kept as a backend name on the decoder body, so copies of the model carry it."""
+    body, _ = decoder_and_head(lm)
+    setattr(body, COMPILE_ATTRIBUTE, backend)
+
+
+_COMPILED_LAYER_CALLS: dict[str, Callable] = {}  # backend -> the compiled layer call (one per process)
+
+
+def _layer_call(body: nn.Module) -> Callable:
+    """The layer call :func:`grouped_hidden` uses on ``body``: compiled per :func:`compile_group_layers`, or eager."""
+    backend = getattr(body, COMPILE_ATTRIBUTE, None)
+    if backend is None:
+        return _layer_on_group
+    if backend not in _COMPILED_LAYER_CALLS:
+        _COMPILED_LAYER_CALLS[backend] = torch.compile(_layer_on_group, backend=backend)
+    return _COMPILED_LAYER_CALLS[backend]
+
+
 def supports_grouping(lm: nn.Module, length: int) -> bool:
     """True when :func:`grouped_hidden` can run ``lm`` over ``length`` = L + T positions (module docstring)."""
     body, _ = decoder_and_head(lm)
@@ -152,8 +183,9 @@ def grouped_hidden(lm: nn.Module, prompt_embeds: Tensor, prompt_attention: Tenso
                                position_embeddings=body.rotary_emb(h_continuation, next_positions))
     use_checkpoint = torch.is_grad_enabled() and body.training and getattr(body, "gradient_checkpointing", False)
     additions = list(prefix_additions or [])
+    layer_call = _layer_call(body)
     for index, layer in enumerate(body.layers[:body.config.num_hidden_layers]):
-        step = partial(_layer_on_group, layer, G, prefix_kwargs, continuation_kwargs,
+        step = partial(layer_call, layer, G, prefix_kwargs, continuation_kwargs,
                        prefix_addition=additions[index] if index < len(additions) else None)
         if use_checkpoint:
             h_prefix, h_continuation = checkpoint(step, h_prefix, h_continuation, use_reentrant=False)
