@@ -1,15 +1,18 @@
 """model/decoding/grouped_scoring.py compile_group_layers: the grouped loss pass with each decoder layer's call through
-torch.compile equals the eager pass (fp32: log-probs, the prompt gradient and every LoRA gradient within 1e-5, the
-bound for a backend that reorders float sums; the graph-only backends used here give the same aten operations), the
-no-grad rollout scoring stays bit-identical to the compiled loss pass, and the layers share one graph: a second call
-compiles nothing. GRPOConfig.compile_loss_layers reaches the model through CycleGRPO, and the bench's sweep key."""
+torch.compile equals the eager pass (fp32: log-probs and the gradient of every trainable tensor within 1e-5, the
+bound for a backend that reorders float sums; the backends used here, dynamo alone or with AOTAutograd, run the same
+operations, Inductor is too slow to compile on CPU for a test), the no-grad rollout scoring stays bit-identical to the
+compiled loss pass, the layers share one graph and a second call compiles nothing; past torch's recompile limit the
+layers run eagerly with the same values. GRPOConfig.compile_loss_layers reaches the model through CycleGRPO, and the
+bench's --compile-loss-layers / sweep key loss=."""
 from __future__ import annotations
 
 import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from grpo_tiny import build_tiny, make_algo, one_thread
+from grpo_tiny import build_tiny, make_algo, one_thread, run_rollout, shapes_batch
+from projects.llava_sam2.rl_train.grpo.cycle import caption_logp
 from projects.llava_sam2.rl_train.benchmarks import rl_step as bench
 from projects.llava_sam2.rl_train.model.decoding.generation import decoder_and_head
 from projects.llava_sam2.rl_train.model.decoding.grouped_scoring import COMPILE_ATTRIBUTE, compile_group_layers, \
@@ -35,7 +38,7 @@ def compiled_graphs() -> int:
     return counters["stats"]["unique_graphs"]
 
 
-def test_compiled_layers_equal_the_eager_loss_pass_and_share_one_graph():
+def test_compiled_layers_share_one_graph_and_a_second_call_compiles_nothing():
     lm = lora_lm(num_hidden_layers=4)
     lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     lm.train()
@@ -46,28 +49,60 @@ def test_compiled_layers_equal_the_eager_loss_pass_and_share_one_graph():
                                                                  completion_mask, G, grouped=True)
     assert compiled_graphs() == 0
 
-    compile_group_layers(lm, "aot_eager")  # dynamo + AOTAutograd (Inductor's front end), eager kernels
+    compile_group_layers(lm, "eager")  # dynamo's graph capture alone: the cheapest backend for counting graphs
     logp, prompt_grad, grads = score_with_grad(lm, embeds, attention, completion_ids, completion_mask, G, grouped=True)
     # layer 0's continuation input (token embeddings) needs no grad, layers 1..3 do: two graphs for four layers
     assert compiled_graphs() == 2
     torch.testing.assert_close(logp, eager_logp, **TOL)
     torch.testing.assert_close(prompt_grad, eager_prompt_grad, **TOL)
-    assert grads.keys() == eager_grads.keys() and any("lora_A" in name for name in grads)
     for name, grad in grads.items():
         torch.testing.assert_close(grad, eager_grads[name], **TOL, msg=lambda m: f"{name}: {m}")
 
     score_with_grad(lm, embeds, attention, completion_ids, completion_mask, G, grouped=True)  # same shapes
     assert compiled_graphs() == 2
 
-    with torch.no_grad():  # the rollout's old_logp: eval, no grad, through the same switch
-        old_logp = grouped_completion_logprobs(lm.eval(), embeds, attention, completion_ids, completion_mask,
-                                               num_generations=G, temperature=0.7)
-    assert torch.equal(old_logp, logp)
-
     compile_group_layers(lm, None)  # back to eager: nothing more compiles
-    before = compiled_graphs()
-    score_with_grad(lm.train(), embeds, attention, completion_ids, completion_mask, G, grouped=True)
-    assert compiled_graphs() == before
+    score_with_grad(lm, embeds, attention, completion_ids, completion_mask, G, grouped=True)
+    assert compiled_graphs() == 2
+
+
+def test_loop1_loss_pass_on_tiny_sa2va_is_the_same_with_compiled_layers():
+    """caption_logp on the tiny Sa2VA (peft-wrapped Qwen2, checkpointed, train mode): compiled layers give the eager
+    log-probs and the gradient of every trainable tensor (LoRA, and mlp1 through the image tokens of the prompt);
+    the compiled no-grad rollout scoring equals the compiled loss pass bit for bit."""
+    model, processor = build_tiny()
+    algo, _ = make_algo(model, processor, {"mask_to_caption": [dict(type="iou")]}, caption_to_mask_weight=0.0)
+    step = run_rollout(algo, shapes_batch(2))
+    features, (rollout,) = step.features, step.rollouts
+    model.language_model.gradient_checkpointing_enable()
+    model.train()
+    replay, samples, temperature = rollout.replay, range(2), 0.7
+    g = torch.Generator().manual_seed(0)
+    N, T = rollout.action_mask.shape  # random weights never stop a caption: cut the rows at 1..T tokens
+    completion_mask = torch.arange(T)[None] < torch.randint(1, T + 1, (N,), generator=g)[:, None]  # [N, T]
+    weights = torch.randn(N, T, generator=g)
+
+    def grads_of():
+        model.zero_grad(set_to_none=True)
+        logp = caption_logp(model, features, model.project_vision(features.vit_tokens), replay, completion_mask,
+                            samples, rollout.group_size, temperature, "reference")
+        (weights * logp).sum().backward()
+        return logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    eager_logp, eager_grads = grads_of()
+    compile_group_layers(model.language_model, "aot_eager")  # dynamo + AOTAutograd (Inductor's front end)
+    logp, grads = grads_of()
+    assert compiled_graphs() > 0 and 8 < completion_mask.sum() < N * T
+    torch.testing.assert_close(logp, eager_logp, **TOL)
+    assert grads.keys() == eager_grads.keys()
+    assert any(n.startswith("mlp1") for n in grads) and sum("lora_" in n for n in grads) == 2 * 2 * 7
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, eager_grads[name], **TOL, msg=lambda m: f"{name}: {m}")
+    model.eval()
+    with torch.no_grad():
+        old_logp = caption_logp(model, features, model.project_vision(features.vit_tokens), replay, completion_mask,
+                                samples, rollout.group_size, temperature, "reference")
+    assert torch.equal(old_logp, logp)
 
 
 def test_past_the_recompile_limit_the_layers_run_eagerly_with_the_same_values(monkeypatch):
@@ -89,9 +124,10 @@ def test_past_the_recompile_limit_the_layers_run_eagerly_with_the_same_values(mo
 def test_config_switch_reaches_the_scoring_lm_and_a_new_trainer_resets_it():
     model, processor = build_tiny()
     body, _ = decoder_and_head(model.language_model)
-    make_algo(model, processor, compile_loss_layers=True)
+    rewards = {"mask_to_caption": [dict(type="iou")]}
+    make_algo(model, processor, rewards, caption_to_mask_weight=0.0, compile_loss_layers=True)
     assert getattr(body, COMPILE_ATTRIBUTE) == "inductor"
-    make_algo(model, processor)
+    make_algo(model, processor, rewards, caption_to_mask_weight=0.0)
     assert getattr(body, COMPILE_ATTRIBUTE) is None
 
 
