@@ -28,10 +28,10 @@ G = 3
 @pytest.fixture(autouse=True)
 def fresh_dynamo():
     """Each test starts and leaves with no compiled code (the caches live on the code object, across models)."""
-    torch._dynamo.reset()
+    torch.compiler.reset()
     counters.clear()
     yield
-    torch._dynamo.reset()
+    torch.compiler.reset()
 
 
 def compiled_graphs() -> int:
