@@ -98,7 +98,7 @@ class GRPOConfig:
     compile_loss_layers: bool = False
     """Run each decoder layer of the grouped log-prob passes (old_logp, ref_logp, the loss) through torch.compile
     (Inductor): fused elementwise work, no per-operation Python dispatch; one graph serves all layers. Compiles on the
-    first step (and per grad/train mode, adapter state, new length); equal to the eager pass up to float order
+    first step (per grad/train mode, autocast and adapter state; lengths are symbolic); equal to the eager pass up to float order
     (model/decoding/grouped_scoring.py, docs/speed.md)."""
 
     # ---- rewards and advantages ----------------------------------------------------------------------------

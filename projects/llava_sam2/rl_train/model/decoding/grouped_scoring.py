@@ -25,9 +25,9 @@ on the N repeated rows (same values, the old cost).
 Compiled layers (:func:`compile_group_layers`, ``GRPOConfig.compile_loss_layers``): the per-layer call runs through
 ``torch.compile`` so its elementwise work (LoRA, RMSNorm, rotary, masks) fuses and the Python dispatch of its ~400
 operations leaves the host. All decoder layers are one class, so the layer is an argument of the compiled function
-(its parameters are graph inputs) and the 2nd..Nth layer reuse the graph of the first; a graph is added per grad mode,
-train/eval mode, adapter state and, while shapes stay static, per prompt/completion length (the first new length
-makes them dynamic: torch's default). The compiled call sits inside the per-layer checkpoint, so the recompute in
+(its parameters are graph inputs) and the 2nd..Nth layer reuse the graph of the first; the lengths are symbolic
+(``dynamic=True``), so new prompt/completion lengths reuse it too, and a graph is added only per grad mode,
+train/eval mode, autocast and adapter state. The compiled call sits inside the per-layer checkpoint, so the recompute in
 backward replays the same graph. Every scoring pass of a model (rollout, reference, loss) runs it, so old_logp still
 equals the loss pass; a process that passes torch's recompile limit runs further graphs eagerly (same values).
 """
@@ -125,7 +125,7 @@ def _layer_call(body: nn.Module) -> Callable:
     if backend is None:
         return _layer_on_group
     if backend not in _COMPILED_LAYER_CALLS:
-        _COMPILED_LAYER_CALLS[backend] = torch.compile(_layer_on_group, backend=backend)
+        _COMPILED_LAYER_CALLS[backend] = torch.compile(_layer_on_group, backend=backend, dynamic=True)
     return _COMPILED_LAYER_CALLS[backend]
 
 
