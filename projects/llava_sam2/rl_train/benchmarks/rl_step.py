@@ -61,7 +61,8 @@ family ``--mask-policy region``, the baselines (its partner already decodes with
 ``tiles`` sweep key are refused with the reason; ``--force-seg`` / ``--caption-lengths`` reach its ``generate`` calls.
 
 ``--sweep 'G=4 G=16 T=64 tiles=13 G=16,T=64'`` then runs ours at each point (keys G, T, B, tiles ∈ {1, 5, 10, 13},
-backend = a decode backend, amp = an ``--amp-dtype``, logprob = a ``--logprob-head``) on the same model,
+backend = a decode backend, amp = an ``--amp-dtype``, logprob = a ``--logprob-head``, loss = compiled | eager:
+``--compile-loss-layers`` on or off) on the same model,
 ``--sweep-warmup`` + ``--sweep-iters`` iterations each; a point that runs out of memory is recorded as such and the
 sweep goes on. ``--logprob-head`` applies to ours and to the ``generate`` baseline alike (only the decoder differs).
 """
