@@ -10,8 +10,10 @@ The shared passes (grouped scoring of the GRPO loss, forced answers) run the LLM
 
 :func:`qwen_vl_prompt_inputs` is the one place that builds them; the passes take the positions and the per-layer
 additions as given: ``grouped_scoring.grouped_completion_logprobs`` (the GRPO loss's teacher-forced log-probs),
-:func:`qwen_vl_answer_states` (a forced answer's ``[SEG]`` state, ``shared.forced_answer_seg_prompts``) and the
-reference decoder ``generation.sample_completions`` (``prompt_positions`` + :meth:`QwenPromptInputs.prefill_kwargs`).
+:func:`qwen_vl_answer_states` (a forced answer's ``[SEG]`` state, ``shared.forced_answer_seg_prompts``), the fast
+decoder ``fast_generation.fast_sample_completions`` and the reference decoder ``generation.sample_completions`` (both
+with ``prompt_positions`` + :meth:`QwenPromptInputs.prefill_kwargs`; :func:`qwen_vl_sample_text` picks one). The
+vision tower runs once per distinct image of a call, whatever the number of rows about it.
 """
 from __future__ import annotations
 
