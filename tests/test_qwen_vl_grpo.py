@@ -300,7 +300,8 @@ def test_the_fast_steps_rope_is_transformers_m_rope_at_positions_equal_on_the_th
         ref_cos, ref_sin = rotary(q, axis_positions[..., None])  # the family's layout, one position per row
         if family == "qwen2_5_vl":
             from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import apply_multimodal_rotary_pos_emb
-            return apply_multimodal_rotary_pos_emb(q, q, ref_cos, ref_sin, rotary.config.rope_scaling["mrope_section"])[0]
+            sections = rotary.config.rope_scaling["mrope_section"]
+            return apply_multimodal_rotary_pos_emb(q, q, ref_cos, ref_sin, sections)[0]
         from transformers.models.qwen3_vl.modeling_qwen3_vl import apply_rotary_pos_emb
         return apply_rotary_pos_emb(q, q, ref_cos, ref_sin)[0]
 
