@@ -44,7 +44,9 @@ Invariants:
   reference's per-step call for position-independent RoPE types; stateful ones (dynamic NTK, longrope)
   are accepted only while ``S`` stays below their original context length, where they do not rescale.
 
-Works for transformers Qwen2 / Qwen3 / Llama / Phi3 ``*ForCausalLM`` (4.57 layer API), bare or peft-wrapped. The default
+Works for transformers Qwen2 / Qwen3 / Llama / Phi3 ``*ForCausalLM`` (4.57 layer API), bare or peft-wrapped, and for
+the Qwen2.5-VL / Qwen3-VL models given their prompts' M-RoPE positions (``prompt_positions``: the generated tokens'
+equal-axis positions are 1-D RoPE from a per-row start, ``fast_decode_step.rope_table``). The default
 backend (``'fast'``, :func:`fast_merged_completions`) decodes a peft LM on merged scratch copies of its LoRA-adapted
 weights (``adapter_merge.merged_adapters``); ``'fast_adapters'`` keeps the adapters.
 """
@@ -201,7 +203,8 @@ def fast_sample_completions(
     (``do_sample=False``) or a draw from ``softmax(top_p(logits_t))`` (module docstring, item 3).
 
     Args:
-        lm: a transformers Qwen2/Qwen3/Llama/Phi3 causal LM, possibly peft-wrapped (``lm.eval()`` for rollouts).
+        lm: a transformers Qwen2/Qwen3/Llama/Phi3 causal LM, or a Qwen-VL model with ``prompt_positions``, possibly
+            peft-wrapped (``lm.eval()`` for rollouts).
         inputs_embeds: ``[B, L, D]`` prompt embeddings; attention_mask: ``[B, L]``, LEFT padded.
         num_generations: G, samples per prompt; rows are prompt-major (``b·G + g``).
         generator: RNG on the prompts' device for the sampling noise.
