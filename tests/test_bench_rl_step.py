@@ -120,8 +120,8 @@ def _qwen_vl_run(tmp_path, *extra):
 
 def test_bench_rl_step_runs_loop_2_on_the_tiny_qwen_vl_preset(tmp_path):
     """The Qwen-VL family (Sa2VAQwenModel, its processor, LoRA on the text decoder) through the same step: loop 2's
-    phases are timed, its 2 x 2 rollouts counted, and the partner's captions, decoded by transformers' generate,
-    stop at the forced 2-3 tokens (the forcing reaches generate called with input_ids)."""
+    phases are timed, its 2 x 2 rollouts counted, and the partner's captions, decoded by the fast decoder on the
+    family seam, stop at the forced 2-3 tokens."""
     pytest.importorskip("transformers", minversion="4.57")
     before = {name: getattr(cycle, name) for name in ("sample_text", "partner_segment", "partner_describe")}
     result = _qwen_vl_run(tmp_path, "--loops", "caption_to_mask")
@@ -156,7 +156,7 @@ def test_bench_rl_step_default_on_the_qwen_vl_family_runs_both_loops_or_names_th
 
 @pytest.mark.parametrize("flags, reason", [
     (["--mask-policy", "region"], "use --mask-policy bernoulli"),
-    (["--baselines", "generate"], "already is transformers' generate"),
+    (["--baselines", "generate"], "needs its M-RoPE positions"),
     (["--baselines", "naive"], "no Qwen-VL path"),
     (["--video"], "InternVL family only"),
     (["--sweep", "tiles=13"], "image token count"),

@@ -57,8 +57,9 @@ The Qwen-VL family's presets (``qwen25vl_3b``, ``qwen25vl_7b``, ``qwen3vl_4b``; 
 CPU) build ``Sa2VAQwenModel`` the same way (``build_qwen_vl``: LoRA on the text decoder, its processor with the
 released image budget: 896 px → 1,024 image tokens on Qwen2.5-VL, 784 on Qwen3-VL). ``--loops`` picks the loops a step
 runs; a part of the step that refuses the model stops the bench with the part named (``explain_refusals``). On this
-family ``--mask-policy region``, the baselines (its partner already decodes with ``generate``), ``--video`` and the
-``tiles`` sweep key are refused with the reason; ``--force-seg`` / ``--caption-lengths`` reach its ``generate`` calls.
+family ``--mask-policy region``, the baselines (their decoders take no M-RoPE positions; ``--sweep backend=reference``
+times the family's ``generate``), ``--video`` and the ``tiles`` sweep key are refused with the reason;
+``--force-seg`` / ``--caption-lengths`` reach its decoders, ``generate`` included.
 
 ``--sweep 'G=4 G=16 T=64 tiles=13 G=16,T=64'`` then runs ours at each point (keys G, T, B, tiles ∈ {1, 5, 10, 13},
 backend = a decode backend, amp = an ``--amp-dtype``, logprob = a ``--logprob-head``) on the same model,
@@ -351,9 +352,10 @@ def refuse_for_qwen_vl(parser, args) -> None:
                      "has none of (no visual-prompt input): use --mask-policy bernoulli")
     baselines = set(filter(None, args.baselines.split(",")))
     if "generate" in baselines:
-        parser.error("--baselines generate: on the Qwen-VL family every decoding pass of ours already is transformers' "
-                     "generate (the partner's answers and captions, qwen_vl_decode), so the baseline would time the "
-                     "same decoder; run with --baselines ''")
+        parser.error("--baselines generate: the baseline's generate decodes prompt embeddings with 1-D positions, and "
+                     "a Qwen-VL prompt needs its M-RoPE positions (and Qwen3-VL's deepstack); run with --baselines '' "
+                     "and compare with the family's reference decoders by --sweep backend=reference (generate for "
+                     "the partner's answers, the reference decoder for loop 1's captions)")
     if "naive" in baselines:
         parser.error("--baselines naive: its per-rollout plan builds InternVL prompts (tiles, region tokens); it has "
                      "no Qwen-VL path: run with --baselines ''")

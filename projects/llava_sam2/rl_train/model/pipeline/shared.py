@@ -53,7 +53,7 @@ from ..network.grounding import GroundingFeatures, MaskDecoderOutput
 from ..text.drawn_region import check_region_input
 from ..text.lengths import bucket_length
 from .qwen_vl_decode import qwen_vl_completions
-from .qwen_vl_prompts import qwen_vl_answer_states
+from .qwen_vl_prompts import qwen_vl_answer_states, qwen_vl_sample_text
 
 SEG_ANSWER = "Sure, [SEG]."  # one of Sa2VA's five RES answers: the default teacher-forced answer
 
@@ -291,9 +291,11 @@ def greedy_answers(model, processor, encoded: EncodedImages, rows: Sequence[Prom
         image_masks: with ``seg_masks``, also decode each kept ``[SEG]``'s mask on its row's image; False keeps only
             their SAM2 prompts (``Answer.seg_prompts``: the video path decodes them over its frames instead).
 
-    The Qwen-VL family decodes each chunk with transformers' ``generate`` (``qwen_vl_decode``) and always reads the
-    ``[SEG]`` states from the decode, as upstream: ``decoding.decode_backend``, ``tile_embeds``,
-    ``use_decoder_states`` and ``prefill_by_image`` do not apply to it.
+    The Qwen-VL family decodes each chunk on its seam (M-RoPE positions, Qwen3-VL's deepstack) with the fast backends
+    (``qwen_vl_prompts.qwen_vl_sample_text``: each prompt prefilled once, its image through the vision tower once per
+    chunk), or with transformers' ``generate`` under ``'reference'`` (``qwen_vl_decode``, upstream's decoder), and
+    always reads the ``[SEG]`` states from the decode, as upstream: ``tile_embeds``, ``use_decoder_states`` and
+    ``prefill_by_image`` do not apply to it.
     """
     if seg_masks is not None and seg_masks not in SEG_MASK_RULES:
         raise ValueError(f"greedy_answers: seg_masks={seg_masks!r}; expected None or one of {sorted(SEG_MASK_RULES)}")
@@ -309,11 +311,16 @@ def greedy_answers(model, processor, encoded: EncodedImages, rows: Sequence[Prom
             images = [row.image for row in chunk]
             ids, attention = processor.tokenize_prompts([row.text for row in chunk])  # [n, L] on the host
             cells = [row.region_cells for row in chunk]
-            if is_qwen_vl:  # the family seam: transformers' generate, decode states always kept (module doc)
+            if is_qwen_vl:  # the family seam, decode states always kept (docstring)
                 if any(c is not None for c in cells):
                     raise ValueError("greedy_answers: the Qwen-VL family has no region input (region_cells given)")
-                out = qwen_vl_completions(model, encoded, images, ids, attention, decoding,
-                                          max_new_tokens=max_new_tokens, return_hidden=seg_masks is not None)
+                if decoding.decode_backend == "reference":
+                    out = qwen_vl_completions(model, encoded, images, ids, attention, decoding,
+                                              max_new_tokens=max_new_tokens, return_hidden=seg_masks is not None)
+                else:
+                    out = qwen_vl_sample_text(model, encoded, images, ids, attention, decoding, num_generations=1,
+                                              max_new_tokens=max_new_tokens, do_sample=False,
+                                              return_hidden=seg_masks is not None)
                 answers += _answers(model, encoded, images, None, None, out, decoding, seg_masks, None, image_masks)
                 continue
             bucket = getattr(processor, "prompt_length_multiple", None)
