@@ -292,7 +292,7 @@ def test_host_update_returns_before_its_lerp_and_the_partner_swap_waits_for_it(g
     returned only after it); the next partner swap waits for it and swaps in the updated values."""
     model, twin = bf16_vlm_pair()
     sets = WeightSets.from_model(model, ema_decay=0.9, storage_device="cpu")
-    plain = WeightSets.from_model(twin, ema_decay=0.9, storage_device="cpu", async_update=False)
+    plain = WeightSets.from_model(twin, ema_decay=0.9)  # on-device storage: the same values, updated in the call
     gated.gate.set()
     for m in (model, twin):
         torch.manual_seed(1)
