@@ -172,6 +172,7 @@ def instrumented(clock: PhaseClock, weights: WeightSets, texts, forced: ForcedAn
     cycle.partner_describe = clock.wrap(cycle.partner_describe, "rollout/caption_to_mask_partner_describe")
     cycle.completion_texts = texts
     weights.reference = clock.wrap_context(weights.reference, "reference_scoring")
+    weights.wait_for_update = timed_partner_wait(clock, weights)
     extra = {} if forced is None else {"logits_processor": LogitsProcessorList([forced.processor()])}
     DECODE_BACKENDS.update({HF_GENERATE: partial(hf_generate_completions, **extra),
                             HF_GENERATE_SCORES: partial(hf_generate_with_scores, **extra)})
@@ -188,6 +189,25 @@ def instrumented(clock: PhaseClock, weights: WeightSets, texts, forced: ForcedAn
         for name in added:
             del DECODE_BACKENDS[name]
         del weights.reference
+        del weights.wait_for_update
+
+
+def timed_partner_wait(clock: PhaseClock, weights: WeightSets):
+    """``weights.wait_for_update`` timed where it blocks: a background EMA partner update still running when its
+    values are next needed is step time, reported as ``partner_wait/<loop>`` inside the rollout (the loop whose
+    partner or reference swap waited) and ``partner_wait/<phase>`` elsewhere. The key is nested: its seconds are
+    also in the enclosing phase (no double count in the step, the loop's parts or ``policy_rest``); no phase, and
+    no clock sync, when nothing is pending."""
+    wait = weights.wait_for_update
+
+    def timed():
+        if not weights.update_pending:
+            return wait()
+        outer = clock.open_phases[0] if clock.open_phases else None
+        phase = "partner_wait" if outer is None else f"partner_wait/{clock.loop if outer == 'rollout' else outer}"
+        with clock(phase):
+            return wait()
+    return timed
 
 
 def run_iteration(algo, model, optimizer, params, batch, clock: PhaseClock, amp: torch.dtype | None = None) -> dict:
