@@ -259,16 +259,19 @@ def test_a_pending_partner_update_is_timed_where_the_rollout_waits_for_it(monkey
     from projects.llava_sam2.rl_train.benchmarks.step_clock import PhaseClock, step_seconds
     from projects.llava_sam2.rl_train.grpo import weights as weights_module
 
-    real = weights_module.foreach_lerp_
+    real, clock = weights_module.foreach_lerp_, PhaseClock(torch.device("cpu"))
+    seen_waiting = []
 
-    def slow_lerp(tensors, ends, weight):
-        time.sleep(0.5)
+    def lerp_finishing_only_once_waited_for(tensors, ends, weight):
+        deadline = time.monotonic() + 5.0  # bounded: a wait that is never timed fails below instead of hanging
+        while "partner_wait/mask_to_caption" not in clock.open_phases and time.monotonic() < deadline:
+            time.sleep(0.005)
+        seen_waiting.append("partner_wait/mask_to_caption" in clock.open_phases)
         real(tensors, ends, weight)
 
-    monkeypatch.setattr(weights_module, "foreach_lerp_", slow_lerp)
+    monkeypatch.setattr(weights_module, "foreach_lerp_", lerp_finishing_only_once_waited_for)
     model = nn.Linear(4, 3)
     weights = weights_module.WeightSets.from_model(model, storage_device="cpu")
-    clock = PhaseClock(torch.device("cpu"))
     weights.wait_for_update = bench.timed_partner_wait(clock, weights)
     with clock("ema_partner"):
         weights.update_partner(model)
@@ -279,6 +282,7 @@ def test_a_pending_partner_update_is_timed_where_the_rollout_waits_for_it(monkey
         with weights.partner(model):  # nothing pending any more: no second wait
             pass
     seconds = clock.take()
-    assert seconds["ema_partner"] < 0.25 < seconds["partner_wait/mask_to_caption"] <= seconds["rollout"]
+    assert seen_waiting == [True]  # the lerp ran on while ema_partner had returned, and ended inside the timed wait
     assert set(seconds) == {"ema_partner", "rollout", "partner_wait/mask_to_caption"}
+    assert 0 < seconds["partner_wait/mask_to_caption"] <= seconds["rollout"]
     assert step_seconds(seconds) == seconds["ema_partner"] + seconds["rollout"]

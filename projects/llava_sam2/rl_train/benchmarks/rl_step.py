@@ -25,10 +25,10 @@ Then, in the same process on the same batch (``--baselines``):
 
 Reported per variant (``--json``): seconds per phase (``torch.cuda.synchronize`` at every boundary; the rollout split
 into policy sampling, reference scoring and partner passes; with ``--storage cpu`` the EMA lerp runs in the background
-after ``ema_partner`` and what a swap still waits for is ``partner_wait/<loop>``), generated tokens/s (policy
-captions alone and all rollout tokens), rollouts/s (samples/s) for the whole step, peak memory (``max_memory_allocated`` since that
-variant started), and for ours the partner + reference + swap-buffer bytes in total and on the GPU, as fractions of
-the model's parameter bytes. ``--profile PATH`` profiles one more step of ours with ``torch.profiler`` and writes
+after ``ema_partner`` and what a swap still waits for is ``partner_wait/<loop>``), generated tokens/s (policy captions
+alone and all rollout tokens), rollouts/s (samples/s) for the whole step, peak memory (``max_memory_allocated`` since
+that variant started), and for ours the partner + reference + swap-buffer bytes in total and on the GPU, as fractions
+of the model's parameter bytes. ``--profile PATH`` profiles one more step of ours with ``torch.profiler`` and writes
 the top operators / kernels by self device time (CPU time on CPU) and the per-phase ranges to PATH.
 A baseline's peak also counts what stays allocated from ours (model, optimizer state, weight sets); the naive
 one adds its deep-copied EMA model.
