@@ -246,3 +246,43 @@ def test_the_gpu_step_defaults_are_the_released_size_configs_settings():
     args = fill_step_defaults(parse_args(["--completion-length-multiple", "0", "--decode-backend", "fast"]), "cuda")
     assert (args.decode_backend, args.logprob_head, args.prompt_length_multiple, args.completion_length_multiple) == \
         ("fast", "fused", 64, None)
+
+
+def test_a_pending_partner_update_is_timed_where_the_rollout_waits_for_it(monkeypatch):
+    """With host storage the EMA lerp runs after ``ema_partner`` returns: the bench shows the part of it that the next
+    rollout still waits for as the nested key ``partner_wait/<loop>`` (also inside ``rollout``, not added twice)."""
+    import time
+
+    import torch
+    from torch import nn
+
+    from projects.llava_sam2.rl_train.benchmarks.step_clock import PhaseClock, step_seconds
+    from projects.llava_sam2.rl_train.grpo import weights as weights_module
+
+    real, clock = weights_module.foreach_lerp_, PhaseClock(torch.device("cpu"))
+    seen_waiting = []
+
+    def lerp_finishing_only_once_waited_for(tensors, ends, weight):
+        deadline = time.monotonic() + 5.0  # bounded: a wait that is never timed fails below instead of hanging
+        while "partner_wait/mask_to_caption" not in clock.open_phases and time.monotonic() < deadline:
+            time.sleep(0.005)
+        seen_waiting.append("partner_wait/mask_to_caption" in clock.open_phases)
+        real(tensors, ends, weight)
+
+    monkeypatch.setattr(weights_module, "foreach_lerp_", lerp_finishing_only_once_waited_for)
+    model = nn.Linear(4, 3)
+    weights = weights_module.WeightSets.from_model(model, storage_device="cpu")
+    weights.wait_for_update = bench.timed_partner_wait(clock, weights)
+    with clock("ema_partner"):
+        weights.update_partner(model)
+    clock.loop = "mask_to_caption"
+    with clock("rollout"):
+        with weights.partner(model):
+            pass
+        with weights.partner(model):  # nothing pending any more: no second wait
+            pass
+    seconds = clock.take()
+    assert seen_waiting == [True]  # the lerp ran on while ema_partner had returned, and ended inside the timed wait
+    assert set(seconds) == {"ema_partner", "rollout", "partner_wait/mask_to_caption"}
+    assert 0 < seconds["partner_wait/mask_to_caption"] <= seconds["rollout"]
+    assert step_seconds(seconds) == seconds["ema_partner"] + seconds["rollout"]

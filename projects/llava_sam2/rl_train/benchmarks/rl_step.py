@@ -24,10 +24,11 @@ Then, in the same process on the same batch (``--baselines``):
   phases are EXTRAPOLATED × N / K (``extrapolated_from_rollouts`` in the output).
 
 Reported per variant (``--json``): seconds per phase (``torch.cuda.synchronize`` at every boundary; the rollout split
-into policy sampling, reference scoring and partner passes), generated tokens/s (policy captions alone and all
-rollout tokens), rollouts/s (samples/s) for the whole step, peak memory (``max_memory_allocated`` since that
-variant started), and for ours the partner + reference + swap-buffer bytes in total and on the GPU, as fractions of
-the model's parameter bytes. ``--profile PATH`` profiles one more step of ours with ``torch.profiler`` and writes
+into policy sampling, reference scoring and partner passes; with ``--storage cpu`` the EMA lerp runs in the background
+after ``ema_partner`` and what a swap still waits for is ``partner_wait/<loop>``), generated tokens/s (policy captions
+alone and all rollout tokens), rollouts/s (samples/s) for the whole step, peak memory (``max_memory_allocated`` since
+that variant started), and for ours the partner + reference + swap-buffer bytes in total and on the GPU, as fractions
+of the model's parameter bytes. ``--profile PATH`` profiles one more step of ours with ``torch.profiler`` and writes
 the top operators / kernels by self device time (CPU time on CPU) and the per-phase ranges to PATH.
 A baseline's peak also counts what stays allocated from ours (model, optimizer state, weight sets); the naive
 one adds its deep-copied EMA model.
@@ -173,6 +174,7 @@ def instrumented(clock: PhaseClock, weights: WeightSets, texts, forced: ForcedAn
     cycle.partner_describe = clock.wrap(cycle.partner_describe, "rollout/caption_to_mask_partner_describe")
     cycle.completion_texts = texts
     weights.reference = clock.wrap_context(weights.reference, "reference_scoring")
+    weights.wait_for_update = timed_partner_wait(clock, weights)
     extra = {} if forced is None else {"logits_processor": LogitsProcessorList([forced.processor()])}
     DECODE_BACKENDS.update({HF_GENERATE: partial(hf_generate_completions, **extra),
                             HF_GENERATE_SCORES: partial(hf_generate_with_scores, **extra)})
@@ -189,6 +191,25 @@ def instrumented(clock: PhaseClock, weights: WeightSets, texts, forced: ForcedAn
         for name in added:
             del DECODE_BACKENDS[name]
         del weights.reference
+        del weights.wait_for_update
+
+
+def timed_partner_wait(clock: PhaseClock, weights: WeightSets):
+    """``weights.wait_for_update`` timed where it blocks: a background EMA partner update still running when its
+    values are next needed is step time, reported as ``partner_wait/<loop>`` inside the rollout (the loop whose
+    partner or reference swap waited) and ``partner_wait/<phase>`` elsewhere. The key is nested: its seconds are
+    also in the enclosing phase (no double count in the step, the loop's parts or ``policy_rest``); no phase, and
+    no clock sync, when nothing is pending."""
+    wait = weights.wait_for_update
+
+    def timed():
+        if not weights.update_pending:
+            return wait()
+        outer = clock.open_phases[0] if clock.open_phases else None
+        phase = "partner_wait" if outer is None else f"partner_wait/{clock.loop if outer == 'rollout' else outer}"
+        with clock(phase):
+            return wait()
+    return timed
 
 
 def run_iteration(algo, model, optimizer, params, batch, clock: PhaseClock, amp: torch.dtype | None = None) -> dict:
