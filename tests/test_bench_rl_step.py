@@ -25,7 +25,7 @@ def test_bench_rl_step_runs_ours_and_both_baselines_on_cpu(tmp_path):
                                   "--max-new-tokens", "4", "--warmup", "0", "--iters", "1", "--naive-samples", "1",
                                   "--storage", "cpu", "--force-seg", "--caption-lengths", "2,3",
                                   "--prompt-length-multiple", "64", "--completion-length-multiple", "4",
-                                  "--baseline-warmup", "0", "--sweep", "G=4 amp=bfloat16,logprob=fused T=8", "--sweep-warmup", "0",
+                                  "--baseline-warmup", "0", "--sweep", "G=4 amp=bfloat16,logprob=fused T=8,ema=sync", "--sweep-warmup", "0",
                                   "--profile", str(prof), "--json", str(out)])
     assert {name: getattr(cycle, name) for name in before} == before and DECODE_BACKENDS == backends
     assert TokenChooser.__call__ is choose
@@ -48,7 +48,9 @@ def test_bench_rl_step_runs_ours_and_both_baselines_on_cpu(tmp_path):
     assert fused["amp_dtype"] == "bfloat16" and fused["logprob_head"] == "fused" and fused["rollouts_per_s"] > 0
     assert result["logprob_head"] == sweep["logprob_head"] == "reference"
     # a T point scales the forced caption lengths with T (2-3 at T = 4 -> 4-6 at T = 8), then restores them
-    longer = result["sweep"]["T=8"]
+    longer = result["sweep"]["T=8,ema=sync"]
+    # host storage updates the partner in the background; the ema=sync point runs the lerp inside update_partner
+    assert sweep["ema_update"] == "async" and longer["ema_update"] == "sync"
     assert longer["caption_lengths"] == (4, 6) and 4 * 4 <= longer["tokens_per_iteration"]["policy_caption_tokens"] <= 4 * 6
     assert result["sweep"]["G=4"]["caption_lengths"] == (2, 3)
     for variant in (result, *result["baselines"].values()):

@@ -389,8 +389,8 @@ def refuse_for_qwen_vl(parser, args) -> None:
 
 # sweep keys -> argument names; tiles -> image (width, height) on the 448 px presets (1..12 tiles + thumbnail)
 SWEEP_KEYS = {"G": "num_generations", "T": "max_new_tokens", "B": "batch", "backend": "decode_backend",
-              "tiles": "tiles", "amp": "amp_dtype", "logprob": "logprob_head"}
-TEXT_KEYS = ("backend", "amp", "logprob")
+              "tiles": "tiles", "amp": "amp_dtype", "logprob": "logprob_head", "ema": "ema_update"}
+TEXT_KEYS = ("backend", "amp", "logprob", "ema")
 TILE_IMAGES = {1: (448, 448), 5: (896, 896), 10: (1344, 1344), 13: (1792, 1344)}
 
 
@@ -402,6 +402,8 @@ def sweep_point(text: str) -> dict:
         if key not in SWEEP_KEYS or not value:
             raise ValueError(f"--sweep: bad point item {item!r}; use KEY=VALUE with KEY in {sorted(SWEEP_KEYS)}")
         point[SWEEP_KEYS[key]] = value if key in TEXT_KEYS else int(value)
+    if point.get("ema_update", "sync") not in ("sync", "async"):
+        raise ValueError(f"--sweep: ema={point['ema_update']!r}; use sync or async")
     if point.get("amp_dtype", "none") not in ("bfloat16", "float16", "none"):
         raise ValueError(f"--sweep: amp={point['amp_dtype']}; use bfloat16, float16 or none")
     if point.get("logprob_head", "reference") not in LOGPROB_HEADS:
@@ -621,7 +623,11 @@ def run_sweep(args, model, processor, weights, optimizer, params, clock, out: di
         if lengths is not None:
             scale = settings.max_new_tokens / args.max_new_tokens
             forced.caption_lengths = (max(1, round(lengths[0] * scale)), max(1, round(lengths[1] * scale)))
+        background = weights.async_update
         try:
+            if "ema_update" in point:  # sync: the host lerp inside update_partner; async: in the background
+                weights.wait_for_update()
+                weights.async_update = point["ema_update"] == "async" and weights.storage_device == "cpu"
             algo = make_algo(model, processor, weights, settings, settings.decode_backend)
             for loop in algo.loops:
                 clock.wrap_loop(loop)
@@ -631,12 +637,15 @@ def run_sweep(args, model, processor, weights, optimizer, params, clock, out: di
             out[label] = {**summary, "batch": settings.batch, "num_generations": settings.num_generations,
                           "max_new_tokens": settings.max_new_tokens, "decode_backend": settings.decode_backend,
                           "logprob_head": settings.logprob_head,
+                          "ema_update": "async" if weights.async_update else "sync",
                           "amp_dtype": str(point_amp).removeprefix("torch.") if point_amp else "none",
                           "caption_lengths": forced.caption_lengths if forced is not None else None,
                           "n_tiles": tiles_per_prompt(settings, processor, batch)}
         except torch.cuda.OutOfMemoryError as err:
             out[label] = {"error": f"out of memory: {str(err).splitlines()[0]}", "peak_gib": peak_gib(clock.device)}
         finally:
+            weights.wait_for_update()
+            weights.async_update = background
             if lengths is not None:
                 forced.caption_lengths = lengths
             optimizer.zero_grad(set_to_none=True)
