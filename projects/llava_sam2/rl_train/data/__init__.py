@@ -20,7 +20,8 @@ from .video_formats import MeViSDataset, RefYouTubeVOSDataset, ReVOSDataset, SAV
 
 __all__ = [
     "BadSampleError", "BadSampleLog", "CocoRegionDataset", "DLCRegionDataset", "GARRegionDataset", "MeViSDataset",
-    "PreprocessingCollate", "ReVOSDataset", "RefCocoRegionDataset", "RefYouTubeVOSDataset", "RegionBatch", "RegionDataset", "RegionSample",
+    "PreprocessingCollate", "ReVOSDataset", "RefCocoRegionDataset", "RefYouTubeVOSDataset", "RegionBatch",
+    "RegionDataset", "RegionSample",
     "SAVMaskletDataset", "ShapesVideoWorld", "ShapesWorld", "SkippedSample", "VideoRegionDataset",
     "VideoRegionSample", "count_skipped", "decode_rle", "decode_segmentation", "encode_mask", "key_frame",
     "region_collate",

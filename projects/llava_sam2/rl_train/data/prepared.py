@@ -8,9 +8,9 @@ workers, overlapped with the previous step, and the step only copies tensors to 
 same functions, so the features are equal bit for bit).
 
 The processor stays the one place that defines the preprocessing: this module only calls it. A sample whose
-preparation raises a ``ValueError`` or ``TypeError`` (a bad image, a mask of the wrong size, a region that hits no grid point under
-``empty_region='raise'``) is left unprepared, so the step meets the same error, naming the sample, where it
-always did.
+preparation raises a ``ValueError`` or ``TypeError`` (a bad image, a mask of the wrong size, a region that hits no
+grid point under ``empty_region='raise'``) is left unprepared, so the step meets the same error, naming the sample,
+where it always did.
 """
 from __future__ import annotations
 
