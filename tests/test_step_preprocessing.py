@@ -108,6 +108,15 @@ def test_step_refuses_inputs_prepared_by_another_processor(tiny):
         encode_step(model, processor, batch, use_region_cells=True, use_prompt_texts=True)
 
 
+def test_step_refuses_inputs_of_a_batch_changed_after_the_collate(tiny):
+    model, processor = tiny
+    samples = shapes_batch(3)
+    batch = PreprocessingCollate(processor)(samples[:2])
+    batch[1] = samples[2]  # same length, another sample
+    with pytest.raises(ValueError, match="changed after the collate"):
+        encode_step(model, processor, batch, use_region_cells=True, use_prompt_texts=True)
+
+
 def test_a_region_collate_loader_gets_the_models_processor(tiny):
     _, processor = tiny
     model = SimpleNamespace(processor=processor)

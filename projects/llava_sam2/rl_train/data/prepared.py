@@ -51,11 +51,14 @@ class PreparedBatch:
             refuses them.
         samples: one entry per sample of the batch, None where the step prepares the sample itself.
         with_region_cells: whether the region cells were computed.
+        sample_ids: the ids of the samples they were made for, in order (a batch changed after the collate no
+            longer matches them, and the step refuses them).
     """
 
     settings: Any
     samples: list[PreparedSample | None]
     with_region_cells: bool
+    sample_ids: list[str]
 
 
 def gt_mask_tensor(sample: RegionSample, size: tuple[int, int]) -> Tensor | None:
@@ -100,4 +103,4 @@ def prepare_batch(processor, batch: Sequence, *, region_cells: bool = True) -> P
                             prepare_sample(processor, sample, by_image[key], region_cells=region_cells))
         except (TypeError, ValueError):
             prepared.append(None)
-    return PreparedBatch(settings, prepared, region_cells)
+    return PreparedBatch(settings, prepared, region_cells, [s.sample_id for s in batch])

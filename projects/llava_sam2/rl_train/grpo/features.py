@@ -237,11 +237,14 @@ def prepared_samples(processor, batch: Sequence) -> list:
     if prepared is None:
         return [None] * len(batch)
     settings = getattr(processor, "preprocessing_settings", None)
-    if prepared.settings != settings or len(prepared.samples) != len(batch):
+    if prepared.settings != settings:
         raise ValueError(f"CycleGRPO.encode: the batch of {batch[0].sample_id!r} was preprocessed by the collate with "
-                         f"{prepared.settings} ({len(prepared.samples)} samples), but the step's processor has "
-                         f"{settings}; build the collate (data.collate.PreprocessingCollate) with the model's "
-                         "processor.")
+                         f"{prepared.settings}, but the step's processor has {settings}; build the collate "
+                         "(data.collate.PreprocessingCollate) with the model's processor.")
+    if prepared.sample_ids != [s.sample_id for s in batch]:
+        raise ValueError(f"CycleGRPO.encode: the batch holds {[s.sample_id for s in batch]} but its preprocessing "
+                         f"(PreprocessingCollate) was made for {prepared.sample_ids}; a batch changed after the "
+                         "collate must drop it (batch.prepared = None).")
     return list(prepared.samples)
 
 
