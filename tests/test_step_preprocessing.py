@@ -18,6 +18,7 @@ from projects.llava_sam2.rl_train.benchmarks.rl_step import step_batch
 from projects.llava_sam2.rl_train.data.collate import PreprocessingCollate, RegionBatch, region_collate
 from projects.llava_sam2.rl_train.engine.iteration_loop import give_step_preprocessing
 from projects.llava_sam2.rl_train.grpo.features import encode_step
+from projects.llava_sam2.rl_train.model.pipeline.shared import host_to_device
 from projects.llava_sam2.rl_train.model.text.processor import Sa2VAProcessor
 
 _one_thread = pytest.fixture(autouse=True)(one_thread)
@@ -138,3 +139,10 @@ def test_benches_build_their_batches_through_the_collate(tiny, tmp_path, capsys)
     assert loader_bench.main(["--num-samples", "4", "--image-size", "64", "--workers", "0", "--repeats", "1",
                               "--preprocess", "tiny", "--out-dir", str(tmp_path)]) == 0
     assert "collate: PreprocessingCollate, tiny" in capsys.readouterr().out
+
+
+def test_host_to_device_joins_like_cat_and_stack():
+    tiles = [torch.randn(2, 3, 4, 4), torch.randn(1, 3, 4, 4)]
+    assert torch.equal(host_to_device(tiles, "cpu"), torch.cat(tiles))
+    sam_inputs = [torch.randn(3, 8, 8), torch.randn(3, 8, 8)]
+    assert torch.equal(host_to_device(sam_inputs, "cpu", stack=True), torch.stack(sam_inputs))

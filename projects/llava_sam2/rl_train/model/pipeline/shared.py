@@ -131,13 +131,13 @@ def host_to_device(tensors: Sequence[Tensor], device, *, stack: bool = False) ->
     the copy is done; kernels queued after it on the stream see the data)."""
     device = torch.device(device)
     join = torch.stack if stack else torch.cat
-    if device.type != "cuda" or not all(t.device.type == "cpu" for t in tensors):
+    if not all(t.device.type == "cpu" for t in tensors):
         return join(list(tensors)).to(device)
-    first = tensors[0]
+    first, to_cuda = tensors[0], device.type == "cuda"
     shape = (len(tensors), *first.shape) if stack else (sum(t.shape[0] for t in tensors), *first.shape[1:])
-    pinned = torch.empty(shape, dtype=first.dtype, pin_memory=True)
-    join(list(tensors), out=pinned)
-    return pinned.to(device, non_blocking=True)
+    joined = torch.empty(shape, dtype=first.dtype, pin_memory=to_cuda)
+    join(list(tensors), out=joined)
+    return joined.to(device, non_blocking=to_cuda)
 
 
 def is_qwen_vl_model(model) -> bool:
