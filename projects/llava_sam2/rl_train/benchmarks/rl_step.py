@@ -33,6 +33,12 @@ the top operators / kernels by self device time (CPU time on CPU) and the per-ph
 A baseline's peak also counts what stays allocated from ours (model, optimizer state, weight sets); the naive
 one adds its deep-copied EMA model.
 
+Host preprocessing: as in a training run with DataLoader workers, the image batch is built by the collate
+(``data.collate.PreprocessingCollate``: InternVL tiles, SAM2 input, gt masks and region cells, made once per sample
+before the timed iterations; ``loader_batch_s`` says how long that took), so the step's ``encode`` phase is the
+host→device copies and the frozen encoders. ``--preprocess-in step`` leaves the preprocessing to ``encode`` (every
+iteration pays it, as a run without workers does); ``sa2va-rl bench loader --preprocess PRESET`` times the loader side.
+
 Cold and warm: every variant also reports each timed iteration's step seconds (``iteration_step_s``), and with
 ``--warmup 0`` ``cold_step_s`` (the first iteration of the process, which pays every first-shape cost: attention
 plans, allocator growth, graph captures) and ``warm_step_s`` (the mean of the later ones); after a warm-up
@@ -84,6 +90,7 @@ from peft.helpers import disable_input_dtype_casting
 from PIL import Image
 from transformers import LogitsProcessorList
 
+from projects.llava_sam2.rl_train.data.collate import PreprocessingCollate
 from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
 from projects.llava_sam2.rl_train.data.shapes_video import ShapesVideoWorld
 from projects.llava_sam2.rl_train.grpo import cycle
@@ -317,6 +324,10 @@ def parse_args(argv=None):
                         help="every caption stops at a length drawn uniformly from [LO, HI] (default: never)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--iters", type=int, default=2)
+    parser.add_argument("--preprocess-in", choices=("loader", "step"), default="loader",
+                        help="where an image batch's host preprocessing runs: 'loader' builds the batch with "
+                             "PreprocessingCollate as a training run's DataLoader workers do (not timed in the "
+                             "step; loader_batch_s), 'step' leaves it to the step's encode")
     parser.add_argument("--video", action="store_true", help="time the video step (clips; module docstring)")
     parser.add_argument("--mllm-frames", type=int, default=5, help="--video: frames per clip the LM sees (1 tile each)")
     parser.add_argument("--sam-frames", type=int, default=16, help="--video: frames per clip (SAM2 sees every one)")
@@ -435,11 +446,16 @@ def make_video_batch(size: int, side: int, num_frames: int):
     return [world[i] for i in range(size)]
 
 
-def step_batch(args, width: int, height: int):
-    """The batch of a run: clips (``--video``, square frames) or images."""
+def step_batch(args, width: int, height: int, processor=None):
+    """The batch of a run: clips (``--video``, square frames) or images. With ``--preprocess-in loader`` (and a
+    ``processor``) the image batch is built as a training run's DataLoader builds it, by ``PreprocessingCollate``:
+    the host preprocessing (tiles, SAM2 input, masks, region cells) is then done here, not in the timed step."""
     if args.video:
         return make_video_batch(args.batch, max(width, height), args.sam_frames)
-    return make_batch(args.batch, width, height)
+    samples = make_batch(args.batch, width, height)
+    if processor is None or args.preprocess_in != "loader":
+        return samples
+    return PreprocessingCollate(processor)(samples)
 
 
 def tiles_per_prompt(args, processor, batch) -> int:
@@ -534,7 +550,9 @@ def run_benchmark(argv: list[str] | None = None) -> dict:
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-6, weight_decay=0.0)
     image_size = args.image_size or (224 if args.preset.startswith("tiny") else 896)
-    batch = step_batch(args, image_size, image_size)
+    loader_start = time.perf_counter()
+    batch = step_batch(args, image_size, image_size, processor)
+    loader_s = time.perf_counter() - loader_start
     clock = PhaseClock(device)
     clock.sync()
     build_s = time.perf_counter() - start
@@ -544,6 +562,7 @@ def run_benchmark(argv: list[str] | None = None) -> dict:
               "dtype": str(dtype), "amp_dtype": amp_name, "torch": torch.__version__, "build_s": build_s,
               "params": sum(p.numel() for p in model.parameters()), "trainable_params": sum(p.numel() for p in params),
               "gradient_checkpointing": grad_ckpt, "n_tiles": tiles_per_prompt(args, processor, batch),
+              "loader_batch_s": loader_s,
               "family": getattr(model, "family", "internvl"),
               "image_tokens_per_prompt": processor.image_token_count(tiles_per_prompt(args, processor, batch)),
               **{k: v for k, v in vars(args).items() if k not in ("json", "profile", "amp_dtype")},
@@ -619,7 +638,7 @@ def run_sweep(args, model, processor, weights, optimizer, params, clock, out: di
             continue
         settings = argparse.Namespace(**{**vars(args), **point})
         width, height = TILE_IMAGES[point["tiles"]] if "tiles" in point else (args.image_size or 896,) * 2
-        batch = step_batch(settings, width, height)
+        batch = step_batch(settings, width, height, processor)
         if lengths is not None:
             scale = settings.max_new_tokens / args.max_new_tokens
             forced.caption_lengths = (max(1, round(lengths[0] * scale)), max(1, round(lengths[1] * scale)))

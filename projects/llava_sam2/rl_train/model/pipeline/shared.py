@@ -98,24 +98,46 @@ class EncodedImages:
 
 
 @torch.no_grad()
-def encode_images(model, processor, images: Sequence, where: Sequence[str]) -> EncodedImages:
+def encode_images(model, processor, images: Sequence, where: Sequence[str],
+                  inputs: Sequence | None = None) -> EncodedImages:
     """Preprocess I PIL images (``where``: one name per image for error messages) and run both frozen encoders
-    once, one batched call each."""
-    if len(images) == 0 or len(images) != len(where):
-        raise ValueError(f"encode_images: got {len(images)} images and {len(where)} names; pass one name "
-                         "(the sample id) per image, at least one image")
-    inputs = [processor.preprocess_image(image, where=name) for image, name in zip(images, where)]
+    once, one batched call each.
+
+    ``inputs``: per image its ``processor.preprocess_image`` output made ahead (``data.prepared``, in the
+    DataLoader workers), or None to preprocess it here."""
+    if len(images) == 0 or len(images) != len(where) or (inputs is not None and len(inputs) != len(images)):
+        raise ValueError(f"encode_images: got {len(images)} images, {len(where)} names and "
+                         f"{'no' if inputs is None else len(inputs)} preprocessed inputs; pass one name (the sample "
+                         "id) per image, at least one image")
+    ready = inputs if inputs is not None else [None] * len(images)
+    inputs = [x if x is not None else processor.preprocess_image(image, where=name)
+              for image, name, x in zip(images, where, ready)]
     device = model.device
     is_qwen_vl = is_qwen_vl_model(model)
     with eval_mode(model):
         vit_tokens = None if is_qwen_vl else \
-            model.encode_vision(torch.cat([x.pixel_values for x in inputs]).to(device))  # [n, t, 4C]
-        grounding = model.encode_grounding(torch.stack([x.g_pixel_values for x in inputs]).to(device))
+            model.encode_vision(host_to_device([x.pixel_values for x in inputs], device))  # [n, t, 4C]
+        grounding = model.encode_grounding(host_to_device([x.g_pixel_values for x in inputs], device, stack=True))
     return EncodedImages(image_sizes=[tuple(x.size) for x in inputs],
                          tile_start=np.cumsum([0] + [x.n_tiles for x in inputs]).tolist(),
                          vit_tokens=vit_tokens, grounding=grounding,
                          vision_inputs=[(x.pixel_values, x.image_grid_thw) for x in inputs] if is_qwen_vl else None,
                          source_images=list(images))
+
+
+def host_to_device(tensors: Sequence[Tensor], device, *, stack: bool = False) -> Tensor:
+    """``torch.cat(tensors)`` (``stack``: ``torch.stack``) on ``device``. To a CUDA device the host tensors are
+    joined into pinned memory and copied without blocking the host (torch's pinned allocator keeps the buffer until
+    the copy is done; kernels queued after it on the stream see the data)."""
+    device = torch.device(device)
+    join = torch.stack if stack else torch.cat
+    if not all(t.device.type == "cpu" for t in tensors):
+        return join(list(tensors)).to(device)
+    first, to_cuda = tensors[0], device.type == "cuda"
+    shape = (len(tensors), *first.shape) if stack else (sum(t.shape[0] for t in tensors), *first.shape[1:])
+    joined = torch.empty(shape, dtype=first.dtype, pin_memory=to_cuda)
+    join(list(tensors), out=joined)
+    return joined.to(device, non_blocking=to_cuda)
 
 
 def is_qwen_vl_model(model) -> bool:
