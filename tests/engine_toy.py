@@ -225,8 +225,10 @@ class ToyREINFORCE:
 class ToyTrainModel(BaseModel):
     """A ``grpo.protocol.GRPOTrainModel``: ``build_algorithm`` gives the algorithm new weight sets it owns."""
 
-    def __init__(self, ema_decay: float = 0.9, nan_sft_at: tuple[int, ...] = ()) -> None:
+    def __init__(self, ema_decay: float = 0.9, nan_sft_at: tuple[int, ...] = (),
+                 weights_storage_device: str | None = None) -> None:
         super().__init__()
+        self.weights_storage_device = weights_storage_device
         self.nan_sft_at = set(nan_sft_at)
         self.policy = ToyPolicy()
         self.policy.encoder.requires_grad_(False)
@@ -234,7 +236,8 @@ class ToyTrainModel(BaseModel):
         keep_trainable_state(self)
 
     def build_algorithm(self, cfg) -> ToyREINFORCE:
-        weights = WeightSets.from_model(self.policy, ema_decay=self.ema_decay, use_reference=False)
+        weights = WeightSets.from_model(self.policy, ema_decay=self.ema_decay, use_reference=False,
+                                        storage_device=self.weights_storage_device)
         return build_component(ALGORITHMS, cfg, model=self.policy, weights=weights)
 
     def rollout_context(self, optim_wrapper):

@@ -25,7 +25,7 @@ def test_bench_rl_step_runs_ours_and_both_baselines_on_cpu(tmp_path):
                                   "--max-new-tokens", "4", "--warmup", "0", "--iters", "1", "--naive-samples", "1",
                                   "--storage", "cpu", "--force-seg", "--caption-lengths", "2,3",
                                   "--prompt-length-multiple", "64", "--completion-length-multiple", "4",
-                                  "--baseline-warmup", "0", "--sweep", "G=4 amp=bfloat16,logprob=fused T=8", "--sweep-warmup", "0",
+                                  "--baseline-warmup", "0", "--sweep", "G=4 amp=bfloat16,logprob=fused T=8,ema=sync", "--sweep-warmup", "0",
                                   "--profile", str(prof), "--json", str(out)])
     assert {name: getattr(cycle, name) for name in before} == before and DECODE_BACKENDS == backends
     assert TokenChooser.__call__ is choose
@@ -48,7 +48,9 @@ def test_bench_rl_step_runs_ours_and_both_baselines_on_cpu(tmp_path):
     assert fused["amp_dtype"] == "bfloat16" and fused["logprob_head"] == "fused" and fused["rollouts_per_s"] > 0
     assert result["logprob_head"] == sweep["logprob_head"] == "reference"
     # a T point scales the forced caption lengths with T (2-3 at T = 4 -> 4-6 at T = 8), then restores them
-    longer = result["sweep"]["T=8"]
+    longer = result["sweep"]["T=8,ema=sync"]
+    # host storage updates the partner in the background; the ema=sync point runs the lerp inside update_partner
+    assert sweep["ema_update"] == "async" and longer["ema_update"] == "sync"
     assert longer["caption_lengths"] == (4, 6) and 4 * 4 <= longer["tokens_per_iteration"]["policy_caption_tokens"] <= 4 * 6
     assert result["sweep"]["G=4"]["caption_lengths"] == (2, 3)
     for variant in (result, *result["baselines"].values()):
@@ -120,8 +122,8 @@ def _qwen_vl_run(tmp_path, *extra):
 
 def test_bench_rl_step_runs_loop_2_on_the_tiny_qwen_vl_preset(tmp_path):
     """The Qwen-VL family (Sa2VAQwenModel, its processor, LoRA on the text decoder) through the same step: loop 2's
-    phases are timed, its 2 x 2 rollouts counted, and the partner's captions, decoded by transformers' generate,
-    stop at the forced 2-3 tokens (the forcing reaches generate called with input_ids)."""
+    phases are timed, its 2 x 2 rollouts counted, and the partner's captions, decoded by the fast decoder on the
+    family seam, stop at the forced 2-3 tokens."""
     pytest.importorskip("transformers", minversion="4.57")
     before = {name: getattr(cycle, name) for name in ("sample_text", "partner_segment", "partner_describe")}
     result = _qwen_vl_run(tmp_path, "--loops", "caption_to_mask")
@@ -156,7 +158,7 @@ def test_bench_rl_step_default_on_the_qwen_vl_family_runs_both_loops_or_names_th
 
 @pytest.mark.parametrize("flags, reason", [
     (["--mask-policy", "region"], "use --mask-policy bernoulli"),
-    (["--baselines", "generate"], "already is transformers' generate"),
+    (["--baselines", "generate"], "needs its M-RoPE positions"),
     (["--baselines", "naive"], "no Qwen-VL path"),
     (["--video"], "InternVL family only"),
     (["--sweep", "tiles=13"], "image token count"),
@@ -246,3 +248,43 @@ def test_the_gpu_step_defaults_are_the_released_size_configs_settings():
     args = fill_step_defaults(parse_args(["--completion-length-multiple", "0", "--decode-backend", "fast"]), "cuda")
     assert (args.decode_backend, args.logprob_head, args.prompt_length_multiple, args.completion_length_multiple) == \
         ("fast", "fused", 64, None)
+
+
+def test_a_pending_partner_update_is_timed_where_the_rollout_waits_for_it(monkeypatch):
+    """With host storage the EMA lerp runs after ``ema_partner`` returns: the bench shows the part of it that the next
+    rollout still waits for as the nested key ``partner_wait/<loop>`` (also inside ``rollout``, not added twice)."""
+    import time
+
+    import torch
+    from torch import nn
+
+    from projects.llava_sam2.rl_train.benchmarks.step_clock import PhaseClock, step_seconds
+    from projects.llava_sam2.rl_train.grpo import weights as weights_module
+
+    real, clock = weights_module.foreach_lerp_, PhaseClock(torch.device("cpu"))
+    seen_waiting = []
+
+    def lerp_finishing_only_once_waited_for(tensors, ends, weight):
+        deadline = time.monotonic() + 5.0  # bounded: a wait that is never timed fails below instead of hanging
+        while "partner_wait/mask_to_caption" not in clock.open_phases and time.monotonic() < deadline:
+            time.sleep(0.005)
+        seen_waiting.append("partner_wait/mask_to_caption" in clock.open_phases)
+        real(tensors, ends, weight)
+
+    monkeypatch.setattr(weights_module, "foreach_lerp_", lerp_finishing_only_once_waited_for)
+    model = nn.Linear(4, 3)
+    weights = weights_module.WeightSets.from_model(model, storage_device="cpu")
+    weights.wait_for_update = bench.timed_partner_wait(clock, weights)
+    with clock("ema_partner"):
+        weights.update_partner(model)
+    clock.loop = "mask_to_caption"
+    with clock("rollout"):
+        with weights.partner(model):
+            pass
+        with weights.partner(model):  # nothing pending any more: no second wait
+            pass
+    seconds = clock.take()
+    assert seen_waiting == [True]  # the lerp ran on while ema_partner had returned, and ended inside the timed wait
+    assert set(seconds) == {"ema_partner", "rollout", "partner_wait/mask_to_caption"}
+    assert 0 < seconds["partner_wait/mask_to_caption"] <= seconds["rollout"]
+    assert step_seconds(seconds) == seconds["ema_partner"] + seconds["rollout"]

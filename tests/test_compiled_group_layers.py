@@ -1,10 +1,11 @@
 """model/decoding/grouped_scoring.py compile_group_layers: the grouped loss pass with each decoder layer's call through
-torch.compile equals the eager pass (fp32: log-probs and the gradient of every trainable tensor within 1e-5, the
-bound for a backend that reorders float sums; the backends used here, dynamo alone or with AOTAutograd, run the same
-operations, Inductor is too slow to compile on CPU for a test), the no-grad rollout scoring stays bit-identical to the
-compiled loss pass, the layers share one graph and later calls (the same or other lengths) compile nothing; past torch's recompile limit the
-layers run eagerly with the same values. GRPOConfig.compile_loss_layers reaches the model through CycleGRPO, and the
-bench's --compile-loss-layers / sweep key loss=."""
+torch.compile equals the eager pass (fp32: log-probs and the gradient of every trainable tensor within 1e-5, the bound
+for a backend that reorders float sums; the backend used here, dynamo's capture with eager kernels, runs the same
+operations; Inductor takes minutes to compile on CPU, too slow for a test), the no-grad rollout scoring stays
+bit-identical to the compiled loss pass, the layers share one graph and later calls (the same or other lengths)
+compile nothing; past torch's recompile limit the layers run eagerly with the same values.
+GRPOConfig.compile_loss_layers reaches the model through CycleGRPO, and the bench's --compile-loss-layers / sweep
+key loss=."""
 from __future__ import annotations
 
 import pytest

@@ -146,3 +146,19 @@ def test_pretrain_drawn_caption_rows_show_the_drawn_copy_and_keep_the_native_str
     assert torch.isfinite(losses["loss"]) and losses["llm_loss"] > 0
     with pytest.raises(ValueError, match="region_input"):
         tool.PretrainSettings(out="x", region_input="tokens")
+
+
+def test_the_outline_dilation_equals_the_square_max_pool_at_the_border_too():
+    """``dilate`` (shifted ORs) gives what a (2w+1)² max-pool with -inf padding gives, on random masks that touch
+    the image border, for several widths (the drawn pixels do not depend on which of the two computes them)."""
+    import torch.nn.functional as F
+
+    from projects.llava_sam2.rl_train.model.text.drawn_region import dilate
+
+    generator = torch.Generator().manual_seed(0)
+    for w in (1, 2, 5):
+        mask = torch.rand(37, 53, generator=generator) > 0.97
+        mask[0, 0] = mask[-1, 20] = True  # on the border
+        pooled = F.max_pool2d(mask.float()[None, None], 2 * w + 1, stride=1, padding=w)[0, 0] > 0
+        assert torch.equal(dilate(mask, w), pooled)
+        assert not torch.equal(dilate(mask, w), dilate(mask, w + 1))

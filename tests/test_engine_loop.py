@@ -102,9 +102,13 @@ def test_ema_partner_follows_the_policy_at_the_configured_decay(tmp_path):
     assert (W1 - W0).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("runner_type", ["Runner", "FlexibleRunner"])
-def test_resume_after_iteration_3_reproduces_iterations_4_to_6(tmp_path, runner_type):
-    full_runner, full = run_toy(tmp_path / "full", runner_type=runner_type)
+@pytest.mark.parametrize("runner_type, storage", [("Runner", "cpu"), ("FlexibleRunner", None)])
+def test_resume_after_iteration_3_reproduces_iterations_4_to_6(tmp_path, runner_type, storage):
+    """Host storage (Runner case) updates the partner in the background: the checkpoint saved right after iteration
+    3's update holds that update, and the resumed partner equals the uninterrupted one bit for bit."""
+    options = {"model.weights_storage_device": storage}
+    full_runner, full = run_toy(tmp_path / "full", runner_type=runner_type, **options)
+    assert full_runner.train_loop.algorithm.weights.async_update is (storage == "cpu")
     if runner_type == "FlexibleRunner":
         # FlexibleRunner never calls the checkpoint hooks under DeepSpeed: the state lives in side files
         for name in ("ema_partner", "rng_state"):
@@ -112,7 +116,7 @@ def test_resume_after_iteration_3_reproduces_iterations_4_to_6(tmp_path, runner_
         assert "ema_partner" not in torch.load(tmp_path / "full" / "iter_3.pth", weights_only=False)
 
     resumed_runner, resumed = run_toy(tmp_path / "full", runner_type=runner_type,
-                                      resume_from=str(tmp_path / "full" / "iter_3.pth"))
+                                      resume_from=str(tmp_path / "full" / "iter_3.pth"), **options)
     assert sorted(resumed.outputs) == [4, 5, 6]
     for i in (4, 5, 6):
         assert resumed.outputs[i] == full.outputs[i], f"iteration {i} differs after resume"

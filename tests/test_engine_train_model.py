@@ -110,12 +110,16 @@ def test_bad_arguments_are_rejected_with_the_fix():
         model(grpo_batch=object())
 
 
-@pytest.mark.parametrize("storage", [None, "cpu"])
-def test_weights_storage_device_reaches_the_weight_sets(storage):
+@pytest.mark.parametrize("storage, async_update, expect_async", [(None, None, False), ("cpu", None, True),
+                                                                  ("cpu", False, False)])
+def test_weights_storage_device_reaches_the_weight_sets(storage, async_update, expect_async):
+    """Storage and the background EMA update reach the weight sets; host storage updates in the background unless
+    the config turns it off."""
     from projects.llava_sam2.rl_train.grpo.trainer import CycleGRPO
 
-    model = Sa2VATrainModel(**TINY, weights_storage_device=storage)
+    model = Sa2VATrainModel(**TINY, weights_storage_device=storage, weights_async_update=async_update)
     algorithm = model.build_algorithm(dict(type=CycleGRPO, config=dict(num_generations=2, beta=0.04)))
+    assert algorithm.weights.async_update is expect_async
     memory = algorithm.weights.memory()
     assert memory.storage_device == storage
     # host storage: the partner and reference hold no bytes beside the parameters

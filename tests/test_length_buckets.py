@@ -237,7 +237,7 @@ def test_qwen_vl_loop_1_step_buckets_and_scores_as_the_unbucketed_one(monkeypatc
     from projects.llava_sam2.rl_train.model.pipeline import qwen_vl_prompts
 
     model, processor = _lora_replica("qwen2_5_vl", tiny_qwen_tokenizer())
-    monkeypatch.setattr(qwen_vl_prompts, "sample_completions", stopping_early(qwen_vl_prompts.sample_completions))
+    monkeypatch.setattr(qwen_vl_prompts, "decode_completions", stopping_early(qwen_vl_prompts.decode_completions))
     algo, _ = make_algo(model, processor, {"mask_to_caption": [CaptionParityReward()]}, beta=0.04, num_iterations=2,
                         max_completion_length=MAX_COMPLETION, prompt_length_multiple=PROMPT_MULTIPLE,
                         completion_length_multiple=COMPLETION_MULTIPLE, **LOOP1_ONLY)

@@ -135,7 +135,7 @@ def test_a_checkpoint_upstream_qwen_code_saved_loads_here_with_its_outputs(repli
 
 
 def test_res_answers_run_the_shared_pipeline_and_read_seg_states_as_a_teacher_forced_pass(replica, tokenizer):
-    """predict on an image: transformers' generate through the family seam, then the shared answer / [SEG] / mask
+    """Greedy answers on an image: the fast decoder on the family seam, then the shared answer / [SEG] / mask
     code. Each kept [SEG]'s SAM2 prompt (from the decode's states, as upstream reads them) equals the one of a
     teacher-forced forward over prompt + answer at that [SEG]'s input position, and each gives a mask at image size."""
     family, model = replica
@@ -227,7 +227,8 @@ def test_a_checkpoint_directory_loads_with_its_processor_and_predicts_as_upstrea
     state → SAM2 → mask at image size) on the replica whose head answers ``[SEG]<|im_end|>`` gave the pinned answer
     and mask. Saved as upstream's converter leaves a checkpoint (weights + config.json, and the processor beside them:
     tokenizer with its chat template, image processor), the evaluation loader builds the model and the processor from
-    that directory alone, and our predict gives the same answer and the same mask, pixel for pixel."""
+    that directory alone, and our predict gives the same answer and the same mask, pixel for pixel, with upstream's
+    decoder (``generate``) and with the fast decoder."""
     from projects.llava_sam2.rl_train.evaluation.loading import load_system
 
     tokenizer = tiny_qwen_tokenizer()
@@ -236,13 +237,15 @@ def test_a_checkpoint_directory_loads_with_its_processor_and_predicts_as_upstrea
     model, processor, meta = load_system(checkpoint=str(tmp_path))
     assert isinstance(model, Sa2VAQwenModel) and isinstance(processor, Sa2VAQwenProcessor)
     assert processor.tokenizer.chat_template and meta["source"] == f"checkpoint {tmp_path}"
-    result = predict(model, processor, predict_image(), PREDICT_TEXT)
     with safe_open(str(DATA / f"qwen_vl_upstream_predict_{family}.safetensors"), framework="pt") as handle:
         expected_text = handle.metadata()["prediction"]
         expected_masks = handle.get_tensor("masks").bool().numpy()  # [n_seg, H, W]
-    assert result["prediction"] == expected_text == "[SEG]<|im_end|>"
+    assert expected_text == "[SEG]<|im_end|>"
     assert expected_masks.any() and expected_masks.shape == (1, *PREDICT_IMAGE_SIZE)
-    assert np.array_equal(np.stack(result["prediction_masks"]), expected_masks)
+    for decode_backend in ("reference", "fast"):  # predict's default (generate), and the fast decoder
+        result = predict(model, processor, predict_image(), PREDICT_TEXT, decode_backend=decode_backend)
+        assert result["prediction"] == expected_text, decode_backend
+        assert np.array_equal(np.stack(result["prediction_masks"]), expected_masks), decode_backend
 
 
 def test_loop_1s_region_input_is_the_region_drawn_into_the_image(replica, tokenizer, monkeypatch):
@@ -261,14 +264,20 @@ def test_loop_1s_region_input_is_the_region_drawn_into_the_image(replica, tokeni
     outline = region.copy()
     outline[10 + width:50 - width, 20 + width:80 - width] = False
     assert not (changed & ~outline).any() and (drawn[outline] == (255, 0, 0)).all()
-    seen = []
-    generate = model.model.generate
+    seen = []  # per decode call: the pixels the vision tower is given, the prompt ids and grids placed
+    qwen = model.hf_model.model
+    image_features, rope_index = qwen.get_image_features, qwen.get_rope_index
 
-    def recording_generate(**kwargs):
-        seen.append(kwargs)
-        return generate(**kwargs)
+    def recording_image_features(pixel_values, image_grid_thw):
+        seen.append({"pixel_values": pixel_values})
+        return image_features(pixel_values, image_grid_thw)
 
-    monkeypatch.setattr(model.model, "generate", recording_generate)
+    def recording_rope_index(**kwargs):
+        seen[-1].update(kwargs)
+        return rope_index(**kwargs)
+
+    monkeypatch.setattr(qwen, "get_image_features", recording_image_features)
+    monkeypatch.setattr(qwen, "get_rope_index", recording_rope_index)
     encoded = encode_images(model, processor, [image], ["image 0"])
     described = describe_masks(model, processor, encoded, [region, None, np.zeros_like(region)], [0, 0, 0],
                                ["s0", "s1", "s2"], max_new_tokens=4, empty_region=None)

@@ -14,6 +14,7 @@ from PIL import Image
 
 pytest.importorskip("transformers", minversion="4.57")  # Qwen3VLForConditionalGeneration
 
+from projects.llava_sam2.rl_train.model.decoding.fast_decode_step import rope_table  # noqa: E402
 from projects.llava_sam2.rl_train.model.decoding.generation import (  # noqa: E402
     position_ids_from_attention, sample_completions)
 from projects.llava_sam2.rl_train.model.decoding.text_decoding import TextDecoding  # noqa: E402
@@ -274,6 +275,90 @@ def test_the_reference_decoder_on_the_seam_decodes_as_transformers_generate(fami
     assert (one_d.token_logp[:, :T] - expected.token_logp).abs().max() > 1e-4
     if inputs.layer_additions:  # Qwen3-VL: the deepstack features at the prefill matter too
         assert (no_deepstack.token_logp[:, :T] - expected.token_logp).abs().max() > 1e-4
+
+
+def _rotated(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Plain 1-D RoPE: ``q cos + rotate_half(q) sin``."""
+    half = q.shape[-1] // 2
+    return q * cos + torch.cat([-q[..., half:], q[..., :half]], dim=-1) * sin
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_fast_steps_rope_is_transformers_m_rope_at_positions_equal_on_the_three_axes(family):
+    """A generated token's M-RoPE position is the same on the three axes. There transformers' own Qwen-VL rotary and
+    rotation (Qwen2.5-VL's ``mrope_section`` blocks, Qwen3-VL's interleaved axes) are plain 1-D RoPE with the fast
+    step's table (``rope_table(multimodal=True)``) at that position, in the layout each family's layers take; positions
+    that differ between axes (an image token's) are not."""
+    rotary = tiny_qwen_model(family).language_model.rotary_emb
+    cos, sin, axes = rope_table(rotary, 48, torch.zeros(1, 1, 4), multimodal=True)  # [48, hd]
+    assert axes == (3 if family == "qwen2_5_vl" else 0)
+    positions = torch.tensor([3, 17, 47])  # one per row
+    q = torch.randn(3, 2, 1, cos.shape[-1], generator=torch.Generator().manual_seed(0))  # [N, H, 1, hd]
+    ours = _rotated(q, cos[positions][:, None, None], sin[positions][:, None, None])
+
+    def transformers_rotation(axis_positions: torch.Tensor) -> torch.Tensor:  # [3, N] -> rotated q
+        ref_cos, ref_sin = rotary(q, axis_positions[..., None])  # the family's layout, one position per row
+        if family == "qwen2_5_vl":
+            from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import apply_multimodal_rotary_pos_emb
+            sections = rotary.config.rope_scaling["mrope_section"]
+            return apply_multimodal_rotary_pos_emb(q, q, ref_cos, ref_sin, sections)[0]
+        from transformers.models.qwen3_vl.modeling_qwen3_vl import apply_rotary_pos_emb
+        return apply_rotary_pos_emb(q, q, ref_cos, ref_sin)[0]
+
+    torch.testing.assert_close(transformers_rotation(positions.expand(3, -1)), ours, atol=1e-6, rtol=1e-6)
+    image_like = torch.stack([positions, positions - 2, positions - 1])  # unequal axes
+    assert (transformers_rotation(image_like) - ours).abs().max() > 1e-3
+
+
+def _decoding(tokenizer, decode_backend: str = "fast") -> TextDecoding:
+    return TextDecoding(tokenizer=tokenizer, stop_token_ids=(tokenizer.convert_tokens_to_ids("<|im_end|>"),),
+                        stop_words=(), pad_token_id=tokenizer.pad_token_id, decode_backend=decode_backend)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_fast_decoder_answers_greedily_as_transformers_generate_with_its_seg_states(family, tokenizer):
+    """Greedy answers on the fast decoder (``qwen_vl_sample_text``: one prefill per prompt with M-RoPE positions and
+    Qwen3-VL's deepstack, then the static-cache step) give ``generate``'s tokens, per-token log-probs and fed-back
+    states, the states where upstream reads ``[SEG]`` (after the final norm on Qwen2.5-VL, before it on Qwen3-VL), for
+    two left-padded prompts about images of different grids."""
+    model, encoded, ids, attention = _batch(family, tokenizer)
+    expected = qwen_vl_completions(model, encoded, [0, 1], ids, attention, _decoding(tokenizer), max_new_tokens=6,
+                                   return_hidden=True)
+    ours = qwen_vl_sample_text(model, encoded, [0, 1], ids, attention, _decoding(tokenizer), num_generations=1,
+                               max_new_tokens=6, do_sample=False, return_hidden=True)
+    T, mask = expected.ids.shape[1], expected.completion_mask
+    assert T >= 3 and torch.equal(ours.completion_mask[:, :T], mask) and not ours.completion_mask[:, T:].any()
+    assert torch.equal(ours.ids[:, :T][mask], expected.ids[mask])
+    torch.testing.assert_close(ours.token_logp[:, :T], expected.token_logp, atol=1e-5, rtol=1e-5)
+    fed_back = mask[:, :T - 1]  # the last chosen token is never fed back
+    torch.testing.assert_close(ours.hidden[:, :T - 1][fed_back], expected.hidden[:, :T - 1][fed_back],
+                               atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fast_sampling_prefills_each_prompt_once_and_draws_the_reference_decoders_tokens(family, tokenizer):
+    """G = 3 seeded samples (temperature 0.7, top-p 0.9) of three prompts, two about one image: the fast decoder runs
+    the vision tower on the two distinct images and prefills each prompt once (the reference decoder: G times), and
+    draws the reference decoder's tokens with its per-token log-probs within 1e-5."""
+    model, encoded, ids, attention = _batch(family, tokenizer)
+    rows, images = [0, 1, 0], [0, 1, 0]
+    prefill_rows, image_grids = [], []
+    model.language_model.register_forward_pre_hook(
+        lambda _, args, kwargs: prefill_rows.append(kwargs["inputs_embeds"].shape[0])
+        if kwargs["inputs_embeds"].shape[1] > 1 else None, with_kwargs=True)
+    model.visual.register_forward_pre_hook(lambda _, args, kwargs: image_grids.append(len(kwargs["grid_thw"])),
+                                           with_kwargs=True)
+    kwargs = dict(num_generations=3, max_new_tokens=6, do_sample=True, temperature=0.7, top_p=0.9)
+    fast = qwen_vl_sample_text(model, encoded, images, ids[rows], attention[rows], _decoding(tokenizer),
+                               generator=torch.Generator().manual_seed(0), **kwargs)
+    assert prefill_rows == [3] and image_grids == [2]
+    reference = qwen_vl_sample_text(model, encoded, images, ids[rows], attention[rows],
+                                    _decoding(tokenizer, "reference"), generator=torch.Generator().manual_seed(0),
+                                    **kwargs)
+    assert prefill_rows[1:] == [9]
+    assert fast.completion_mask.sum() > 9  # more than one token per row
+    assert torch.equal(fast.completion_mask, reference.completion_mask) and torch.equal(fast.ids, reference.ids)
+    torch.testing.assert_close(fast.token_logp, reference.token_logp, atol=1e-5, rtol=1e-5)
 
 
 def _lora_replica(family: str, tokenizer, seed: int = 3):

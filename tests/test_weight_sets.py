@@ -1,10 +1,15 @@
-"""grpo/weights.py: fp32 EMA partner, exception-safe bit-exact swaps, LoRA-disabled reference, checkpoints, memory."""
+"""grpo/weights.py: fp32 EMA partner, exception-safe bit-exact swaps, LoRA-disabled reference, checkpoints, memory,
+the background host update."""
+import io
+import threading
+
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 from torch import nn
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from projects.llava_sam2.rl_train.grpo import weights as weights_module
 from projects.llava_sam2.rl_train.grpo.weights import WeightSets, is_lora_tensor, mmengine_momentum
 
 
@@ -244,3 +249,153 @@ def test_host_storage_takes_no_model_device_memory_and_rejects_unknown_storage()
     assert on_host.total_bytes == on_device.total_bytes + on_host.partner_cast_bytes
     with pytest.raises(ValueError, match="storage_device='cuda:1'"):
         WeightSets.from_model(model, storage_device="cuda:1")
+
+
+# ---- background (asynchronous) partner update on host storage --------------------------------------------------
+
+
+class GatedLerp:
+    """Stands in for the host lerp: blocks on ``gate`` (bounded, so a wrong implementation fails instead of hanging),
+    records whether a call is running / has finished, then runs the real lerp or raises ``error``."""
+
+    def __init__(self, real, error: Exception | None = None):
+        self.real, self.error = real, error
+        self.gate, self.started, self.finished = threading.Event(), threading.Event(), threading.Event()
+        self.calls = 0
+
+    def __call__(self, tensors, ends, weight):
+        self.started.set()
+        self.gate.wait(timeout=2.0)
+        self.calls += 1
+        if self.error is not None:
+            raise self.error
+        self.real(tensors, ends, weight)
+        self.finished.set()
+
+
+@pytest.fixture
+def gated(monkeypatch):
+    lerp = GatedLerp(weights_module.foreach_lerp_)
+    monkeypatch.setattr(weights_module, "foreach_lerp_", lerp)
+    return lerp
+
+
+def bf16_vlm_pair():
+    torch.manual_seed(0)
+    model, twin = TinyVLM(), TinyVLM()
+    twin.load_state_dict(model.state_dict())
+    return model.to(torch.bfloat16), twin.to(torch.bfloat16)
+
+
+def test_host_update_returns_before_its_lerp_and_the_partner_swap_waits_for_it(gated):
+    """The default for host storage: update_partner leaves the lerp to a background thread (the synchronous update
+    returned only after it); the next partner swap waits for it and swaps in the updated values."""
+    model, twin = bf16_vlm_pair()
+    sets = WeightSets.from_model(model, ema_decay=0.9, storage_device="cpu")
+    plain = WeightSets.from_model(twin, ema_decay=0.9)  # on-device storage: the same values, updated in the call
+    gated.gate.set()
+    for m in (model, twin):
+        torch.manual_seed(1)
+        perturb([p for p in m.parameters() if p.requires_grad], scale=0.5)
+    plain.update_partner(twin)
+    gated.finished.clear()
+    gated.gate.clear()
+    sets.update_partner(model)
+    assert not gated.finished.is_set(), "update_partner waited for the host lerp"
+    assert sets.update_pending and sets.num_updates == 1
+    threading.Timer(0.05, gated.gate.set).start()
+    with sets.partner(model), plain.partner(twin):
+        assert gated.finished.is_set() and not sets.update_pending
+        for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+            assert torch.equal(p, q), name
+
+
+def test_background_updates_equal_the_synchronous_ones_bit_for_bit(gated):
+    """K updates, each followed by an "optimizer step" (the policy moves) while the lerp is still held back: the
+    shadow, its dtype copy (seen through the swap) and a checkpoint-then-resume equal the synchronous path exactly."""
+    model, twin = bf16_vlm_pair()
+    sets = WeightSets.from_model(model, ema_decay=0.9, storage_device="cpu")
+    plain = WeightSets.from_model(twin, ema_decay=0.9, storage_device="cpu", async_update=False)
+    assert sets.async_update and not plain.async_update
+    gated.gate.set()
+    for step in range(4):
+        sets.wait_for_update()  # the previous lerp has passed its gate before the gate closes again
+        plain.update_partner(twin)
+        gated.gate.clear()
+        sets.update_partner(model)
+        for m in (model, twin):  # the next step changes the policy before the host lerp has run
+            torch.manual_seed(step)
+            perturb([p for p in m.parameters() if p.requires_grad], scale=0.5)
+        gated.gate.set()
+    buffer = io.BytesIO()
+    torch.save(sets.state_dict(), buffer)  # a checkpoint right after an update holds the updated values
+    expected = plain.state_dict()
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)
+    assert saved["num_updates"] == expected["num_updates"] == 4
+    for name, value in expected["partner"].items():
+        assert torch.equal(saved["partner"][name], value), name
+    with sets.partner(model), plain.partner(twin):
+        for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+            assert torch.equal(p, q), name
+    resumed = WeightSets.from_model(model, ema_decay=0.9, storage_device="cpu")
+    resumed.load_state_dict(saved)
+    for s, m in ((resumed, model), (plain, twin)):
+        s.update_partner(m)
+    for name, value in plain.state_dict()["partner"].items():
+        assert torch.equal(resumed.state_dict()["partner"][name], value), name
+
+
+@pytest.mark.parametrize("consumer", ["partner", "reference", "state_dict", "update_partner", "load_state_dict"])
+def test_every_consumer_waits_for_the_pending_update(gated, consumer):
+    model = Toy(torch.bfloat16)
+    sets = WeightSets.from_model(model, storage_device="cpu", is_adapter=lambda name: False)
+    state = WeightSets.from_model(model, storage_device="cpu", async_update=False).state_dict()
+    perturb(model.head.parameters())
+    sets.update_partner(model)
+    assert gated.started.wait(2.0) and not gated.finished.is_set()
+    threading.Timer(0.05, gated.gate.set).start()
+    if consumer in ("partner", "reference"):
+        with getattr(sets, consumer)(model):
+            assert gated.finished.is_set()
+    elif consumer == "state_dict":
+        sets.state_dict()
+    elif consumer == "update_partner":
+        sets.update_partner(model)
+        assert gated.calls >= 1
+    else:  # a pending update must not land on the loaded values
+        sets.load_state_dict(state)
+        assert torch.equal(sets.state_dict()["partner"]["head.weight"], state["partner"]["head.weight"])
+    assert gated.finished.is_set()
+
+
+def test_a_failed_background_update_surfaces_at_the_next_use_and_until_a_resume(monkeypatch):
+    lerp = GatedLerp(weights_module.foreach_lerp_, error=MemoryError("host out of memory (injected)"))
+    lerp.gate.set()
+    monkeypatch.setattr(weights_module, "foreach_lerp_", lerp)
+    model = Toy(torch.bfloat16)
+    sets = WeightSets.from_model(model, storage_device="cpu")
+    good = sets.state_dict()
+    good = {**good, "partner": {n: v.clone() for n, v in good["partner"].items()}}
+    perturb(model.head.parameters())
+    policy = snapshot(model)
+    sets.update_partner(model)  # the failure happens in the worker: nothing raises here
+    with pytest.raises(RuntimeError, match="background EMA partner update failed") as raised:
+        with sets.partner(model):
+            pass
+    assert isinstance(raised.value.__cause__, MemoryError)
+    assert_bit_exact(model, policy)  # refused before any value was swapped in
+    for use in (sets.state_dict, lambda: sets.update_partner(model), lambda: sets.reference(model).__enter__()):
+        with pytest.raises(RuntimeError, match="partly updated"):  # not lost after the first report
+            use()
+    monkeypatch.setattr(weights_module, "foreach_lerp_", lerp.real)
+    sets.load_state_dict(good)  # resuming replaces the shadow and clears the failure
+    sets.update_partner(model)
+    assert sets.state_dict()["num_updates"] == 1
+
+
+def test_async_update_needs_host_storage():
+    assert not WeightSets.from_model(Toy()).async_update
+    assert not WeightSets.from_model(Toy(), storage_device="cpu", async_update=False).async_update
+    with pytest.raises(ValueError, match="async_update=True needs storage_device='cpu'"):
+        WeightSets.from_model(Toy(), async_update=True)

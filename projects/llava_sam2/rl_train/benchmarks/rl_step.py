@@ -24,13 +24,20 @@ Then, in the same process on the same batch (``--baselines``):
   phases are EXTRAPOLATED × N / K (``extrapolated_from_rollouts`` in the output).
 
 Reported per variant (``--json``): seconds per phase (``torch.cuda.synchronize`` at every boundary; the rollout split
-into policy sampling, reference scoring and partner passes), generated tokens/s (policy captions alone and all
-rollout tokens), rollouts/s (samples/s) for the whole step, peak memory (``max_memory_allocated`` since that
-variant started), and for ours the partner + reference + swap-buffer bytes in total and on the GPU, as fractions of
-the model's parameter bytes. ``--profile PATH`` profiles one more step of ours with ``torch.profiler`` and writes
+into policy sampling, reference scoring and partner passes; with ``--storage cpu`` the EMA lerp runs in the background
+after ``ema_partner`` and what a swap still waits for is ``partner_wait/<loop>``), generated tokens/s (policy captions
+alone and all rollout tokens), rollouts/s (samples/s) for the whole step, peak memory (``max_memory_allocated`` since
+that variant started), and for ours the partner + reference + swap-buffer bytes in total and on the GPU, as fractions
+of the model's parameter bytes. ``--profile PATH`` profiles one more step of ours with ``torch.profiler`` and writes
 the top operators / kernels by self device time (CPU time on CPU) and the per-phase ranges to PATH.
 A baseline's peak also counts what stays allocated from ours (model, optimizer state, weight sets); the naive
 one adds its deep-copied EMA model.
+
+Host preprocessing: as in a training run with DataLoader workers, the image batch is built by the collate
+(``data.collate.PreprocessingCollate``: InternVL tiles, SAM2 input, gt masks and region cells, made once per sample
+before the timed iterations; ``loader_batch_s`` says how long that took), so the step's ``encode`` phase is the
+host→device copies and the frozen encoders. ``--preprocess-in step`` leaves the preprocessing to ``encode`` (every
+iteration pays it, as a run without workers does); ``sa2va-rl bench loader --preprocess PRESET`` times the loader side.
 
 Cold and warm: every variant also reports each timed iteration's step seconds (``iteration_step_s``), and with
 ``--warmup 0`` ``cold_step_s`` (the first iteration of the process, which pays every first-shape cost: attention
@@ -57,12 +64,13 @@ The Qwen-VL family's presets (``qwen25vl_3b``, ``qwen25vl_7b``, ``qwen3vl_4b``; 
 CPU) build ``Sa2VAQwenModel`` the same way (``build_qwen_vl``: LoRA on the text decoder, its processor with the
 released image budget: 896 px → 1,024 image tokens on Qwen2.5-VL, 784 on Qwen3-VL). ``--loops`` picks the loops a step
 runs; a part of the step that refuses the model stops the bench with the part named (``explain_refusals``). On this
-family ``--mask-policy region``, the baselines (its partner already decodes with ``generate``), ``--video`` and the
-``tiles`` sweep key are refused with the reason; ``--force-seg`` / ``--caption-lengths`` reach its ``generate`` calls.
+family ``--mask-policy region``, the baselines (their decoders take no M-RoPE positions; ``--sweep backend=reference``
+times the family's ``generate``), ``--video`` and the ``tiles`` sweep key are refused with the reason;
+``--force-seg`` / ``--caption-lengths`` reach its decoders, ``generate`` included.
 
 ``--sweep 'G=4 G=16 T=64 tiles=13 G=16,T=64'`` then runs ours at each point (keys G, T, B, tiles ∈ {1, 5, 10, 13},
-backend = a decode backend, amp = an ``--amp-dtype``, logprob = a ``--logprob-head``, loss = compiled | eager:
-``--compile-loss-layers`` on or off) on the same model,
+backend = a decode backend, amp = an ``--amp-dtype``, logprob = a ``--logprob-head``, ema = sync | async, loss =
+compiled | eager: ``--compile-loss-layers`` on or off) on the same model,
 ``--sweep-warmup`` + ``--sweep-iters`` iterations each; a point that runs out of memory is recorded as such and the
 sweep goes on. ``--logprob-head`` applies to ours and to the ``generate`` baseline alike (only the decoder differs).
 """
@@ -83,6 +91,7 @@ from peft.helpers import disable_input_dtype_casting
 from PIL import Image
 from transformers import LogitsProcessorList
 
+from projects.llava_sam2.rl_train.data.collate import PreprocessingCollate
 from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
 from projects.llava_sam2.rl_train.data.shapes_video import ShapesVideoWorld
 from projects.llava_sam2.rl_train.grpo import cycle
@@ -173,6 +182,7 @@ def instrumented(clock: PhaseClock, weights: WeightSets, texts, forced: ForcedAn
     cycle.partner_describe = clock.wrap(cycle.partner_describe, "rollout/caption_to_mask_partner_describe")
     cycle.completion_texts = texts
     weights.reference = clock.wrap_context(weights.reference, "reference_scoring")
+    weights.wait_for_update = timed_partner_wait(clock, weights)
     extra = {} if forced is None else {"logits_processor": LogitsProcessorList([forced.processor()])}
     DECODE_BACKENDS.update({HF_GENERATE: partial(hf_generate_completions, **extra),
                             HF_GENERATE_SCORES: partial(hf_generate_with_scores, **extra)})
@@ -189,6 +199,25 @@ def instrumented(clock: PhaseClock, weights: WeightSets, texts, forced: ForcedAn
         for name in added:
             del DECODE_BACKENDS[name]
         del weights.reference
+        del weights.wait_for_update
+
+
+def timed_partner_wait(clock: PhaseClock, weights: WeightSets):
+    """``weights.wait_for_update`` timed where it blocks: a background EMA partner update still running when its
+    values are next needed is step time, reported as ``partner_wait/<loop>`` inside the rollout (the loop whose
+    partner or reference swap waited) and ``partner_wait/<phase>`` elsewhere. The key is nested: its seconds are
+    also in the enclosing phase (no double count in the step, the loop's parts or ``policy_rest``); no phase, and
+    no clock sync, when nothing is pending."""
+    wait = weights.wait_for_update
+
+    def timed():
+        if not weights.update_pending:
+            return wait()
+        outer = clock.open_phases[0] if clock.open_phases else None
+        phase = "partner_wait" if outer is None else f"partner_wait/{clock.loop if outer == 'rollout' else outer}"
+        with clock(phase):
+            return wait()
+    return timed
 
 
 def run_iteration(algo, model, optimizer, params, batch, clock: PhaseClock, amp: torch.dtype | None = None) -> dict:
@@ -299,6 +328,10 @@ def parse_args(argv=None):
                         help="every caption stops at a length drawn uniformly from [LO, HI] (default: never)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--iters", type=int, default=2)
+    parser.add_argument("--preprocess-in", choices=("loader", "step"), default="loader",
+                        help="where an image batch's host preprocessing runs: 'loader' builds the batch with "
+                             "PreprocessingCollate as a training run's DataLoader workers do (not timed in the "
+                             "step; loader_batch_s), 'step' leaves it to the step's encode")
     parser.add_argument("--video", action="store_true", help="time the video step (clips; module docstring)")
     parser.add_argument("--mllm-frames", type=int, default=5, help="--video: frames per clip the LM sees (1 tile each)")
     parser.add_argument("--sam-frames", type=int, default=16, help="--video: frames per clip (SAM2 sees every one)")
@@ -355,9 +388,10 @@ def refuse_for_qwen_vl(parser, args) -> None:
                      "has none of (no visual-prompt input): use --mask-policy bernoulli")
     baselines = set(filter(None, args.baselines.split(",")))
     if "generate" in baselines:
-        parser.error("--baselines generate: on the Qwen-VL family every decoding pass of ours already is transformers' "
-                     "generate (the partner's answers and captions, qwen_vl_decode), so the baseline would time the "
-                     "same decoder; run with --baselines ''")
+        parser.error("--baselines generate: the baseline's generate decodes prompt embeddings with 1-D positions, and "
+                     "a Qwen-VL prompt needs its M-RoPE positions (and Qwen3-VL's deepstack); run with --baselines '' "
+                     "and compare with the family's reference decoders by --sweep backend=reference (generate for "
+                     "the partner's answers, the reference decoder for loop 1's captions)")
     if "naive" in baselines:
         parser.error("--baselines naive: its per-rollout plan builds InternVL prompts (tiles, region tokens); it has "
                      "no Qwen-VL path: run with --baselines ''")
@@ -370,9 +404,9 @@ def refuse_for_qwen_vl(parser, args) -> None:
 
 # sweep keys -> argument names; tiles -> image (width, height) on the 448 px presets (1..12 tiles + thumbnail)
 SWEEP_KEYS = {"G": "num_generations", "T": "max_new_tokens", "B": "batch", "backend": "decode_backend",
-              "tiles": "tiles", "amp": "amp_dtype", "logprob": "logprob_head",
+              "tiles": "tiles", "amp": "amp_dtype", "logprob": "logprob_head", "ema": "ema_update",
               "loss": "compile_loss_layers"}
-TEXT_KEYS = ("backend", "amp", "logprob", "loss")
+TEXT_KEYS = ("backend", "amp", "logprob", "ema", "loss")
 LOSS_LAYERS = {"compiled": True, "eager": False}  # sweep loss= value -> compile_loss_layers
 TILE_IMAGES = {1: (448, 448), 5: (896, 896), 10: (1344, 1344), 13: (1792, 1344)}
 
@@ -385,6 +419,8 @@ def sweep_point(text: str) -> dict:
         if key not in SWEEP_KEYS or not value:
             raise ValueError(f"--sweep: bad point item {item!r}; use KEY=VALUE with KEY in {sorted(SWEEP_KEYS)}")
         point[SWEEP_KEYS[key]] = value if key in TEXT_KEYS else int(value)
+    if point.get("ema_update", "sync") not in ("sync", "async"):
+        raise ValueError(f"--sweep: ema={point['ema_update']!r}; use sync or async")
     if point.get("amp_dtype", "none") not in ("bfloat16", "float16", "none"):
         raise ValueError(f"--sweep: amp={point['amp_dtype']}; use bfloat16, float16 or none")
     if point.get("logprob_head", "reference") not in LOGPROB_HEADS:
@@ -420,11 +456,16 @@ def make_video_batch(size: int, side: int, num_frames: int):
     return [world[i] for i in range(size)]
 
 
-def step_batch(args, width: int, height: int):
-    """The batch of a run: clips (``--video``, square frames) or images."""
+def step_batch(args, width: int, height: int, processor=None):
+    """The batch of a run: clips (``--video``, square frames) or images. With ``--preprocess-in loader`` (and a
+    ``processor``) the image batch is built as a training run's DataLoader builds it, by ``PreprocessingCollate``:
+    the host preprocessing (tiles, SAM2 input, masks, region cells) is then done here, not in the timed step."""
     if args.video:
         return make_video_batch(args.batch, max(width, height), args.sam_frames)
-    return make_batch(args.batch, width, height)
+    samples = make_batch(args.batch, width, height)
+    if processor is None or args.preprocess_in != "loader":
+        return samples
+    return PreprocessingCollate(processor)(samples)
 
 
 def tiles_per_prompt(args, processor, batch) -> int:
@@ -520,7 +561,9 @@ def run_benchmark(argv: list[str] | None = None) -> dict:
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-6, weight_decay=0.0)
     image_size = args.image_size or (224 if args.preset.startswith("tiny") else 896)
-    batch = step_batch(args, image_size, image_size)
+    loader_start = time.perf_counter()
+    batch = step_batch(args, image_size, image_size, processor)
+    loader_s = time.perf_counter() - loader_start
     clock = PhaseClock(device)
     clock.sync()
     build_s = time.perf_counter() - start
@@ -530,6 +573,7 @@ def run_benchmark(argv: list[str] | None = None) -> dict:
               "dtype": str(dtype), "amp_dtype": amp_name, "torch": torch.__version__, "build_s": build_s,
               "params": sum(p.numel() for p in model.parameters()), "trainable_params": sum(p.numel() for p in params),
               "gradient_checkpointing": grad_ckpt, "n_tiles": tiles_per_prompt(args, processor, batch),
+              "loader_batch_s": loader_s,
               "family": getattr(model, "family", "internvl"),
               "image_tokens_per_prompt": processor.image_token_count(tiles_per_prompt(args, processor, batch)),
               **{k: v for k, v in vars(args).items() if k not in ("json", "profile", "amp_dtype")},
@@ -605,11 +649,15 @@ def run_sweep(args, model, processor, weights, optimizer, params, clock, out: di
             continue
         settings = argparse.Namespace(**{**vars(args), **point})
         width, height = TILE_IMAGES[point["tiles"]] if "tiles" in point else (args.image_size or 896,) * 2
-        batch = step_batch(settings, width, height)
+        batch = step_batch(settings, width, height, processor)
         if lengths is not None:
             scale = settings.max_new_tokens / args.max_new_tokens
             forced.caption_lengths = (max(1, round(lengths[0] * scale)), max(1, round(lengths[1] * scale)))
+        background = weights.async_update
         try:
+            if "ema_update" in point:  # sync: the host lerp inside update_partner; async: in the background
+                weights.wait_for_update()
+                weights.async_update = point["ema_update"] == "async" and weights.storage_device == "cpu"
             algo = make_algo(model, processor, weights, settings, settings.decode_backend)
             for loop in algo.loops:
                 clock.wrap_loop(loop)
@@ -620,12 +668,15 @@ def run_sweep(args, model, processor, weights, optimizer, params, clock, out: di
                           "max_new_tokens": settings.max_new_tokens, "decode_backend": settings.decode_backend,
                           "logprob_head": settings.logprob_head,
                           "compile_loss_layers": settings.compile_loss_layers,
+                          "ema_update": "async" if weights.async_update else "sync",
                           "amp_dtype": str(point_amp).removeprefix("torch.") if point_amp else "none",
                           "caption_lengths": forced.caption_lengths if forced is not None else None,
                           "n_tiles": tiles_per_prompt(settings, processor, batch)}
         except torch.cuda.OutOfMemoryError as err:
             out[label] = {"error": f"out of memory: {str(err).splitlines()[0]}", "peak_gib": peak_gib(clock.device)}
         finally:
+            weights.wait_for_update()
+            weights.async_update = background
             if lengths is not None:
                 forced.caption_lengths = lengths
             optimizer.zero_grad(set_to_none=True)

@@ -7,7 +7,7 @@ Every dataset is a ``torch.utils.data.Dataset`` of ``RegionSample`` (the video d
 from .bad_samples import BadSampleError, BadSampleLog, SkippedSample, count_skipped
 from .base import RegionDataset
 from .coco import CocoRegionDataset
-from .collate import RegionBatch, region_collate
+from .collate import PreprocessingCollate, RegionBatch, region_collate
 from .dlc import DLCRegionDataset
 from .gar import GARRegionDataset
 from .refcoco import RefCocoRegionDataset
@@ -20,7 +20,8 @@ from .video_formats import MeViSDataset, RefYouTubeVOSDataset, ReVOSDataset, SAV
 
 __all__ = [
     "BadSampleError", "BadSampleLog", "CocoRegionDataset", "DLCRegionDataset", "GARRegionDataset", "MeViSDataset",
-    "ReVOSDataset", "RefCocoRegionDataset", "RefYouTubeVOSDataset", "RegionBatch", "RegionDataset", "RegionSample",
+    "PreprocessingCollate", "ReVOSDataset", "RefCocoRegionDataset", "RefYouTubeVOSDataset", "RegionBatch",
+    "RegionDataset", "RegionSample",
     "SAVMaskletDataset", "ShapesVideoWorld", "ShapesWorld", "SkippedSample", "VideoRegionDataset",
     "VideoRegionSample", "count_skipped", "decode_rle", "decode_segmentation", "encode_mask", "key_frame",
     "region_collate",

@@ -13,6 +13,8 @@ loaders.
 Before the first batch is drawn (DataLoader workers copy the dataset then), a region dataset gets the model
 processor's input check (``give_input_check``), so a sample the model cannot take is a bad sample at load time,
 raised or skipped and counted by the dataset's ``on_bad_sample``, not an error inside a training step.
+A ``region_collate`` loader also gets the model's processor (``give_step_preprocessing``): its batches then carry
+the step's host preprocessing, made in the DataLoader workers (``data.prepared``).
 
 The one MMEngine internal it relies on: ``Runner.resume`` (and ``FlexibleRunner.resume``) write the resumed counters
 into ``train_loop._iter`` / ``train_loop._epoch``, so the counters live under those names
@@ -24,6 +26,7 @@ import bisect
 import logging
 import time
 from collections.abc import Mapping
+from functools import partial
 
 from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
@@ -31,6 +34,7 @@ from mmengine.runner import BaseLoop
 from mmengine.runner.utils import calc_dynamic_intervals
 from torch.utils.data import DataLoader
 
+from ..data.collate import PreprocessingCollate, region_collate
 from .builders import input_check_from_config
 from .stop_signals import blocked_in_children
 
@@ -112,6 +116,7 @@ class IterationLoop(BaseLoop):
         if meta is not None:
             runner.visualizer.dataset_meta = meta
         give_input_check(self.dataloader.dataset, runner.model)
+        give_step_preprocessing(self.dataloader, runner.model)
         self.dataloader_iterator = InfiniteBatches(self.dataloader)
         self.dynamic_milestones, self.dynamic_intervals = calc_dynamic_intervals(val_interval, dynamic_intervals)
 
@@ -158,6 +163,22 @@ def give_input_check(dataset, model) -> None:
     for part in getattr(dataset, "datasets", None) or [dataset]:
         if hasattr(part, "set_input_check"):
             part.set_input_check(check)
+
+
+def give_step_preprocessing(dataloader, model) -> bool:
+    """Let a ``region_collate`` loader build its batches with ``PreprocessingCollate`` and the model's processor, so
+    that the step's host preprocessing (tiles, SAM2 inputs, masks, region cells) runs in the DataLoader workers
+    instead of the step (``data.prepared``). Does nothing, returning False, for another collate or a model without a
+    processor (under ``FlexibleRunner`` the model is still its config here: the step then preprocesses)."""
+    model = model.module if is_model_wrapper(model) else model
+    processor = getattr(model, "processor", None)
+    collate = getattr(dataloader, "collate_fn", None)
+    if isinstance(collate, partial) and not collate.args and not collate.keywords:  # MMEngine's dict(type=fn)
+        collate = collate.func
+    if collate is not region_collate or getattr(processor, "preprocessing_settings", None) is None:
+        return False
+    dataloader.collate_fn = PreprocessingCollate(processor)
+    return True
 
 
 class _DataloaderOnly(BaseLoop):

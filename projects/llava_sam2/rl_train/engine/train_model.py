@@ -142,6 +142,8 @@ class Sa2VATrainModel(BaseModel):
         weights_storage_device: where the EMA partner, reference snapshot and swap backup live; ``'cpu'`` keeps
             them in pinned host memory (no GPU memory, ~0.1 s per EMA update at 4B), None keeps them beside
             the model.
+        weights_async_update: with host storage, run the EMA update's host lerp in a background thread, off the
+            step's critical path (``WeightSets(async_update=...)``; None: on exactly for ``'cpu'`` storage).
     """
 
     def __init__(self, *, pretrained_path: str | None = None, preset: str | None = None,
@@ -150,7 +152,8 @@ class Sa2VATrainModel(BaseModel):
                  gradient_checkpointing: bool = False, torch_dtype: str | torch.dtype | None = None,
                  trainable_dtype: str | torch.dtype | None = "float32",
                  processor_cfg: Mapping[str, Any] | None = None, sft_loss_cfg: Mapping[str, Any] | None = None,
-                 data_preprocessor: dict | None = None, weights_storage_device: str | None = None) -> None:
+                 data_preprocessor: dict | None = None, weights_storage_device: str | None = None,
+                 weights_async_update: bool | None = None) -> None:
         super().__init__(data_preprocessor=data_preprocessor)
         sa2va, tokenizer, train_mask_decoder = _build_sa2va(pretrained_path, preset, upstream_sft, tokenizer,
                                                             as_torch_dtype(torch_dtype, "Sa2VATrainModel: torch_dtype"))
@@ -175,6 +178,7 @@ class Sa2VATrainModel(BaseModel):
         self.processor = processor_cls.from_config(tokenizer, sa2va.config, **dict(processor_cfg or {}))
         self.sft_loss_cfg = dict(sft_loss_cfg or {})
         self.weights_storage_device = weights_storage_device
+        self.weights_async_update = weights_async_update
         keep_trainable_state(self)
 
     def build_algorithm(self, cfg: Mapping[str, Any]) -> GRPOAlgorithm:
@@ -194,7 +198,8 @@ class Sa2VATrainModel(BaseModel):
         # snapshot the LoRA tensors like the other trainables
         adapter = {"is_adapter": lambda name: False} if self.is_lora_from_sft else {}
         weights = WeightSets.from_model(self.sa2va, ema_decay=config.ema_decay, use_reference=config.beta > 0,
-                                        storage_device=self.weights_storage_device, **adapter)
+                                        storage_device=self.weights_storage_device,
+                                        async_update=self.weights_async_update, **adapter)
         return build_component(ALGORITHMS, args, model=self.sa2va, processor=self.processor, weights=weights,
                                cross_rank_sum=sum_across_ranks)
 

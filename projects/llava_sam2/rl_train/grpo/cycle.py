@@ -34,10 +34,10 @@ step's does with n-tile prompts.
 
 On the Qwen-VL family (``is_qwen_vl_model``) loop 1's region input is the gt region drawn into a copy of the
 sample's image (``StepFeatures.drawn_regions``, drawn once per step) with the outline-naming caption question, the
-partner's own describe-a-mask input; its captions are sampled by the reference decoder on the family seam
-(``qwen_vl_prompts.qwen_vl_sample_text``: M-RoPE positions, Qwen3-VL's deepstack) and scored by the same grouped
-pass with those positions and additions (``GRPOConfig.decode_backend`` does not apply: the fast decoder's prefill
-takes no family positions, so each prompt is prefilled G times). Video steps are refused there at ``encode``.
+partner's own describe-a-mask input; its captions are sampled by ``GRPOConfig.decode_backend`` on the family seam
+(``qwen_vl_prompts.qwen_vl_sample_text``: M-RoPE positions, Qwen3-VL's deepstack; each prompt prefilled once on the
+fast decoders) and scored by the same grouped pass with those positions and additions. Video steps are refused there
+at ``encode``.
 
 Each loop's ``action_logp`` is the single function that scores a given action (CleanRL's
 ``get_action_and_value``): the rollout calls it (no grad) for ``old_logp`` and, inside ``WeightSets.reference``,

@@ -9,6 +9,11 @@ those weight sets, so it is *not* cached: each pass re-projects ``vit_tokens`` w
 An image shared by several samples (several regions of one picture) is encoded once when the samples hold the
 same PIL object; equal pixels in distinct objects are encoded separately (no hashing of pixels).
 
+Host preprocessing ahead of the step: a batch built by ``data.collate.PreprocessingCollate`` carries the processor's
+inputs of its images, masks and region cells (``RegionBatch.prepared``, made in the DataLoader workers of a training
+run); ``encode_step`` then only copies tensors to the device (from pinned memory, without blocking) and runs the
+encoders. A batch without them (or a sample whose preparation failed) is preprocessed here, by the same functions.
+
 Unpaired data: a sample may carry a region and no text (loop 1 only) or a text and no mask (``gt_mask`` None, loop 2
 only). ``loop_rows`` names the samples each loop can use and ``loop_features`` gives a loop its rows, sharing
 the encoded images.
@@ -29,6 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..data.prepared import PreparedBatch, gt_mask_tensor
 from ..data.types import VideoRegionSample
 from ..data.video import key_frame
 from ..model.pipeline.qwen_vl_regions import DrawnRegions, draw_regions
@@ -158,16 +164,6 @@ def _reference_texts(sample) -> list[str]:
     return [t for t in (list(sample.captions) or list(sample.expressions)) if isinstance(t, str) and t.strip()]
 
 
-def _gt_mask(sample, size: tuple[int, int]) -> Tensor | None:
-    if sample.gt_mask is None:  # a text-only sample of unpaired data
-        return None
-    gt_mask = torch.as_tensor(np.asarray(sample.gt_mask))
-    if gt_mask.dim() != 2 or tuple(gt_mask.shape) != tuple(size):
-        raise ValueError(f"sample {sample.sample_id!r}: gt_mask has shape {tuple(gt_mask.shape)} but the image is "
-                         f"(H, W) = {tuple(size)}; the region mask must be at image resolution.")
-    return gt_mask.bool() if gt_mask.dtype == torch.bool else gt_mask > 0
-
-
 def _gt_masklet(sample, size: tuple[int, int]) -> Tensor | None:
     if sample.gt_masks is None:  # a text-only sample of unpaired data
         return None
@@ -233,6 +229,25 @@ def encode_video_step(model, processor, batch: Sequence, *, use_region_cells: bo
         video=VideoStep(encoded=encoded, clip_index=clip_index, key_frames=key_frames, still_index=still_index))
 
 
+def prepared_samples(processor, batch: Sequence) -> list:
+    """Per sample of an image batch its host inputs made where the batch was built (``RegionBatch.prepared``,
+    ``data.prepared``), None where the step makes them; raises when they were made by a processor with other
+    preprocessing settings than ``processor``'s."""
+    prepared: PreparedBatch | None = getattr(batch, "prepared", None)
+    if prepared is None:
+        return [None] * len(batch)
+    settings = getattr(processor, "preprocessing_settings", None)
+    if prepared.settings != settings:
+        raise ValueError(f"CycleGRPO.encode: the batch of {batch[0].sample_id!r} was preprocessed by the collate with "
+                         f"{prepared.settings}, but the step's processor has {settings}; build the collate "
+                         "(data.collate.PreprocessingCollate) with the model's processor.")
+    if prepared.sample_ids != [s.sample_id for s in batch]:
+        raise ValueError(f"CycleGRPO.encode: the batch holds {[s.sample_id for s in batch]} but its preprocessing "
+                         f"(PreprocessingCollate) was made for {prepared.sample_ids}; a batch changed after the "
+                         "collate must drop it (batch.prepared = None).")
+    return list(prepared.samples)
+
+
 @torch.no_grad()
 def encode_step(model, processor, batch: Sequence, *, use_region_cells: bool, use_prompt_texts: bool,
                 mllm_frames: int = 5) -> StepFeatures:
@@ -240,7 +255,9 @@ def encode_step(model, processor, batch: Sequence, *, use_region_cells: bool, us
 
     Args:
         model: the ``Sa2VAModel``; processor: its ``Sa2VAProcessor``.
-        batch: B ``RegionSample``.
+        batch: B ``RegionSample``. A ``RegionBatch`` from ``PreprocessingCollate`` carries its host preprocessing
+            (``prepared``: tiles, SAM2 inputs, gt masks, region cells, made in the DataLoader workers); the step
+            uses it and makes what is missing itself, with the same functions (equal features either way).
         use_region_cells: compute loop 1's region input of every gt_mask: its region cells (the processor's
             empty-region policy applies, so a region that hits no grid point raises under
             ``empty_region='raise'``), or on the Qwen-VL family the region drawn into a copy of its image.
@@ -258,23 +275,29 @@ def encode_step(model, processor, batch: Sequence, *, use_region_cells: bool, us
                              "the Qwen-VL family (no clip encoder or video prompt there); train it on image data.")
         return encode_video_step(model, processor, batch, use_region_cells=use_region_cells,
                                  use_prompt_texts=use_prompt_texts, mllm_frames=mllm_frames)
+    prepared = prepared_samples(processor, batch)
     rows: dict[int, int] = {}  # id(PIL image) -> image row
-    images, names, image_index = [], [], []
-    for sample in batch:
+    images, names, image_index, ready = [], [], [], []
+    for sample, ahead in zip(batch, prepared):
         if id(sample.image) not in rows:
             rows[id(sample.image)] = len(images)
             images.append(sample.image)
             names.append(sample.sample_id)
+            ready.append(None if ahead is None else ahead.image_inputs)
         image_index.append(rows[id(sample.image)])
-    encoded = encode_images(model, processor, images, names)
+    encoded = encode_images(model, processor, images, names, ready)
     sizes = encoded.image_sizes
-    gt_masks = [_gt_mask(s, sizes[i]) for s, i in zip(batch, image_index)]
+    gt_masks = [gt_mask_tensor(s, sizes[i]) if ahead is None else ahead.gt_mask
+                for s, i, ahead in zip(batch, image_index, prepared)]
     region_cells = drawn_regions = None
     if use_region_cells and is_qwen_vl:
         drawn_regions = draw_regions(processor, [s.image for s in batch], gt_masks, [s.sample_id for s in batch])
     elif use_region_cells:
-        cells = {b: processor.region_cells(m, sample_id=s.sample_id, size=sizes[i])
-                 for b, (s, m, i) in enumerate(zip(batch, gt_masks, image_index)) if m is not None}  # b -> [g, g]
+        with_cells = getattr(batch, "prepared", None) is not None and batch.prepared.with_region_cells
+        cells = {b: ahead.region_cells if ahead is not None and with_cells else
+                 processor.region_cells(m, sample_id=s.sample_id, size=sizes[i])
+                 for b, (s, m, i, ahead) in enumerate(zip(batch, gt_masks, image_index, prepared))
+                 if m is not None}  # b -> [g, g]
         blank = torch.zeros_like(next(iter(cells.values()))) if cells else None
         region_cells = None if blank is None else torch.stack(
             [cells.get(b, blank) for b in range(len(batch))])  # [B, g, g]

@@ -22,12 +22,23 @@ is then two asynchronous same-dtype copies per direction (backup device→host, 
 so the restore is bit-exact), and ``update_partner`` copies the policy to the host (reusing the backup buffer), waits
 for it, and lerps on the CPU with fused multi-tensor ops (``model/network/torch_seams.py``).
 
+Background update (``async_update``, on by default with host storage): ``update_partner`` returns once the policy
+sits in the host staging buffer, and the host lerp + dtype copy run in one worker thread (torch's CPU kernels release
+the GIL), off the step's critical path; the partner is next needed in the next step's rollout. The staged copy is
+complete before ``update_partner`` returns, so the next optimizer step cannot change what the lerp reads. Everything
+that reads or rewrites the partner, the reference or the staging buffer (``partner``, ``reference``,
+``update_partner``, ``state_dict``, ``load_state_dict``) first waits for the pending update (``wait_for_update``);
+the values are bit for bit those of the synchronous path (the same kernels on the same tensors). An exception in the
+worker is raised at that wait, and again at every later use: a half-applied update leaves the shadow unusable, until
+``load_state_dict`` replaces it (resume from the last checkpoint).
+
 Not supported: DeepSpeed ZeRO-3 partitioned parameters (raise NotImplementedError; gathering them is future
 work). ZeRO-1/2 keep full parameters on every rank and work as is.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
@@ -127,11 +138,14 @@ class WeightSets:
         is_adapter: names covered by peft's ``disable_adapter()`` in the reference: no snapshot for them.
         storage_device: None keeps every value beside its parameter; ``'cpu'`` keeps them in host memory (pinned when
             CUDA is available) and swaps / updates through asynchronous copies (module docstring).
+        async_update: with ``storage_device='cpu'``, run the host lerp of ``update_partner`` in a background thread
+            (module docstring); None turns it on exactly for host storage. On-device storage already runs its update
+            asynchronously on the accelerator's stream, so True is refused there.
     """
 
     def __init__(self, trainable: Mapping[str, nn.Parameter], *, ema_decay: float = 0.999,
                  use_reference: bool = True, is_adapter: Callable[[str], bool] = is_lora_tensor,
-                 storage_device: str | None = None):
+                 storage_device: str | None = None, async_update: bool | None = None):
         if not trainable:
             raise ValueError("WeightSets: the trainable set is empty; unfreeze the LoRA / mlp1 / decoder tensors "
                              "before building the weight sets.")
@@ -144,8 +158,15 @@ class WeightSets:
         if storage_device not in STORAGE_DEVICES:
             raise ValueError(f"WeightSets: storage_device={storage_device!r} is not one of {STORAGE_DEVICES}; use None "
                              "(values beside the parameters) or 'cpu' (pinned host memory, no accelerator memory).")
+        if async_update and storage_device is None:
+            raise ValueError("WeightSets: async_update=True needs storage_device='cpu' (a host-side update to move off "
+                             "the critical path); on-device storage already updates on the accelerator's stream.")
         self.ema_decay = ema_decay
         self.storage_device = storage_device
+        self.async_update = storage_device == "cpu" if async_update is None else bool(async_update)
+        self._executor: ThreadPoolExecutor | None = None  # one worker, created at the first background update
+        self._pending: Future | None = None
+        self._failure: BaseException | None = None
         self.names = sorted(trainable)
         self.adapter_names = [n for n in self.names if is_adapter(n)]
         self.reference_names = [n for n in self.names if not is_adapter(n)]
@@ -180,10 +201,14 @@ class WeightSets:
 
     @torch.no_grad()
     def update_partner(self, model: nn.Module) -> None:
-        """partner <- partner + (1 - ema_decay) * (policy - partner), one fused multi-tensor lerp in fp32."""
+        """partner <- partner + (1 - ema_decay) * (policy - partner), one fused multi-tensor lerp in fp32.
+
+        With ``async_update`` the call returns once the policy is staged on the host; the lerp finishes in the
+        background (module docstring)."""
         if self._active is not None:
             raise RuntimeError(f"WeightSets.update_partner: called inside the {self._active} swap, where the live "
                                "tensors are not the policy; update after the `with` block.")
+        self.wait_for_update()  # the staging buffer and the shadow belong to the previous update until it is done
         live = self._live(model, self.names)
         weight = mmengine_momentum(self.ema_decay)
         if self.storage_device is None:
@@ -194,11 +219,40 @@ class WeightSets:
             staging = [self._backup[n] for n in self.names]  # the swap backup is free outside a swap
             _copy_all(staging, [p.detach() for p in live])  # device -> host
             _synchronize(live)  # the host reads the staged policy, and may now rewrite the cast buffers
-            for names in _groups(self.names, lambda n: self._partner[n].numel()):
-                shadow = [self._partner[n] for n in names]
-                foreach_lerp_(shadow, [self._backup[n].float() for n in names], weight)
-                foreach_copy_([self._partner_cast[n] for n in names], shadow)  # fp32 -> parameter dtype
+            if self.async_update:
+                if self._executor is None:
+                    self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ema_partner")
+                self._pending = self._executor.submit(self._lerp_staged_on_host, weight)
+            else:
+                self._lerp_staged_on_host(weight)
         self.num_updates += 1
+
+    @torch.no_grad()  # grad mode is per thread: the worker sets its own
+    def _lerp_staged_on_host(self, weight: float) -> None:
+        """The host part of ``update_partner``: lerp the fp32 shadow towards the staged policy, refresh its cast."""
+        for names in _groups(self.names, lambda n: self._partner[n].numel()):
+            shadow = [self._partner[n] for n in names]
+            foreach_lerp_(shadow, [self._backup[n].float() for n in names], weight)
+            foreach_copy_([self._partner_cast[n] for n in names], shadow)  # fp32 -> parameter dtype
+
+    @property
+    def update_pending(self) -> bool:
+        """True while a background partner update has been launched and not yet waited for."""
+        return self._pending is not None
+
+    def wait_for_update(self) -> None:
+        """Block until the background partner update (if any) is done; raise if it, or an earlier one, failed."""
+        if self._pending is not None:
+            error = self._pending.exception()  # blocks; an interrupt of this thread leaves the update pending
+            self._pending = None
+            if error is not None:
+                self._failure = error  # kept: re-raised at every later use until load_state_dict
+        if self._failure is not None:
+            raise RuntimeError(
+                f"WeightSets: a background EMA partner update failed ({type(self._failure).__name__}: "
+                f"{self._failure}); the partner shadow may be partly updated, so the weight sets refuse to be used or "
+                "saved. Fix the cause and resume from the newest checkpoint (or pass async_update=False to see the "
+                "failure where it happens).") from self._failure
 
     @contextmanager
     def partner(self, model: nn.Module) -> Iterator[None]:
@@ -253,6 +307,7 @@ class WeightSets:
         if self._active is not None:
             raise RuntimeError(f"WeightSets: cannot enter the {what} swap inside the {self._active} swap; "
                                "leave the first `with` block before entering the second.")
+        self.wait_for_update()  # the partner's values and the backup (staging) buffer are the update's until done
         live = self._live(model, names)
         backup = [self._backup[n] for n in names]
         # host storage: asynchronous copies from/to pinned buffers, ordered on the current stream (backup before
@@ -273,7 +328,8 @@ class WeightSets:
 
     def state_dict(self) -> dict:
         """Partner shadow, reference snapshot and counters. The reference is saved too: after a resume the live
-        weights are the trained policy, so it cannot be re-taken from the model."""
+        weights are the trained policy, so it cannot be re-taken from the model. Waits for a pending update."""
+        self.wait_for_update()
         return {"ema_decay": self.ema_decay, "num_updates": self.num_updates,
                 "partner": dict(self._partner), "reference": None if self._reference is None else dict(self._reference)}
 
@@ -281,7 +337,13 @@ class WeightSets:
     def load_state_dict(self, state: Mapping) -> None:
         """Copy a ``state_dict()`` back in after checking names, shapes and that the reference setting matches.
 
-        ``ema_decay`` stays the constructor's (the config's), so a changed decay on resume takes effect."""
+        ``ema_decay`` stays the constructor's (the config's), so a changed decay on resume takes effect. A pending
+        update is waited for first (it would otherwise land on the loaded values); a failed one is forgotten, since
+        the loaded state replaces everything it could have touched."""
+        try:
+            self.wait_for_update()
+        except RuntimeError:
+            pass  # a failed update stays recorded until the loaded values below have replaced the shadow
         if (state["reference"] is None) != (self._reference is None):
             raise ValueError("WeightSets.load_state_dict: the checkpoint and these weight sets disagree on "
                              "use_reference; build the weight sets with the setting used when saving.")
@@ -299,6 +361,7 @@ class WeightSets:
         if self._partner_cast is not None:
             foreach_copy_([self._partner_cast[n] for n in self.names], [self._partner[n] for n in self.names])
         self.num_updates = int(state["num_updates"])
+        self._failure = None
 
     def memory(self) -> WeightSetMemory:
         """Bytes held by the partner shadow, the reference snapshot and the swap buffer."""

@@ -40,9 +40,10 @@ from .dtypes import as_torch_dtype, default_dtype
 from .hf_checkpoint import _get_tensor, _open_safetensors, _weight_files, checkpoint_layout, read_layout
 from .upstream_base import UpstreamSFTSource, load_sft_tokenizer, read_xtuner_checkpoint
 from .xtuner_checkpoint import (LORA_MODES, LoadReport, _check_sft_weights, _drop_ignored, _fit_rows, _load_sam2,
-                                _load_weights, _merge_into)
+                                _load_init, _load_weights, _merge_into,
+                                check_lora_matches_config)
 from .xtuner_keys import (ADAPTER, BASE_COPY, FCS, LAYOUT_V2, PEFT_PREFIX, SAM, SAVED_COPY, UpstreamState,
-                          _put_llm_weight, _sam_to_hf)
+                          _put_llm_weight, _sam_to_hf, check_parsed_state)
 
 QWEN_MLLM = "mllm.model."
 # the Qwen-VL module parts an upstream checkpoint may name (transformers >= 4.52 layout)
@@ -89,22 +90,13 @@ def parse_qwen_upstream_state(state: dict[str, torch.Tensor], where: str = "chec
             unmapped.append(key)
     orphans = sorted(set(base_copies) - out.saved_modules)
     unmapped += [f"{QWEN_MLLM}{PEFT_PREFIX}{m}{BASE_COPY}* (no {SAVED_COPY.strip('.')} copy)" for m in orphans]
-    if conflicts:
-        raise ValueError(f"{where}: tensors given twice, once plain and once as a peft modules_to_save copy: "
-                         f"{conflicts[:10]}")
-    missing_pairs = sorted(set(out.lora_A) ^ set(out.lora_B))
-    if missing_pairs:
-        raise ValueError(f"{where}: LoRA layers with only one of lora_A / lora_B: {missing_pairs[:10]}; the "
-                         "checkpoint is incomplete.")
-    if unmapped:
-        more = f"\n    ... and {len(unmapped) - 30} more" if len(unmapped) > 30 else ""
-        shown = "\n    ".join(unmapped[:30]) + more
-        raise ValueError(
-            f"{where}: {len(unmapped)} keys do not map onto Sa2VA-Qwen: they do not fit the codebase-v2 Qwen-VL layout "
-            f"(expected {QWEN_MLLM}[{PEFT_PREFIX}]{{{', '.join(QWEN_PARTS)}}}..., {SAM}, {FCS}; LoRA only on "
-            f"model.language_model with peft adapter {ADAPTER!r}):\n    {shown}\n"
-            "Is this an InternVL-family checkpoint (mllm.model.vision_model / mlp1)? Then the SFT config must not "
-            "say arch_type='qwen'.")
+    check_parsed_state(
+        out, where, conflicts, unmapped, conflict_note="once plain and once as a peft modules_to_save copy",
+        layout_note=f"do not map onto Sa2VA-Qwen: they do not fit the codebase-v2 Qwen-VL layout (expected "
+                    f"{QWEN_MLLM}[{PEFT_PREFIX}]{{{', '.join(QWEN_PARTS)}}}..., {SAM}, {FCS}; LoRA only on "
+                    f"model.language_model with peft adapter {ADAPTER!r})",
+        hint="Is this an InternVL-family checkpoint (mllm.model.vision_model / mlp1)? Then the SFT config must not "
+             "say arch_type='qwen'.")
     return out
 
 
@@ -170,7 +162,7 @@ def load_upstream_qwen_sft(source: UpstreamSFTSource, lora_mode: str = "keep",
     expected = checkpoint_layout(model)
     _check_sft_weights(sft.weights, expected, where, base_rows, vocab)
     loaded = _load_weights(model, sft.weights, "checkpoint", report)
-    loaded |= _load_start(model, source, expected, loaded, base_rows, vocab, report)
+    loaded |= _load_init(model, source, expected, loaded, base_rows, vocab, report, parse=parse_qwen_upstream_state)
     loaded |= _load_sam2(model, source, expected, loaded, report)
     loaded |= _load_base(model, base_files, base_names, expected, loaded, vocab, report)
     missing = [k for k in expected if k not in loaded]
@@ -180,20 +172,6 @@ def load_upstream_qwen_sft(source: UpstreamSFTSource, lora_mode: str = "keep",
                          "is pretrained_pth a Sa2VA SFT checkpoint?)")
     _apply_lora(model, sft, source, lora_mode, report)
     return model.train(), tokenizer, report
-
-
-def _load_start(model, source, expected, loaded, base_rows, vocab, report) -> set[str]:
-    """The SFT config's own ``model.pretrained_pth`` (loaded by upstream before the LoRA wrap, so its adapter tensors
-    never reach the run: skipped and counted)."""
-    if source.init_checkpoint is None:
-        return set()
-    where = os.fspath(source.init_checkpoint)
-    state = _drop_ignored(read_xtuner_checkpoint(source.init_checkpoint))
-    adapter = {k for k in state if ".lora_" in k or ".modules_to_save." in k or ".original_module." in k}
-    report.ignored_init_adapter = len(adapter)
-    start = parse_qwen_upstream_state({k: v for k, v in state.items() if k not in adapter}, where)
-    _check_sft_weights(start.weights, expected, where, base_rows, vocab)
-    return _load_weights(model, {k: v for k, v in start.weights.items() if k not in loaded}, "init", report)
 
 
 def _load_base(model, files, base_names, expected, loaded, vocab, report) -> set[str]:
@@ -220,13 +198,7 @@ def _apply_lora(model: Sa2VAQwenModel, sft: UpstreamState, source: UpstreamSFTSo
                 report: LoadReport) -> None:
     if not sft.lora_A:
         return
-    if source.lora is None:
-        raise ValueError(f"{source.pretrained_pth}: the checkpoint has LoRA tensors but the SFT config has no "
-                         "llm_lora; its lora_alpha is needed to scale them (ΔW = lora_alpha / r · B A)")
-    ranks = {a.shape[0] for a in sft.lora_A.values()}
-    if ranks != {source.lora.r}:
-        raise ValueError(f"{source.pretrained_pth}: LoRA rank(s) {sorted(ranks)} in the checkpoint, but llm_lora "
-                         f"r={source.lora.r} in the SFT config")
+    check_lora_matches_config(sft, source)
     report.lora_layers = len(sft.lora_A)
     if lora_mode == "merge":
         with torch.no_grad():

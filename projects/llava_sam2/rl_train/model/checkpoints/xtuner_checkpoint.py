@@ -158,18 +158,19 @@ def _load_weights(model: Sa2VAModel, weights: dict, source: str, report: LoadRep
     return set(weights)
 
 
-def _load_init(model: Sa2VAModel, source: UpstreamSFTSource, expected: dict, loaded: set[str], base_rows: int,
-               vocab: int, report: LoadReport) -> set[str]:
+def _load_init(model, source: UpstreamSFTSource, expected: dict, loaded: set[str], base_rows: int,
+               vocab: int, report: LoadReport, parse=None) -> set[str]:
     """Codebase v2's SFT start weights (``UpstreamSFTSource.init_checkpoint``), for tensors the SFT checkpoint lacks.
     Upstream loads them into the model before wrapping the LLM with LoRA, non-strictly, so adapter tensors in
-    that file (an earlier run's ``iter_*.pth``) never reached the run: they are skipped and counted here."""
+    that file (an earlier run's ``iter_*.pth``) never reached the run: they are skipped and counted here.
+    ``parse`` reads the family's key layout (default: the InternVL family's ``parse_upstream_state``)."""
     if source.init_checkpoint is None:
         return set()
     where = os.fspath(source.init_checkpoint)
     state = _drop_ignored(read_xtuner_checkpoint(source.init_checkpoint))
     adapter = {k for k in state if ".lora_" in k or ".modules_to_save." in k or ".original_module." in k}
     report.ignored_init_adapter = len(adapter)
-    init = parse_upstream_state({k: v for k, v in state.items() if k not in adapter}, where)
+    init = (parse or parse_upstream_state)({k: v for k, v in state.items() if k not in adapter}, where)
     _check_sft_weights(init.weights, expected, where, base_rows, vocab)
     todo = {k: v for k, v in init.weights.items() if k not in loaded}
     return _load_weights(model, todo, "init", report)
@@ -216,10 +217,8 @@ def _fit_rows(key: str, tensor: torch.Tensor, vocab: int, report: LoadReport) ->
     return out
 
 
-def _apply_lora(model: Sa2VAModel, sft: UpstreamState, source: UpstreamSFTSource, lora_mode: str,
-                lm_map: LanguageKeyMap, report: LoadReport) -> None:
-    if not sft.lora_A:
-        return
+def check_lora_matches_config(sft: UpstreamState, source: UpstreamSFTSource) -> None:
+    """A checkpoint's LoRA tensors need the SFT config's ``llm_lora`` (its alpha scales them) with the same rank."""
     if source.lora is None:
         raise ValueError(f"{source.pretrained_pth}: the checkpoint has LoRA tensors but the SFT config has no "
                          "llm_lora; its lora_alpha is needed to scale them (ΔW = lora_alpha / r · B A)")
@@ -227,6 +226,13 @@ def _apply_lora(model: Sa2VAModel, sft: UpstreamState, source: UpstreamSFTSource
     if ranks != {source.lora.r}:
         raise ValueError(f"{source.pretrained_pth}: LoRA rank(s) {sorted(ranks)} in the checkpoint, but llm_lora "
                          f"r={source.lora.r} in the SFT config")
+
+
+def _apply_lora(model: Sa2VAModel, sft: UpstreamState, source: UpstreamSFTSource, lora_mode: str,
+                lm_map: LanguageKeyMap, report: LoadReport) -> None:
+    if not sft.lora_A:
+        return
+    check_lora_matches_config(sft, source)
     layers = lora_to_module(sft, lm_map)
     report.lora_layers = len(sft.lora_A)
     lm = model.language_model

@@ -144,24 +144,32 @@ def parse_upstream_state(state: dict[str, torch.Tensor], where: str = "checkpoin
         unmapped += [f"{UPSTREAM_LLM}{PEFT_PREFIX}{m}{BASE_COPY}* (no {SAVED_COPY.strip('.')} copy)" for m in orphans]
     if out.saved_modules or base_copies:
         out.layout = LAYOUT_V2
+    check_parsed_state(
+        out, where, conflicts, unmapped,
+        conflict_note="once plain (codebase v1 layout) and once as a peft modules_to_save copy (v2 layout); the "
+                      "checkpoint mixes the two layouts",
+        layout_note=f"do not map onto Sa2VA: they match neither the codebase v1 nor the v2 layout of an upstream "
+                    f"Sa2VA checkpoint (expected prefixes {MLLM}{{vision_model,mlp1,language_model}}., {SAM}, {FCS}; "
+                    f"LoRA only on the LLM with peft adapter {ADAPTER!r}; v2 also peft modules_to_save copies)",
+        hint="Visual-encoder LoRA and the optional text_exist_fcs head have no place in the HF Sa2VA layout; drop "
+             "those keys from the checkpoint (docs/upstream.md).")
+    return out
+
+
+def check_parsed_state(state: UpstreamState, where: str, conflicts: list[str], unmapped: list[str], *,
+                       conflict_note: str, layout_note: str, hint: str) -> None:
+    """The checks every upstream layout's parser ends with: no tensor given twice, LoRA in A/B pairs, no key left
+    unmapped; each error names ``where`` and the keys (the first 10 / 30)."""
     if conflicts:
-        raise ValueError(f"{where}: tensors given twice, once plain (codebase v1 layout) and once as a peft "
-                         f"modules_to_save copy (v2 layout); the checkpoint mixes the two layouts: {conflicts[:10]}")
-    missing_pairs = sorted(set(out.lora_A) ^ set(out.lora_B))
+        raise ValueError(f"{where}: tensors given twice, {conflict_note}: {conflicts[:10]}")
+    missing_pairs = sorted(set(state.lora_A) ^ set(state.lora_B))
     if missing_pairs:
         raise ValueError(f"{where}: LoRA layers with only one of lora_A / lora_B: {missing_pairs[:10]}; the "
                          "checkpoint is incomplete.")
     if unmapped:
         more = f"\n    ... and {len(unmapped) - 30} more" if len(unmapped) > 30 else ""
         shown = "\n    ".join(unmapped[:30]) + more
-        raise ValueError(
-            f"{where}: {len(unmapped)} keys do not map onto Sa2VA: they match neither the codebase v1 nor the v2 "
-            f"layout of an upstream Sa2VA checkpoint (expected prefixes {MLLM}{{vision_model,mlp1,language_model}}., "
-            f"{SAM}, {FCS}; LoRA only on the LLM with peft adapter {ADAPTER!r}; v2 also peft modules_to_save "
-            f"copies):\n    {shown}\n"
-            "Visual-encoder LoRA and the optional text_exist_fcs head have no place in the HF Sa2VA layout; drop "
-            "those keys from the checkpoint (docs/upstream.md).")
-    return out
+        raise ValueError(f"{where}: {len(unmapped)} keys {layout_note}:\n    {shown}\n{hint}")
 
 
 def _put_llm_weight(weights: dict, hf_key: str, tensor: torch.Tensor, key: str, plain_keys: dict,

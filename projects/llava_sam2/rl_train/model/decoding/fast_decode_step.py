@@ -86,8 +86,15 @@ class DecoderParts:
         return cls(body, lm.get_input_embeddings(), body.layers, body.norm, head, body.rotary_emb)
 
 
-def rope_table(rotary: nn.Module, length: int, like: Tensor) -> tuple[Tensor, Tensor]:
-    """``(cos, sin)`` ``[S, hd]`` for positions ``0..S-1`` in ``like``'s dtype/device, from the LM's own module."""
+def rope_table(rotary: nn.Module, length: int, like: Tensor, *, multimodal: bool = False) -> tuple[Tensor, Tensor, int]:
+    """``(cos, sin, axes)``: ``cos, sin [S, hd]`` for positions ``0..S-1`` in ``like``'s dtype/device, from the LM's
+    own module, and how many leading M-RoPE axes the LM's layers take them with (0: none).
+
+    ``multimodal``: a Qwen-VL text rotary, asked for positions equal on its three M-RoPE axes (what every generated
+    text token has). Each axis then gives the same 1-D table, so whichever frequency chunks an axis owns (Qwen2.5-VL's
+    ``mrope_section`` blocks, Qwen3-VL's interleaving) the result is plain RoPE at that position. Qwen2.5-VL's module
+    returns the three axes ``[3, 1, S, hd]`` (its layers select the chunks: ``axes = 3``), Qwen3-VL's has already
+    merged them ``[1, S, hd]`` (``axes = 0``)."""
     rope_type = getattr(rotary, "rope_type", "default")
     limit = getattr(rotary, "original_max_seq_len", None)  # dynamic NTK rescales past this
     if rope_type == "longrope":  # longrope switches to its long factors past the pre-training length
@@ -99,8 +106,13 @@ def rope_table(rotary: nn.Module, length: int, like: Tensor) -> tuple[Tensor, Te
             "per-step update. Shorten the prompt/max_new_tokens or use generation.sample_completions."
         )
     positions = torch.arange(length, device=like.device)[None]  # [1, S]
-    cos, sin = rotary(like, positions)  # [1, S, hd] each
-    return cos[0], sin[0]
+    if multimodal:
+        positions = positions[None].expand(3, -1, -1)  # [3, 1, S]: equal on every axis
+    cos, sin = rotary(like, positions)  # [1, S, hd] or [3, 1, S, hd]
+    axes = cos.shape[0] if cos.dim() == 4 else 0
+    if axes:
+        cos, sin = cos[0], sin[0]  # the axes are equal
+    return cos[0], sin[0], axes
 
 
 @dataclass
@@ -109,7 +121,7 @@ class DecodeState:
 
     Attributes:
         token: ``[N]`` long, the input of the next step (the last chosen token).
-        position: ``[N]`` long, its position id.
+        position: ``[N]`` long, its position id (a Qwen-VL row's: the same on its three M-RoPE axes).
         cache_position: ``[1]`` long, its slot in the static cache.
         column: ``[1]`` long, the output column the next choice fills.
         attention_bias: ``[N, 1, 1, S]`` additive, 0 on visible slots and the dtype minimum elsewhere.
@@ -117,7 +129,9 @@ class DecodeState:
         ids: ``[N, T]`` long; token_logp: ``[N, T]`` float32; is_active: ``[N, T]`` bool (the outputs).
         step_probs: ``[N, T, V]`` float32 sampling distributions (debug), or None.
         cos, sin: ``[S, hd]`` rotary tables.
-        hidden: ``[N, T, D]`` final-norm state of each fed-back token (``Completions.hidden``), or None.
+        hidden: ``[N, T, D]`` state of each fed-back token (``Completions.hidden``), or None.
+        rope_axes: leading M-RoPE axes the layers take the rotary tables with (0: none; Qwen2.5-VL: 3).
+        hidden_after_norm: ``hidden`` holds the final-norm state (True) or the last layer's output before it.
     """
 
     token: Tensor
@@ -133,6 +147,8 @@ class DecodeState:
     cos: Tensor
     sin: Tensor
     hidden: Tensor | None = None
+    rope_axes: int = 0
+    hidden_after_norm: bool = True
 
 
 @dataclass(frozen=True)
@@ -185,6 +201,8 @@ def decode_logits(parts: DecoderParts, cache: Cache, state: DecodeState, tempera
     hidden = parts.embed(state.token)[:, None].to(state.attention_bias.dtype)  # [N, 1, D]
     state.attention_bias.index_fill_(3, state.cache_position, 0.0)  # the input's own slot becomes visible
     rope = (F.embedding(state.position, state.cos)[:, None], F.embedding(state.position, state.sin)[:, None])
+    if state.rope_axes:  # [axes, N, 1, hd]: the same table on every M-RoPE axis
+        rope = tuple(r[None].expand(state.rope_axes, *r.shape) for r in rope)
     position_ids = state.position[:, None]  # [N, 1]
     fused = plan.layers if plan is not None and plan.layers is not None else (None,) * len(parts.layers)
     for layer, fused_layer in zip(parts.layers, fused):
@@ -197,7 +215,8 @@ def decode_logits(parts: DecoderParts, cache: Cache, state: DecodeState, tempera
     # [N, D], the state of input state.token = column - 1's token
     normed = (plan.norm(parts.norm, hidden) if plan is not None else parts.norm(hidden))[:, -1]
     if state.hidden is not None:
-        state.hidden.index_copy_(1, state.column - 1, normed[:, None].to(state.hidden.dtype))
+        kept = normed if state.hidden_after_norm else hidden[:, -1]
+        state.hidden.index_copy_(1, state.column - 1, kept[:, None].to(state.hidden.dtype))
     head_out = plan.logits(parts.head, normed) if plan is not None else parts.head(normed)
     logits = head_out.float() / temperature  # [N, V] (contiguous: a padded head's [N, Vp] is sliced before this)
     state.position += 1

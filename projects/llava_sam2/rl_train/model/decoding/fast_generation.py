@@ -44,7 +44,9 @@ Invariants:
   reference's per-step call for position-independent RoPE types; stateful ones (dynamic NTK, longrope)
   are accepted only while ``S`` stays below their original context length, where they do not rescale.
 
-Works for transformers Qwen2 / Qwen3 / Llama / Phi3 ``*ForCausalLM`` (4.57 layer API), bare or peft-wrapped. The default
+Works for transformers Qwen2 / Qwen3 / Llama / Phi3 ``*ForCausalLM`` (4.57 layer API), bare or peft-wrapped, and for
+the Qwen2.5-VL / Qwen3-VL models given their prompts' M-RoPE positions (``prompt_positions``: the generated tokens'
+equal-axis positions are 1-D RoPE from a per-row start, ``fast_decode_step.rope_table``). The default
 backend (``'fast'``, :func:`fast_merged_completions`) decodes a peft LM on merged scratch copies of its LoRA-adapted
 weights (``adapter_merge.merged_adapters``); ``'fast_adapters'`` keeps the adapters.
 """
@@ -64,7 +66,7 @@ from .fast_decode_step import (CACHE_ALIGN, GQA_DECODE_ATTENTION, DecodeState, D
                                TokenChooser, compiled_decode_logits, decode_logits,
                                rope_table)
 from .generation import (Completions, SharedPrefix, _check_prompt, check_group_size, check_sampling_args,
-                         position_ids_from_attention, sample_completions)
+                         continuation_positions, position_ids_from_attention, sample_completions)
 from ..network.transformers_seams import cache_tensors, full_static_cache, select_cache_rows, using_attention
 
 
@@ -83,13 +85,17 @@ def _validate(*, num_generations, max_new_tokens, temperature, top_p, stop_token
                          "pass use_cuda_graph=None (auto) or False.")
 
 
-def prefill(parts: DecoderParts, inputs_embeds: Tensor, attention_mask: Tensor) -> tuple[Tensor, DynamicCache]:
-    """Reference prefill of B prompts: final-norm hidden ``[B, D]`` at the last position, and the cache."""
+def prefill(parts: DecoderParts, inputs_embeds: Tensor, attention_mask: Tensor, positions: Tensor | None = None,
+            body_kwargs: dict | None = None) -> tuple[Tensor, DynamicCache]:
+    """Reference prefill of B prompts: final-norm hidden ``[B, D]`` at the last position, and the cache.
+    ``positions``: the family's own (Qwen-VL's M-RoPE ``[3, B, L]``), else 1-D over the attention; ``body_kwargs``:
+    extra keyword arguments of the decoder body (Qwen3-VL's deepstack features)."""
     cache = DynamicCache()
     attention = attention_mask.long()  # [B, L]
     hidden = parts.body(
         inputs_embeds=inputs_embeds, attention_mask=attention,
-        position_ids=position_ids_from_attention(attention), past_key_values=cache, use_cache=True,
+        position_ids=position_ids_from_attention(attention) if positions is None else positions,
+        past_key_values=cache, use_cache=True, **(body_kwargs or {}),
     ).last_hidden_state[:, -1]  # [B, D]
     if cache.get_seq_length() != inputs_embeds.shape[1]:
         raise RuntimeError(
@@ -135,17 +141,20 @@ def replicate_prefix(prefix: DynamicCache, num_generations: int, num_slots: int)
 
 def init_state(attention_mask: Tensor, num_generations: int, max_new_tokens: int, num_slots: int, *,
                dtype: torch.dtype, vocab_size: int, pad_token_id: int, rope: tuple[Tensor, Tensor],
-               return_step_probs: bool, hidden_size: int | None = None) -> DecodeState:
-    """The decode state right after prefill: prompt slots visible, the first new token at slot L."""
+               return_step_probs: bool, hidden_size: int | None = None, rope_axes: int = 0,
+               first_position: Tensor | None = None, hidden_after_norm: bool = True) -> DecodeState:
+    """The decode state right after prefill: prompt slots visible, the first new token at slot L, at position
+    ``first_position [B]`` (default: the prompt's real-token count)."""
     B, L = attention_mask.shape
     N, T, device = B * num_generations, max_new_tokens, attention_mask.device
     prompt_attention = attention_mask.bool().repeat_interleave(num_generations, 0)  # [N, L]
     attention_bias = torch.full((N, 1, 1, num_slots), torch.finfo(dtype).min, dtype=dtype, device=device)
     attention_bias[:, 0, 0, :L].masked_fill_(prompt_attention, 0.0)
-    last_position = position_ids_from_attention(attention_mask.long())[:, -1]  # [B]
+    if first_position is None:
+        first_position = position_ids_from_attention(attention_mask.long())[:, -1] + 1  # [B]
     return DecodeState(
         token=torch.full((N,), pad_token_id, dtype=torch.long, device=device),
-        position=last_position.repeat_interleave(num_generations) + 1,  # [N]
+        position=first_position.repeat_interleave(num_generations),  # [N]
         cache_position=torch.full((1,), L, dtype=torch.long, device=device),
         column=torch.zeros(1, dtype=torch.long, device=device),
         attention_bias=attention_bias,
@@ -156,6 +165,7 @@ def init_state(attention_mask: Tensor, num_generations: int, max_new_tokens: int
         step_probs=torch.zeros(N, T, vocab_size, device=device) if return_step_probs else None,
         cos=rope[0], sin=rope[1],
         hidden=None if hidden_size is None else torch.zeros(N, T, hidden_size, dtype=dtype, device=device),
+        rope_axes=rope_axes, hidden_after_norm=hidden_after_norm,
     )
 
 
@@ -183,6 +193,9 @@ def fast_sample_completions(
     pad_head: bool = False,
     decode_attention: str = "grouped",
     split_prompt_cache: bool = False,
+    prompt_positions: Tensor | None = None,
+    prefill_kwargs: dict | None = None,
+    hidden_after_norm: bool = True,
 ) -> Completions | tuple[Completions, Tensor]:
     """Decode G completions for each of B prompts: :func:`generation.sample_completions` semantics, fast.
 
@@ -190,7 +203,8 @@ def fast_sample_completions(
     (``do_sample=False``) or a draw from ``softmax(top_p(logits_t))`` (module docstring, item 3).
 
     Args:
-        lm: a transformers Qwen2/Qwen3/Llama/Phi3 causal LM, possibly peft-wrapped (``lm.eval()`` for rollouts).
+        lm: a transformers Qwen2/Qwen3/Llama/Phi3 causal LM, or a Qwen-VL model with ``prompt_positions``, possibly
+            peft-wrapped (``lm.eval()`` for rollouts).
         inputs_embeds: ``[B, L, D]`` prompt embeddings; attention_mask: ``[B, L]``, LEFT padded.
         num_generations: G, samples per prompt; rows are prompt-major (``b·G + g``).
         generator: RNG on the prompts' device for the sampling noise.
@@ -211,6 +225,12 @@ def fast_sample_completions(
         split_prompt_cache: keep the B prompts' keys/values once and the N rows' new ones apart
             (``decode_plan.SplitPromptCache``): each step reads a prompt's cache once for its G rows, not G times.
             Needs ``fuse_layers`` on an LM whose every layer fuses (it replaces ``decode_attention``).
+        prompt_positions: the prompts' own positions, Qwen-VL's M-RoPE ``[3, B, L]`` (``lm`` a Qwen-VL model): the
+            prefill takes them; each generated token goes on from its row's largest + 1, equal on the three axes
+            (``generation.continuation_positions``), which is 1-D RoPE from a per-row offset. Not with ``prefix``.
+        prefill_kwargs: extra keyword arguments of the decoder body at the prefill (Qwen3-VL's deepstack features).
+        hidden_after_norm: ``return_hidden`` keeps the final-norm states (True) or the last layer's outputs before
+            the final norm (Qwen3-VL's ``[SEG]`` states).
 
     Returns:
         :class:`Completions` with N = B·G rows (and ``step_probs`` if asked), trimmed to the longest row.
@@ -221,14 +241,22 @@ def fast_sample_completions(
               device=device, generator=generator, do_sample=do_sample, use_cuda_graph=use_cuda_graph)
     _check_prompt(inputs_embeds, attention_mask, "prompt")
     parts = DecoderParts.of(lm)
+    if prompt_positions is not None and prefix is not None:
+        raise ValueError("fast_sample_completions: prompt_positions (a family's own positions) cannot be joined to a "
+                         "shared prefix; pass whole prompts (prefix=None).")
+    first_position = None if prompt_positions is None else \
+        continuation_positions(prompt_positions, 1)[0, :, 0]  # [B], the same on every M-RoPE axis
     if prefix is None:
-        hidden, prompt_cache = prefill(parts, inputs_embeds, attention_mask)  # [B, D]
+        hidden, prompt_cache = prefill(parts, inputs_embeds, attention_mask, prompt_positions,
+                                       prefill_kwargs)  # [B, D]
     else:
         _check_prompt(prefix.embeds, prefix.attention, "shared prefix")
         hidden, prompt_cache, attention_mask = prefill_shared(parts, prefix, inputs_embeds, attention_mask)
     L, G, T = attention_mask.shape[1], num_generations, max_new_tokens
     num_slots = -(-(L + T) // CACHE_ALIGN) * CACHE_ALIGN
-    rope = rope_table(parts.rotary, num_slots, inputs_embeds[:1, :1])
+    table_length = num_slots if first_position is None else max(num_slots, int(first_position.max()) + T)
+    *rope, rope_axes = rope_table(parts.rotary, table_length, inputs_embeds[:1, :1],
+                                  multimodal=prompt_positions is not None)
     plan = build_step_plan(parts.layers, parts.head, default_attention=GQA_DECODE_ATTENTION,
                            attention=decode_attention, fuse_layers=fuse_layers, pad_head=pad_head)
     first_logits = plan.logits(parts.head, hidden).float() / temperature  # [B, V]
@@ -243,7 +271,8 @@ def fast_sample_completions(
     state = init_state(attention_mask, G, T, num_slots, dtype=inputs_embeds.dtype,
                        vocab_size=first_logits.shape[-1], pad_token_id=pad_token_id, rope=rope,
                        return_step_probs=return_step_probs,
-                       hidden_size=hidden.shape[-1] if return_hidden else None)
+                       hidden_size=hidden.shape[-1] if return_hidden else None, rope_axes=rope_axes,
+                       first_position=first_position, hidden_after_norm=hidden_after_norm)
     choose = TokenChooser(
         do_sample=do_sample, top_p=TopPLogitsWarper(top_p) if top_p < 1.0 else None,
         stop_ids=torch.as_tensor(list(stop_token_ids), device=device), pad_token_id=pad_token_id,

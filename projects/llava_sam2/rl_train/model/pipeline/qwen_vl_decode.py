@@ -1,11 +1,11 @@
-"""The Qwen-VL family's decoder for the shared pipeline: transformers' own ``generate`` on the Qwen-VL model.
+"""The Qwen-VL family's reference greedy decoder: transformers' own ``generate`` on the Qwen-VL model.
 
-The InternVL family's decoders take ``inputs_embeds`` with 1-D positions; a Qwen-VL prompt needs its vision tower's
-tokens placed by transformers (3-D M-RoPE positions from ``get_rope_index`` over the padded batch, and Qwen3-VL's
-deepstack features added inside the first LLM layers), so this family decodes the way upstream's ``predict_forward``
-does: ``generate`` over ``input_ids`` + ``pixel_values`` + ``image_grid_thw``, the hidden states of every step kept.
-The result is a ``Completions`` like every other decoder's, so answers, ``[SEG]`` states and masks downstream are the
-shared code's.
+Upstream's ``predict_forward`` decodes this way: ``generate`` over ``input_ids`` + ``pixel_values`` +
+``image_grid_thw`` (transformers places the vision tower's tokens, builds the 3-D M-RoPE positions and adds Qwen3-VL's
+deepstack features), the hidden states of every step kept. ``shared.greedy_answers`` runs it under
+``decode_backend='reference'`` (``predict``'s default); the fast backends decode the same prompts on the family seam
+(``qwen_vl_prompts.qwen_vl_sample_text``), tested equal to this. The result is a ``Completions`` like every other
+decoder's, so answers, ``[SEG]`` states and masks downstream are the shared code's.
 """
 from __future__ import annotations
 

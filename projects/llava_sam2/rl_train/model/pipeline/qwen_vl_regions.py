@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from .drawn_regions import drawn_region_inputs
+from .drawn_regions import many_drawn_region_inputs
 
 
 @dataclass
@@ -54,7 +54,9 @@ class DrawnRegions:
 
 def draw_regions(processor, images: Sequence, regions: Sequence[Tensor | None], where: Sequence[str]) -> DrawnRegions:
     """:class:`DrawnRegions` of B samples: ``regions[b]`` (bool ``[H, W]``, or None) drawn into ``images[b]``."""
-    inputs = [None if region is None else drawn_region_inputs(processor, image, region, name)
-              for image, region, name in zip(images, regions, where)]
+    drawn = [b for b, region in enumerate(regions) if region is not None]
+    made = iter(many_drawn_region_inputs(processor, [images[b] for b in drawn], [regions[b] for b in drawn],
+                                         [where[b] for b in drawn]))
+    inputs = [None if region is None else next(made) for region in regions]
     return DrawnRegions([None if x is None else (x.pixel_values, x.image_grid_thw) for x in inputs],
                         [0 if x is None else x.n_tiles for x in inputs])

@@ -53,7 +53,7 @@ from ..network.grounding import GroundingFeatures, MaskDecoderOutput
 from ..text.drawn_region import check_region_input
 from ..text.lengths import bucket_length
 from .qwen_vl_decode import qwen_vl_completions
-from .qwen_vl_prompts import qwen_vl_answer_states
+from .qwen_vl_prompts import qwen_vl_answer_states, qwen_vl_sample_text
 
 SEG_ANSWER = "Sure, [SEG]."  # one of Sa2VA's five RES answers: the default teacher-forced answer
 
@@ -98,24 +98,46 @@ class EncodedImages:
 
 
 @torch.no_grad()
-def encode_images(model, processor, images: Sequence, where: Sequence[str]) -> EncodedImages:
+def encode_images(model, processor, images: Sequence, where: Sequence[str],
+                  inputs: Sequence | None = None) -> EncodedImages:
     """Preprocess I PIL images (``where``: one name per image for error messages) and run both frozen encoders
-    once, one batched call each."""
-    if len(images) == 0 or len(images) != len(where):
-        raise ValueError(f"encode_images: got {len(images)} images and {len(where)} names; pass one name "
-                         "(the sample id) per image, at least one image")
-    inputs = [processor.preprocess_image(image, where=name) for image, name in zip(images, where)]
+    once, one batched call each.
+
+    ``inputs``: per image its ``processor.preprocess_image`` output made ahead (``data.prepared``, in the
+    DataLoader workers), or None to preprocess it here."""
+    if len(images) == 0 or len(images) != len(where) or (inputs is not None and len(inputs) != len(images)):
+        raise ValueError(f"encode_images: got {len(images)} images, {len(where)} names and "
+                         f"{'no' if inputs is None else len(inputs)} preprocessed inputs; pass one name (the sample "
+                         "id) per image, at least one image")
+    ready = inputs if inputs is not None else [None] * len(images)
+    inputs = [x if x is not None else processor.preprocess_image(image, where=name)
+              for image, name, x in zip(images, where, ready)]
     device = model.device
     is_qwen_vl = is_qwen_vl_model(model)
     with eval_mode(model):
         vit_tokens = None if is_qwen_vl else \
-            model.encode_vision(torch.cat([x.pixel_values for x in inputs]).to(device))  # [n, t, 4C]
-        grounding = model.encode_grounding(torch.stack([x.g_pixel_values for x in inputs]).to(device))
+            model.encode_vision(host_to_device([x.pixel_values for x in inputs], device))  # [n, t, 4C]
+        grounding = model.encode_grounding(host_to_device([x.g_pixel_values for x in inputs], device, stack=True))
     return EncodedImages(image_sizes=[tuple(x.size) for x in inputs],
                          tile_start=np.cumsum([0] + [x.n_tiles for x in inputs]).tolist(),
                          vit_tokens=vit_tokens, grounding=grounding,
                          vision_inputs=[(x.pixel_values, x.image_grid_thw) for x in inputs] if is_qwen_vl else None,
                          source_images=list(images))
+
+
+def host_to_device(tensors: Sequence[Tensor], device, *, stack: bool = False) -> Tensor:
+    """``torch.cat(tensors)`` (``stack``: ``torch.stack``) on ``device``. To a CUDA device the host tensors are
+    joined into pinned memory and copied without blocking the host (torch's pinned allocator keeps the buffer until
+    the copy is done; kernels queued after it on the stream see the data)."""
+    device = torch.device(device)
+    join = torch.stack if stack else torch.cat
+    if not all(t.device.type == "cpu" for t in tensors):
+        return join(list(tensors)).to(device)
+    first, to_cuda = tensors[0], device.type == "cuda"
+    shape = (len(tensors), *first.shape) if stack else (sum(t.shape[0] for t in tensors), *first.shape[1:])
+    joined = torch.empty(shape, dtype=first.dtype, pin_memory=to_cuda)
+    join(list(tensors), out=joined)
+    return joined.to(device, non_blocking=to_cuda)
 
 
 def is_qwen_vl_model(model) -> bool:
@@ -291,9 +313,11 @@ def greedy_answers(model, processor, encoded: EncodedImages, rows: Sequence[Prom
         image_masks: with ``seg_masks``, also decode each kept ``[SEG]``'s mask on its row's image; False keeps only
             their SAM2 prompts (``Answer.seg_prompts``: the video path decodes them over its frames instead).
 
-    The Qwen-VL family decodes each chunk with transformers' ``generate`` (``qwen_vl_decode``) and always reads the
-    ``[SEG]`` states from the decode, as upstream: ``decoding.decode_backend``, ``tile_embeds``,
-    ``use_decoder_states`` and ``prefill_by_image`` do not apply to it.
+    The Qwen-VL family decodes each chunk on its seam (M-RoPE positions, Qwen3-VL's deepstack) with the fast backends
+    (``qwen_vl_prompts.qwen_vl_sample_text``: each prompt prefilled once, its image through the vision tower once per
+    chunk), or with transformers' ``generate`` under ``'reference'`` (``qwen_vl_decode``, upstream's decoder), and
+    always reads the ``[SEG]`` states from the decode, as upstream: ``tile_embeds``, ``use_decoder_states`` and
+    ``prefill_by_image`` do not apply to it.
     """
     if seg_masks is not None and seg_masks not in SEG_MASK_RULES:
         raise ValueError(f"greedy_answers: seg_masks={seg_masks!r}; expected None or one of {sorted(SEG_MASK_RULES)}")
@@ -309,11 +333,16 @@ def greedy_answers(model, processor, encoded: EncodedImages, rows: Sequence[Prom
             images = [row.image for row in chunk]
             ids, attention = processor.tokenize_prompts([row.text for row in chunk])  # [n, L] on the host
             cells = [row.region_cells for row in chunk]
-            if is_qwen_vl:  # the family seam: transformers' generate, decode states always kept (module doc)
+            if is_qwen_vl:  # the family seam, decode states always kept (docstring)
                 if any(c is not None for c in cells):
                     raise ValueError("greedy_answers: the Qwen-VL family has no region input (region_cells given)")
-                out = qwen_vl_completions(model, encoded, images, ids, attention, decoding,
-                                          max_new_tokens=max_new_tokens, return_hidden=seg_masks is not None)
+                if decoding.decode_backend == "reference":
+                    out = qwen_vl_completions(model, encoded, images, ids, attention, decoding,
+                                              max_new_tokens=max_new_tokens, return_hidden=seg_masks is not None)
+                else:
+                    out = qwen_vl_sample_text(model, encoded, images, ids, attention, decoding, num_generations=1,
+                                              max_new_tokens=max_new_tokens, do_sample=False,
+                                              return_hidden=seg_masks is not None)
                 answers += _answers(model, encoded, images, None, None, out, decoding, seg_masks, None, image_masks)
                 continue
             bucket = getattr(processor, "prompt_length_multiple", None)

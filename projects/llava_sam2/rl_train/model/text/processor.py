@@ -179,6 +179,12 @@ class Sa2VAProcessor:
         kwargs.update(overrides)
         return cls(tokenizer, **kwargs)
 
+    @property
+    def preprocessing_settings(self) -> tuple:
+        """What ``preprocess_image`` and ``region_cells`` depend on: inputs prepared ahead of the step
+        (``data.prepared``) are this processor's only when these are equal."""
+        return (type(self).__name__, self.tiling, self.sam_image_size, self.region_grid_size, self.empty_region)
+
     # ----------------------------------------------------------------------------------- images
     def preprocess_image(self, image: Image.Image, where: str = "image") -> ImageInputs:
         """Tiles for the LLM and the direct-resized SAM2 input of one RGB PIL image."""
