@@ -1,7 +1,7 @@
 """The demo pipeline, shortened: GRPO from the committed pretrained tiny Sa2VA must raise the training reward by more
 than a noise margin measured at learning rate 0 (the demo's learning regression test): on the
 domain demo's unpaired target data (what `make demo` runs) loop 1's reward here; on the same-domain paired data both
-loops' in tests/test_demo_pipeline_same_domain.py (run by `make demo`).
+loops' in tests/test_demo_pipeline_same_domain.py. Both are marked `demo`: `make demo` runs them, `make test` does not.
 
 The demo's own stages (demo/pipeline.py) run as ``make demo`` runs them: the shapes world written as COCO files
 (in-process), then ``sa2va-rl train`` of the demo GRPO config from ``assets/tiny_shapes_pretrained`` as a subprocess,
@@ -36,6 +36,7 @@ def domain_run(tmp_path_factory):
     return short_demo(tmp_path_factory.mktemp("domain"), data=DOMAIN_DATA)
 
 
+@pytest.mark.demo  # an 80-90 s training pipeline: `make demo` runs it (make test stays under its 10-minute budget)
 def test_domain_demo_grpo_raises_loop1_training_reward_beyond_noise(domain_run):
     settings, records = domain_run
     train, _ = records["rl"]["commands"]
