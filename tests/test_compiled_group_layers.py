@@ -112,16 +112,18 @@ def test_loop1_loss_pass_on_tiny_sa2va_is_the_same_with_compiled_layers():
     assert torch.equal(old_logp, logp)
 
 
-def test_past_the_recompile_limit_the_layers_run_eagerly_with_the_same_values(monkeypatch):
-    """Fault: more graphs than torch's recompile limit (here 1) -> the layers past it run uncompiled, same values."""
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+def test_past_the_recompile_limit_the_layers_run_eagerly_with_the_same_values():
+    """Fault: more graphs than torch's recompile limit (here 1) -> the layers past it run uncompiled, same values.
+    (torch's own config.patch: pytest's monkeypatch would delete the setting on undo and break later compiles.)"""
     lm = lora_lm(num_hidden_layers=2)
     ids, attention, completion_ids, completion_mask = group_batch(G=G)
     with torch.no_grad():
         embeds = lm.get_input_embeddings()(ids)
     eager_logp, _, eager_grads = score_with_grad(lm, embeds, attention, completion_ids, completion_mask, G, True)
     compile_group_layers(lm, "eager")
-    logp, _, grads = score_with_grad(lm, embeds, attention, completion_ids, completion_mask, G, True)
+    with torch._dynamo.config.patch(recompile_limit=1):
+        logp, _, grads = score_with_grad(lm, embeds, attention, completion_ids, completion_mask, G, True)
+    assert hasattr(torch._dynamo.config, "recompile_limit")
     assert compiled_graphs() == 1  # layer 1's graph would be the second
     torch.testing.assert_close(logp, eager_logp, **TOL)
     for name, grad in grads.items():
