@@ -5,7 +5,6 @@ from functools import partial
 import pytest
 import torch
 from torch import nn
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from projects.llava_sam2.rl_train.model.decoding import fast_decode_step
@@ -14,6 +13,7 @@ from projects.llava_sam2.rl_train.model.decoding.decode_plan import (FusedLayer,
                                                                      flex_decode_attention, sdpa_gqa_decode_attention)
 from projects.llava_sam2.rl_train.model.decoding.fast_generation import decode_completions, fast_sample_completions
 from projects.llava_sam2.rl_train.model.decoding.generation import sample_completions
+from tiny_lms import embedded_prompts, one_thread, tiny_causal_lm
 
 VOCAB = 93  # odd, as Sa2VA-4B's 151,679: the padded head has 128 rows
 NEVER = VOCAB + 1  # a stop id no row can emit
@@ -22,32 +22,12 @@ SIZES = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_
 ALL_SWITCHES = dict(fuse_layers=True, pad_head=True)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+_one_thread = pytest.fixture(autouse=True)(one_thread)
+prompts = embedded_prompts
 
 
 def tiny_lm(arch: str = "qwen2", seed: int = 0):
-    torch.manual_seed(seed)
-    cfg_cls, lm_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM),
-                       "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[arch]
-    return lm_cls(cfg_cls(**SIZES)).eval()
-
-
-def prompts(lm, lengths, seed=1):
-    """Random LEFT-padded prompts, embedded: (embeds [B, L, D], attention [B, L])."""
-    g = torch.Generator().manual_seed(seed)
-    L = max(lengths)
-    ids = torch.zeros(len(lengths), L, dtype=torch.long)
-    attention = torch.zeros(len(lengths), L, dtype=torch.long)
-    for i, n in enumerate(lengths):
-        ids[i, L - n:] = torch.randint(1, VOCAB, (n,), generator=g)
-        attention[i, L - n:] = 1
-    with torch.no_grad():
-        return lm.get_input_embeddings()(ids), attention
+    return tiny_causal_lm(arch, seed, **SIZES)
 
 
 def reference(lm, embeds, attention, G, seed=None, **kw):

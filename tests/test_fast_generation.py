@@ -5,14 +5,14 @@ step; on CPU that step runs eagerly, so these tests check the math the CUDA grap
 """
 import pytest
 import torch
-from transformers import (LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config,
-                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM, TopPLogitsWarper)
+from transformers import TopPLogitsWarper
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from projects.llava_sam2.rl_train.model.decoding.fast_decode_step import gqa_decode_attention
 from projects.llava_sam2.rl_train.model.decoding.fast_generation import fast_sample_completions
 from projects.llava_sam2.rl_train.model.decoding.generation import (completion_logprobs, position_ids_from_attention,
                                                            sample_completions)
+from tiny_lms import embedded_prompts, one_thread, tiny_causal_lm
 
 VOCAB, D = 96, 32
 NEVER = VOCAB + 1  # a stop id no row can emit: fixed-length decoding
@@ -21,34 +21,12 @@ SIZES = dict(vocab_size=VOCAB, hidden_size=D, intermediate_size=64, num_hidden_l
              initializer_range=0.2)  # peaked logits: a greedy argmax is not decided by float noise
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """These LMs are tiny: one intra-op thread is faster, and avoids spin-wait stalls on a busy 2-core box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+_one_thread = pytest.fixture(autouse=True)(one_thread)
+prompts = embedded_prompts
 
 
 def tiny_lm(arch: str = "qwen2", seed: int = 0, **overrides):
-    torch.manual_seed(seed)
-    classes = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM),
-               "phi3": (Phi3Config, Phi3ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
-    cfg_cls, lm_cls = classes[arch]
-    return lm_cls(cfg_cls(**{**SIZES, **overrides})).eval()
-
-
-def prompts(lm, lengths, seed=1):
-    """Random token prompts, embedded and LEFT padded: (embeds [B, L, D], attention [B, L])."""
-    g = torch.Generator().manual_seed(seed)
-    L = max(lengths)
-    ids = torch.zeros(len(lengths), L, dtype=torch.long)
-    attention = torch.zeros(len(lengths), L, dtype=torch.long)
-    for i, n in enumerate(lengths):
-        ids[i, L - n:] = torch.randint(1, VOCAB, (n,), generator=g)
-        attention[i, L - n:] = 1
-    with torch.no_grad():
-        return lm.get_input_embeddings()(ids), attention
+    return tiny_causal_lm(arch, seed, **{**SIZES, **overrides})
 
 
 def per_row(embeds, attention, G):
