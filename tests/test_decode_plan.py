@@ -13,7 +13,8 @@ from projects.llava_sam2.rl_train.model.decoding.decode_plan import (FusedLayer,
                                                                      flex_decode_attention, sdpa_gqa_decode_attention)
 from projects.llava_sam2.rl_train.model.decoding.fast_generation import decode_completions, fast_sample_completions
 from projects.llava_sam2.rl_train.model.decoding.generation import sample_completions
-from tiny_lms import embedded_prompts, one_thread, tiny_causal_lm
+from grpo_tiny import one_thread
+from tiny_lms import embedded_prompts, tiny_causal_lm
 
 VOCAB = 93  # odd, as Sa2VA-4B's 151,679: the padded head has 128 rows
 NEVER = VOCAB + 1  # a stop id no row can emit

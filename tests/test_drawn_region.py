@@ -13,16 +13,12 @@ from projects.llava_sam2.rl_train.model.pipeline import drawn_regions
 from projects.llava_sam2.rl_train.model.pipeline.shared import describe_masks, encode_images
 from projects.llava_sam2.rl_train.model.text.constants import IMG_CONTEXT_TOKEN
 from projects.llava_sam2.rl_train.model.text.drawn_region import RegionOutline
+from grpo_tiny import one_thread
 
 SMALL = dict(seed=0, steps=2, scenes_per_batch=2, image_sizes=(96,))
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+_one_thread = pytest.fixture(autouse=True)(one_thread)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,8 @@ from projects.llava_sam2.rl_train.model.decoding.fast_decode_step import gqa_dec
 from projects.llava_sam2.rl_train.model.decoding.fast_generation import fast_sample_completions
 from projects.llava_sam2.rl_train.model.decoding.generation import (completion_logprobs, position_ids_from_attention,
                                                            sample_completions)
-from tiny_lms import embedded_prompts, one_thread, tiny_causal_lm
+from grpo_tiny import one_thread
+from tiny_lms import embedded_prompts, tiny_causal_lm
 
 VOCAB, D = 96, 32
 NEVER = VOCAB + 1  # a stop id no row can emit: fixed-length decoding

@@ -10,17 +10,12 @@ from projects.llava_sam2.rl_train.demo import pretrain_tiny as tool
 from projects.llava_sam2.rl_train.demo.pretrain_data import StageBatches, attribute_ids
 from projects.llava_sam2.rl_train.demo.pretrain_stages import (AttributePrompt, JointWeights, joint_step, lm_step,
                                                                run_stage, sam_step, trainable_encoders)
+from grpo_tiny import one_thread
 
 SMALL = dict(seed=0, steps=2, scenes_per_batch=2, image_sizes=(96,))
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """conftest asks for 2 threads; on a loaded 1-2 core machine that made a joint step 15x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+_one_thread = pytest.fixture(autouse=True)(one_thread)
 
 
 @pytest.fixture(scope="module")

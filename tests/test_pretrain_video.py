@@ -14,18 +14,14 @@ from projects.llava_sam2.rl_train.demo.pretrain_stages import JointWeights, run_
 from projects.llava_sam2.rl_train.evaluation.video_tasks import VideoRecord, evaluate_video_res, summarize_video
 from projects.llava_sam2.rl_train.model.decoding.text_decoding import eval_mode
 from projects.llava_sam2.rl_train.model.pipeline.video import encode_video
+from grpo_tiny import one_thread
 
 CLIPS = dict(seed=0, steps=3, scenes_per_batch=1, image_sizes=(96,), clips_per_batch=2, video_frames=5,
              video_image_size=64, mllm_frames=2)
 MEMORY_MODULES = ("memory_attention", "memory_encoder", "obj_ptr_proj", "maskmem_tpos_enc")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+_one_thread = pytest.fixture(autouse=True)(one_thread)
 
 
 @pytest.fixture(scope="module")

@@ -26,10 +26,3 @@ def embedded_prompts(lm, lengths, seed: int = 1):
     with torch.no_grad():
         return lm.get_input_embeddings()(ids), attention
 
-
-def one_thread():
-    """These LMs are tiny: one intra-op thread is faster, and avoids spin-wait stalls on a busy 2-core box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
