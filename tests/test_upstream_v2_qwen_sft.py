@@ -214,9 +214,10 @@ def test_qwen_config_maps_to_rls_model(run, source):
     assert flags.train_mask_decoder and flags.has_llm_lora and flags.sft_trained_embeddings
 
 
-def test_one_loop_2_grpo_step_of_the_rl_config_on_the_qwen_sft_run(run, source, tmp_path):
+def test_one_dual_loop_grpo_step_of_the_rl_config_on_the_qwen_sft_run(run, source, tmp_path):
     """The RL config built on the v2 Qwen-VL SFT config: the SFT adapter continued (RL's trainable set: LoRA,
-    text_hidden_fcs, mask decoder; not the vision tower or embeddings), one loop-2 step that moves the adapter."""
+    text_hidden_fcs, mask decoder; not the vision tower or embeddings), one step of both loops (loop 1 on the drawn
+    region) that moves the adapter."""
     from mmengine.model import is_model_wrapper
 
     from engine_toy import run_config
@@ -236,6 +237,7 @@ def test_one_loop_2_grpo_step_of_the_rl_config_on_the_qwen_sft_run(run, source, 
     assert kinds == {"lora", "mask_decoder", "text_hidden_fcs"}
     out = record.outputs[1]
     assert torch.isfinite(torch.tensor(out["loss"])) and out["caption_to_mask/reward_std"] > 0
+    assert "mask_to_caption/reward_mean" in out  # loop 1 ran on this family too
     sft = run.model.model.state_dict()
     moved = [n for n, p in trained.sa2va.model.named_parameters() if "lora_B" in n
              and not torch.equal(p.detach(), sft[n])]
