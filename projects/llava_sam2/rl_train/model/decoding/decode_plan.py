@@ -40,6 +40,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .adapter_merge import MERGED_WEIGHT, MergedForward
+from .prefix_attention import shared_prefix_decode_attention
 
 HEAD_ROW_ALIGN = 64  # padded vocabulary multiple: 16-byte aligned bf16/fp32 logit rows
 SDPA_GQA_ATTENTION = "sa2va_sdpa_gqa_decode"
@@ -190,14 +191,17 @@ class SplitPromptCache:
 
     prefix: tuple[tuple[Tensor, Tensor], ...]  # per layer (keys, values) [B, Hkv, L, hd]
     tail: tuple[tuple[Tensor, Tensor], ...]  # per layer (keys, values) [N, Hkv, S - L, hd]; position L + j: slot j
+    kernel: bool = False  # attend with prefix_attention's Triton kernels instead of the torch ops below
 
     @classmethod
-    def of(cls, prompt_layers: list[tuple[Tensor, Tensor]], rows: int, num_slots: int) -> SplitPromptCache:
+    def of(cls, prompt_layers: list[tuple[Tensor, Tensor]], rows: int, num_slots: int,
+           kernel: bool = False) -> SplitPromptCache:
         prefix = tuple((k.contiguous(), v.contiguous()) for k, v in prompt_layers)
         _, Hkv, L, hd = prefix[0][0].shape
         tail = tuple((k.new_zeros(rows, Hkv, num_slots - L, hd), v.new_zeros(rows, Hkv, num_slots - L, hd))
                      for k, v in prefix)
-        return cls(prefix=prefix, tail=tail)  # L stays a shape, not an int: a compiled step sees a new L as a shape
+        # L stays a shape, not an int: a compiled step sees a new L as a shape
+        return cls(prefix=prefix, tail=tail, kernel=kernel)
 
     def attention(self, layer_idx: int, query: Tensor, key: Tensor, value: Tensor, attention_bias: Tensor,
                   cache_position: Tensor, scaling: float) -> Tensor:
@@ -211,6 +215,11 @@ class SplitPromptCache:
         tail_value.index_copy_(2, slot, value.to(tail_value.dtype))
         N, H = query.shape[:2]
         G, r = N // B, H // Hkv
+        if self.kernel:
+            out = shared_prefix_decode_attention(query[:, :, 0], prefix_key, prefix_value,
+                                                 attention_bias[::G, 0, 0, :L], tail_key, tail_value,
+                                                 attention_bias[:, 0, 0, L:], scaling)  # [N, H, hd]
+            return out.reshape(N, 1, H, hd)
 
         def to_rows(x: Tensor) -> Tensor:  # [B, Hkv, G·r, c] -> [N, Hkv, r, c]
             return x.reshape(B, Hkv, G, r, x.shape[-1]).transpose(1, 2).reshape(N, Hkv, r, x.shape[-1])

@@ -59,7 +59,7 @@ from torch import Tensor, nn
 from transformers import DynamicCache, TopPLogitsWarper
 from transformers.cache_utils import Cache
 
-from . import fast_decode_step
+from . import fast_decode_step, prefix_attention
 from .adapter_merge import autocast_off_when_merged, merged_adapters
 from .decode_plan import SplitPromptCache, build_step_plan
 from .fast_decode_step import (CACHE_ALIGN, GQA_DECODE_ATTENTION, DecodeState, DecoderParts, GraphedCall,
@@ -264,7 +264,8 @@ def fast_sample_completions(
         if plan.layers is None or any(layer is None for layer in plan.layers):
             raise ValueError("fast_sample_completions: split_prompt_cache=True needs fuse_layers=True and an LM whose "
                              "every decoder layer fuses (Qwen2/Llama layers on plain or merged linears).")
-        cache = SplitPromptCache.of(cache_tensors(prompt_cache), hidden.shape[0] * G, num_slots)
+        cache = SplitPromptCache.of(cache_tensors(prompt_cache), hidden.shape[0] * G, num_slots,
+                                    kernel=device.type == "cuda" or prefix_attention.interpreted())
     else:
         cache = replicate_prefix(prompt_cache, G, num_slots)
     del prompt_cache
@@ -334,6 +335,8 @@ DECODE_BACKENDS = {
     "fast_fused": partial(fast_merged_completions, fuse_layers=True, pad_head=True),
     "fast_fused_sdpa": partial(fast_merged_completions, fuse_layers=True, pad_head=True, decode_attention="sdpa_gqa"),
     "fast_fused_compiled": partial(fast_merged_completions, fuse_layers=True, pad_head=True, compile_step=True),
+    # + the prompt's cache read once for its G rows (decode_plan.SplitPromptCache, prefix_attention's kernels on CUDA)
+    "fast_fused_split": partial(fast_merged_completions, fuse_layers=True, pad_head=True, split_prompt_cache=True),
     "fast_fused_split_compiled": partial(fast_merged_completions, fuse_layers=True, pad_head=True,
                                          split_prompt_cache=True, compile_step=True),
     "fast_adapters": fast_sample_completions,  # LoRA kept as adapters: no scratch memory, ~2x the step's kernels

@@ -1,0 +1,34 @@
+"""model/decoding/prefix_attention.py: the shared-prefix decode attention kernels, checked on CPU in Triton's
+interpreter (tests/interpreted_prefix_attention.py, in a subprocess: the interpreter is chosen when Triton is imported)
+and their argument checks."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from projects.llava_sam2.rl_train.model.decoding.prefix_attention import interpreted, shared_prefix_decode_attention
+
+TESTS = Path(__file__).parent
+
+
+@pytest.mark.skipif(interpreted(), reason="this process is the interpreter's already")
+def test_kernels_in_the_triton_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
+                             "-p", "no:randomly", str(TESTS / "interpreted_prefix_attention.py")],
+                            env=env, cwd=TESTS.parent, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout and "skipped" not in result.stdout, result.stdout[-2000:]
+
+
+def test_cpu_tensors_outside_the_interpreter_are_refused():
+    if interpreted():
+        pytest.skip("the interpreter runs CPU tensors")
+    q = torch.zeros(2, 4, 16)
+    kv = torch.zeros(1, 2, 8, 16)
+    tail = torch.zeros(2, 2, 4, 16)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+        shared_prefix_decode_attention(q, kv, kv, torch.zeros(1, 8), tail, tail, torch.zeros(2, 4), 0.25)
