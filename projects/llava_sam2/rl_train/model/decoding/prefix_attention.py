@@ -91,8 +91,8 @@ def _tail_and_merge(query, keys, values, bias, part_acc, part_max, part_sum, out
                     stride_bias_n, stride_an, stride_am, stride_mn, stride_on, stride_oh,
                     tail_len, num_splits, scale,
                     G: tl.constexpr, R: tl.constexpr, HKV: tl.constexpr, HEAD_DIM: tl.constexpr,
-                    BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TAIL_BLOCKS: tl.constexpr,
-                    MAX_SPLITS: tl.constexpr):
+                    BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    TAIL_BLOCKS: tl.constexpr, MAX_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
     row_head = tl.program_id(0)
     n = row_head // HKV
     h = row_head % HKV
@@ -123,18 +123,23 @@ def _tail_and_merge(query, keys, values, bias, part_acc, part_max, part_sum, out
         run_max = new_max
     prompt_head = (n // G) * HKV + h
     m = (n % G) * R + i  # this row's queries in its prompt's partials
-    for split in range(MAX_SPLITS):  # splits past num_splits are masked: they add e^{-1e30 - m} = 0
+    # fold the prompt splits in: first their common maximum (one [splits, r] load), then every split scaled to it;
+    # the unrolled loop's loads do not depend on each other, so they are all in flight at once
+    split_ids = tl.arange(0, SPLITS_P2)
+    stats = prompt_head * stride_mn + split_ids[:, None] * BLOCK_M + m[None, :]  # [SPLITS_P2, BLOCK_R]
+    split_valid = (split_ids[:, None] < num_splits) & i_valid[None, :]
+    split_max = tl.load(part_max + stats, mask=split_valid, other=-1.0e30)
+    top = tl.maximum(run_max, tl.max(split_max, 0))
+    keep = tl.exp(run_max - top)
+    run_sum = run_sum * keep + tl.sum(tl.load(part_sum + stats, mask=split_valid, other=0.0)
+                                      * tl.exp(split_max - top[None, :]), 0)
+    acc = acc * keep[:, None]
+    for split in tl.static_range(MAX_SPLITS):  # splits past num_splits are masked: they add nothing
         valid = i_valid & (split < num_splits)
-        stat = prompt_head * stride_mn + split * BLOCK_M + m
-        split_max = tl.load(part_max + stat, mask=valid, other=-1.0e30)
-        split_sum = tl.load(part_sum + stat, mask=valid, other=0.0)
-        split_acc = tl.load(part_acc + prompt_head * stride_an + split * stride_am + m[:, None] * BLOCK_D
-                            + d[None, :], mask=valid[:, None], other=0.0)
-        new_max = tl.maximum(run_max, split_max)
-        keep, add = tl.exp(run_max - new_max), tl.exp(split_max - new_max)
-        run_sum = run_sum * keep + split_sum * add
-        acc = acc * keep[:, None] + split_acc * add[:, None]
-        run_max = new_max
+        scale_s = tl.exp(tl.load(part_max + prompt_head * stride_mn + split * BLOCK_M + m, mask=valid,
+                                 other=-1.0e30) - top)
+        acc += tl.load(part_acc + prompt_head * stride_an + split * stride_am + m[:, None] * BLOCK_D + d[None, :],
+                       mask=valid[:, None] & d_valid[None, :], other=0.0) * scale_s[:, None]
     result = acc / run_sum[:, None]
     tl.store(out + n * stride_on + (h * R + i)[:, None] * stride_oh + d[None, :], result.to(out.dtype.element_ty),
              mask=i_valid[:, None] & d_valid[None, :])
@@ -222,7 +227,8 @@ def shared_prefix_decode_attention(query: Tensor, prefix_key: Tensor, prefix_val
         query.stride(0), query.stride(1), *tail_key.stride()[:3], *tail_value.stride()[:3],
         tail_bias.stride(0), acc.stride(0), acc.stride(1), maxima.stride(0), out.stride(0), out.stride(1),
         T, splits, scale, G=G, R=R, HKV=Hkv, HEAD_DIM=hd, BLOCK_D=block_d, BLOCK_R=max(MIN_DOT_ROWS, _next_power_of_2(R)),
-        BLOCK_M=block_m, BLOCK_N=BLOCK_KEYS, TAIL_BLOCKS=-(-T // BLOCK_KEYS), MAX_SPLITS=most_splits)
+        BLOCK_M=block_m, BLOCK_N=BLOCK_KEYS, TAIL_BLOCKS=-(-T // BLOCK_KEYS), MAX_SPLITS=most_splits,
+        SPLITS_P2=_next_power_of_2(most_splits))
     return out
 
 
