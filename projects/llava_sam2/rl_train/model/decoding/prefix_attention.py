@@ -40,6 +40,7 @@ except ImportError:  # pragma: no cover - the CUDA torch wheels ship Triton; a C
 BLOCK_KEYS = 64  # keys per inner iteration of both kernels
 MIN_DOT_ROWS = 16  # tl.dot needs sizes of at least 16: query rows and head dims are padded up to it
 PROGRAMS_PER_SM = 2  # prompt splits are chosen so that the prefix kernel has about this many programs per SM
+LAUNCH = dict(prefix_warps=4, tail_warps=4, stages=2)  # Triton launch options (research/prefix_attention_tune.py)
 
 
 def _prefix_partials(query, keys, values, bias, out_acc, out_max, out_sum,
@@ -220,7 +221,7 @@ def shared_prefix_decode_attention(query: Tensor, prefix_key: Tensor, prefix_val
         query.stride(0), query.stride(1), *prefix_key.stride()[:3], *prefix_value.stride()[:3],
         prefix_bias.stride(0), acc.stride(0), acc.stride(1), maxima.stride(0),
         L, scale, G=G, R=R, HKV=Hkv, HEAD_DIM=hd, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=BLOCK_KEYS,
-        BLOCKS_PER_SPLIT=blocks_per_split)
+        BLOCKS_PER_SPLIT=blocks_per_split, num_warps=LAUNCH["prefix_warps"], num_stages=LAUNCH["stages"])
     out = torch.empty(N, H, hd, dtype=query.dtype, device=query.device)
     tail_kernel[(N * Hkv,)](
         query, tail_key, tail_value, tail_bias, acc, maxima, sums, out,
@@ -228,7 +229,7 @@ def shared_prefix_decode_attention(query: Tensor, prefix_key: Tensor, prefix_val
         tail_bias.stride(0), acc.stride(0), acc.stride(1), maxima.stride(0), out.stride(0), out.stride(1),
         T, splits, scale, G=G, R=R, HKV=Hkv, HEAD_DIM=hd, BLOCK_D=block_d, BLOCK_R=max(MIN_DOT_ROWS, _next_power_of_2(R)),
         BLOCK_M=block_m, BLOCK_N=BLOCK_KEYS, TAIL_BLOCKS=-(-T // BLOCK_KEYS), MAX_SPLITS=most_splits,
-        SPLITS_P2=_next_power_of_2(most_splits))
+        SPLITS_P2=_next_power_of_2(most_splits), num_warps=LAUNCH["tail_warps"], num_stages=LAUNCH["stages"])
     return out
 
 
