@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from projects.llava_sam2.rl_train.model.decoding import decode_plan, prefix_attention
 from projects.llava_sam2.rl_train.model.decoding.prefix_attention import shared_prefix_decode_attention
 from test_decode_plan import ALL_SWITCHES, NEVER, assert_same_completions, fast, prompts, reference, tiny_lm
+from test_decode_plan import test_split_prompt_cache_shares_grouped_prefixes_once as grouped_prefix_decode
 
 NEG = torch.finfo(torch.float32).min
 
@@ -63,3 +64,8 @@ def test_split_cache_decodes_the_reference_tokens_through_the_kernels(monkeypatc
     got = fast(lm, embeds, attention, 3, 4, split_prompt_cache=True, **ALL_SWITCHES, **kw)
     assert_same_completions(got, reference(lm, embeds, attention, 3, 4, **kw))
     assert len(calls) == 3 * len(lm.model.layers)  # steps 1..3 (step 0 is the prefill's), every layer
+
+
+def test_grouped_prefixes_decode_the_reference_tokens_through_the_kernels(monkeypatch):
+    """Shared image prefixes with each row's own tokens in the tail (test_decode_plan's check, shorter)."""
+    grouped_prefix_decode(monkeypatch, generations=(2,), max_new_tokens=3)

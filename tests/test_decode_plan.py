@@ -108,6 +108,41 @@ def test_split_prompt_cache_continues_a_shared_prefix_prefill():
         assert_same_completions(got, reference(lm, *whole, G, 1, **kw))
 
 
+def test_split_prompt_cache_shares_grouped_prefixes_once(monkeypatch, generations=(1, 2), max_new_tokens=6):
+    """Rows about one image next to each other (index 0,0,0,1,1,1): the split cache keeps the 2 prefixes as its shared
+    part and each row's own tokens in its tail, and decodes the reference's seeded tokens on the joined prompts."""
+    from projects.llava_sam2.rl_train.model.decoding import decode_plan, fast_generation
+    from projects.llava_sam2.rl_train.model.decoding.generation import SharedPrefix
+
+    lm = tiny_lm()
+    g = torch.Generator().manual_seed(5)
+    heads = [torch.randint(1, VOCAB, (n,), generator=g) for n in (6, 4)]
+    tails = [torch.randint(1, VOCAB, (n,), generator=g) for n in (3, 5, 2, 4, 1, 3)]
+    index = torch.tensor([0, 0, 0, 1, 1, 1])
+    assert fast_generation.grouped_prefix_rows(SharedPrefix(None, torch.ones(2, 6), index)) == 3
+    assert fast_generation.grouped_prefix_rows(SharedPrefix(None, torch.ones(2, 6), index.flip(0))) is None
+    shared_rows = []
+    built = decode_plan.SplitPromptCache.of
+    monkeypatch.setattr(decode_plan.SplitPromptCache, "of", lambda *a, **k: shared_rows.append(
+        a[0][0][0].shape[0]) or built(*a, **k))
+
+    def left_padded(rows):
+        L = max(map(len, rows))
+        ids, attention = torch.zeros(len(rows), L, dtype=torch.long), torch.zeros(len(rows), L, dtype=torch.long)
+        for r, row in enumerate(rows):
+            ids[r, L - len(row):], attention[r, L - len(row):] = row, 1
+        with torch.no_grad():
+            return lm.get_input_embeddings()(ids), attention
+
+    whole = left_padded([torch.cat([heads[i], tail]) for i, tail in zip(index.tolist(), tails)])
+    kw = dict(max_new_tokens=max_new_tokens, temperature=0.9, stop_token_ids=[NEVER])
+    for G in generations:
+        got = fast(lm, *left_padded(tails), G, 1, prefix=SharedPrefix(*left_padded(heads), index),
+                   split_prompt_cache=True, **ALL_SWITCHES, **kw)
+        assert_same_completions(got, reference(lm, *whole, G, 1, **kw))
+    assert shared_rows == [2] * len(generations)  # the 2 prefixes, not the 6 rows
+
+
 def test_padded_head_columns_are_never_chosen():
     """The padded rows give logit 0; with every real logit near -10 a leaked padded column would win every argmax
     and nearly every draw (ids >= V) and change token_logp's normaliser. Sliced off, the tokens are the reference's."""

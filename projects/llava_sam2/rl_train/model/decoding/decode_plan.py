@@ -194,12 +194,19 @@ class SplitPromptCache:
     kernel: bool = False  # attend with prefix_attention's Triton kernels instead of the torch ops below
 
     @classmethod
-    def of(cls, prompt_layers: list[tuple[Tensor, Tensor]], rows: int, num_slots: int,
-           kernel: bool = False) -> SplitPromptCache:
+    def of(cls, prompt_layers: list[tuple[Tensor, Tensor]], rows: int, num_slots: int, kernel: bool = False,
+           own_layers: list[tuple[Tensor, Tensor]] | None = None) -> SplitPromptCache:
+        """``prompt_layers``: per layer the B shared prompts' ``[B, Hkv, L, hd]``; ``rows`` = B·G; ``own_layers``:
+        per layer ``[n, Hkv, S_own, hd]`` tokens that each of n prompt rows has after the shared part (a shared
+        image prefix followed by a row's own question), copied to the first tail slots of the row's G samples."""
         prefix = tuple((k.contiguous(), v.contiguous()) for k, v in prompt_layers)
         _, Hkv, L, hd = prefix[0][0].shape
         tail = tuple((k.new_zeros(rows, Hkv, num_slots - L, hd), v.new_zeros(rows, Hkv, num_slots - L, hd))
                      for k, v in prefix)
+        for (tail_key, tail_value), (own_key, own_value) in zip(tail, own_layers or ()):
+            n, _, own, _ = own_key.shape
+            tail_key[:, :, :own].view(n, rows // n, Hkv, own, hd).copy_(own_key[:, None])
+            tail_value[:, :, :own].view(n, rows // n, Hkv, own, hd).copy_(own_value[:, None])
         # L stays a shape, not an int: a compiled step sees a new L as a shape
         return cls(prefix=prefix, tail=tail, kernel=kernel)
 

@@ -139,6 +139,32 @@ def replicate_prefix(prefix: DynamicCache, num_generations: int, num_slots: int)
     return cache
 
 
+def grouped_prefix_rows(prefix: SharedPrefix | None) -> int | None:
+    """k when the rows' prefixes are ``0 (k times), 1 (k times), ...`` (rows about one image next to each other, as
+    the pipelines build them), else None."""
+    if prefix is None:
+        return None
+    index, U = prefix.index, prefix.attention.shape[0]
+    if len(index) % U:
+        return None
+    k = len(index) // U
+    return k if torch.equal(index, torch.arange(U, device=index.device).repeat_interleave(k)) else None
+
+
+def split_cache(prompt_cache: DynamicCache, prefix: SharedPrefix | None, rows: int, num_slots: int, *,
+                kernel: bool) -> SplitPromptCache:
+    """The split cache of a decode call. With a shared prefix whose rows come in groups
+    (:func:`grouped_prefix_rows`), its U prefixes stay the shared part (read once per step for all their rows) and each
+    row's own prompt tokens go to its tail; otherwise every prompt row is shared only by its G samples."""
+    layers = cache_tensors(prompt_cache)  # [n, Hkv, L, hd]
+    if grouped_prefix_rows(prefix) is None:
+        return SplitPromptCache.of(layers, rows, num_slots, kernel=kernel)
+    U, P = prefix.attention.shape
+    firsts = torch.arange(U, device=prefix.index.device) * (len(prefix.index) // U)  # a row of each prefix
+    return SplitPromptCache.of([(k[firsts, :, :P], v[firsts, :, :P]) for k, v in layers], rows, num_slots,
+                               kernel=kernel, own_layers=[(k[:, :, P:], v[:, :, P:]) for k, v in layers])
+
+
 def init_state(attention_mask: Tensor, num_generations: int, max_new_tokens: int, num_slots: int, *,
                dtype: torch.dtype, vocab_size: int, pad_token_id: int, rope: tuple[Tensor, Tensor],
                return_step_probs: bool, hidden_size: int | None = None, rope_axes: int = 0,
@@ -223,8 +249,10 @@ def fast_sample_completions(
         decode_attention: the one-query attention of the step: ``grouped`` (``gqa_decode_attention``),
             ``sdpa_gqa`` (SDPA ``enable_gqa``) or ``flex`` (``flex_attention``; fast only with ``compile_step``).
         split_prompt_cache: keep the B prompts' keys/values once and the N rows' new ones apart
-            (``decode_plan.SplitPromptCache``): each step reads a prompt's cache once for its G rows, not G times.
-            Needs ``fuse_layers`` on an LM whose every layer fuses (it replaces ``decode_attention``).
+            (``decode_plan.SplitPromptCache``): each step reads a prompt's cache once for its G rows, not G times;
+            with a ``prefix`` whose rows come in groups (:func:`grouped_prefix_rows`) each prefix once for all its
+            rows. On CUDA the attention runs ``prefix_attention``'s Triton kernels. Needs ``fuse_layers`` on an LM
+            whose every decoder layer fuses (it replaces ``decode_attention``).
         prompt_positions: the prompts' own positions, Qwen-VL's M-RoPE ``[3, B, L]`` (``lm`` a Qwen-VL model): the
             prefill takes them; each generated token goes on from its row's largest + 1, equal on the three axes
             (``generation.continuation_positions``), which is 1-D RoPE from a per-row offset. Not with ``prefix``.
@@ -264,8 +292,8 @@ def fast_sample_completions(
         if plan.layers is None or any(layer is None for layer in plan.layers):
             raise ValueError("fast_sample_completions: split_prompt_cache=True needs fuse_layers=True and an LM whose "
                              "every decoder layer fuses (Qwen2/Llama layers on plain or merged linears).")
-        cache = SplitPromptCache.of(cache_tensors(prompt_cache), hidden.shape[0] * G, num_slots,
-                                    kernel=device.type == "cuda" or prefix_attention.interpreted())
+        cache = split_cache(prompt_cache, prefix, hidden.shape[0] * G, num_slots,
+                            kernel=device.type == "cuda" or prefix_attention.interpreted())
     else:
         cache = replicate_prefix(prompt_cache, G, num_slots)
     del prompt_cache
