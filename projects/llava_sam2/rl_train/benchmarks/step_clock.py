@@ -269,8 +269,8 @@ def peak_gib(device: torch.device) -> float:
 
 
 def profile_iteration(path: str, top: int, run) -> None:
-    """One iteration of ``run()`` under torch.profiler → JSON: top ops/kernels by self device (else CPU) time, and
-    the phase ranges (host wall time of each ``PhaseClock`` range, device time of the kernels inside)."""
+    """One iteration of ``run()`` under torch.profiler → JSON: top ops/kernels by self device (else CPU) time, top
+    ops by self host time (``top_host``: where a host-bound phase spends its time), and the phase ranges (host wall time of each ``PhaseClock`` range, device time of the kernels inside)."""
     from torch.profiler import ProfilerActivity, profile
 
     on_cuda = torch.cuda.is_available()
@@ -287,6 +287,8 @@ def profile_iteration(path: str, top: int, run) -> None:
 
     table = {"sorted_by": "self_device_ms" if on_cuda else "self_cpu_ms",
              "top": [row(e) for e in sorted(events, key=key, reverse=True) if e.key not in phases][:top],
+             "top_host": [row(e) for e in sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)
+                          if e.key not in phases][:top],
              "phases": [row(e) for e in events if e.key in phases],
              "kernel_launches": sum(e.count for e in events if e.device_type == torch.autograd.DeviceType.CUDA)}
     with open(path, "w") as f:
