@@ -21,9 +21,10 @@ from transformers.cache_utils import Cache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .decode_plan import StepPlan
+from .decode_plan import SplitPromptCache, StepPlan
 from .generation import decoder_and_head
-from ..network.transformers_seams import run_decoder_layer
+from ..network.torch_seams import mark_sizes_symbolic, separate_symbolic_sizes
+from ..network.transformers_seams import cache_tensors, run_decoder_layer
 
 GQA_DECODE_ATTENTION = "sa2va_gqa_decode"
 CACHE_ALIGN = 64  # static cache slots are rounded up to this (aligned attention-bias rows; masked anyway)
@@ -224,17 +225,46 @@ def decode_logits(parts: DecoderParts, cache: Cache, state: DecodeState, tempera
     return logits
 
 
+def mark_step_sizes_symbolic(cache: Cache | SplitPromptCache, state: DecodeState) -> None:
+    """Mark the sizes that differ from one decode call to the next as symbolic for ``torch.compile``: the rows N, the
+    cache slots S, the output columns T, the rotary table's length and, in a :class:`SplitPromptCache`, the prompts B,
+    their length L and the tail's S - L slots. Everything else the step reads (weights, head counts, head size,
+    vocabulary) stays a constant of the graph."""
+    rows_and_slots = [(state.attention_bias, (0, 3)), (state.token, (0,)), (state.position, (0,)),
+                      (state.cos, (0,)), (state.sin, (0,))]
+    if state.hidden is not None:
+        rows_and_slots.append((state.hidden, (0, 1)))
+    if isinstance(cache, SplitPromptCache):
+        layers = [*cache.prefix, *cache.tail]
+    else:
+        layers = cache_tensors(cache)
+    rows_and_slots += [(tensor, (0, 2)) for pair in layers for tensor in pair]  # [rows, Hkv, slots, hd]
+    for tensor, dims in rows_and_slots:
+        mark_sizes_symbolic(tensor, dims)
+
+
 @functools.cache
 def compiled_decode_logits(backend: str) -> Callable[..., Tensor]:
-    """``torch.compile(decode_logits, backend=backend)``, built once per process and backend.
+    """:func:`decode_logits` through ``torch.compile(backend=backend)``, built once per process and backend; the
+    returned function takes :func:`decode_logits`' arguments.
 
     Inductor fuses the step's ~40 small kernels per layer (norms, rotary, residuals, casts) into fewer ones; the
-    compiled step is still captured into a CUDA graph by :class:`GraphedCall`. The first call per new shape (N, S)
-    compiles (tens of seconds for a 3B LM; Dynamo marks the shape dynamic on the second distinct one), so it pays
-    for long runs, not single calls. The in-place state and cache updates are kept (functionalised and written
-    back).
+    compiled step is still captured into a CUDA graph by :class:`GraphedCall`. The sizes that vary between calls are
+    symbolic from the first trace on (:func:`mark_step_sizes_symbolic`, each its own symbol even where two are equal),
+    so the first call compiles (tens of seconds for a 3B LM) and later calls of other N, S, T or prompt lengths reuse
+    that graph. What still compiles again: a new temperature (a constant of the graph), a call of a single row (N = 1;
+    torch specialises sizes 0 and 1) and, with the split cache, a call of one row per prompt (G = 1). The in-place
+    state and cache updates are kept (functionalised and written back).
     """
-    return torch.compile(decode_logits, backend=backend)
+    compiled = torch.compile(decode_logits, backend=backend)
+
+    def step(parts: DecoderParts, cache: Cache | SplitPromptCache, state: DecodeState, temperature: float,
+             plan: StepPlan | None = None) -> Tensor:
+        mark_step_sizes_symbolic(cache, state)  # marks on the tensors: read only when a trace is made
+        with separate_symbolic_sizes():
+            return compiled(parts, cache, state, temperature, plan)
+
+    return step
 
 
 class GraphedCall:
