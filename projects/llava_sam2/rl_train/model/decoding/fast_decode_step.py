@@ -23,7 +23,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .decode_plan import SplitPromptCache, StepPlan
 from .generation import decoder_and_head
-from ..network.torch_seams import mark_sizes_symbolic, separate_symbolic_sizes
+from ..network.torch_seams import mark_sizes_symbolic
 from ..network.transformers_seams import cache_tensors, run_decoder_layer
 
 GQA_DECODE_ATTENTION = "sa2va_gqa_decode"
@@ -250,7 +250,7 @@ def compiled_decode_logits(backend: str) -> Callable[..., Tensor]:
 
     Inductor fuses the step's ~40 small kernels per layer (norms, rotary, residuals, casts) into fewer ones; the
     compiled step is still captured into a CUDA graph by :class:`GraphedCall`. The sizes that vary between calls are
-    symbolic from the first trace on (:func:`mark_step_sizes_symbolic`, each its own symbol even where two are equal),
+    symbolic from the first trace on (:func:`mark_step_sizes_symbolic`; each its own symbol, even where two are equal),
     so the first call compiles (tens of seconds for a 3B LM) and later calls of other N, S, T or prompt lengths reuse
     that graph. What still compiles again: a new temperature (a constant of the graph), a call of a single row (N = 1;
     torch specialises sizes 0 and 1) and, with the split cache, a call of one row per prompt (G = 1). The in-place
@@ -261,8 +261,7 @@ def compiled_decode_logits(backend: str) -> Callable[..., Tensor]:
     def step(parts: DecoderParts, cache: Cache | SplitPromptCache, state: DecodeState, temperature: float,
              plan: StepPlan | None = None) -> Tensor:
         mark_step_sizes_symbolic(cache, state)  # marks on the tensors: read only when a trace is made
-        with separate_symbolic_sizes():
-            return compiled(parts, cache, state, temperature, plan)
+        return compiled(parts, cache, state, temperature, plan)
 
     return step
 

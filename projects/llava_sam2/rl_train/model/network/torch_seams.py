@@ -7,20 +7,17 @@ an upgrade breaks the assumption.
   ``torch._foreach_lerp_``; the ones ``torch.optim`` runs on). One call updates a whole list of tensors, which is
   what makes the EMA partner's per-iteration lerp over every trainable tensor cheap on the CPU (``grpo/weights.py``);
   the result equals a ``copy_`` / ``lerp_`` per tensor bit for bit.
-* ``mark_sizes_symbolic`` / ``separate_symbolic_sizes``: how a ``torch.compile``\d function is told which input sizes
-  vary (``torch._dynamo.maybe_mark_dynamic``: those dims get symbolic sizes from the first trace on, every other dim
-  stays a constant; a dim of size 0 or 1 still specialises) and that equal sizes are not the same size (the shape
-  environment's ``use_duck_shape``, which otherwise gives inputs that happen to share a size at trace time one symbol
-  and so a guard that they stay equal). The compiled decode step uses both (``fast_decode_step``).
+* ``mark_sizes_symbolic``: which input sizes of a function compiled by ``torch.compile`` vary
+  (``torch._dynamo.maybe_mark_dynamic``): those dims get symbolic sizes from the first trace on, each its own symbol
+  even where two are equal at trace time, and every other dim stays a constant (a marked dim of size 0 or 1 still
+  specialises). The compiled decode step marks its rows, cache slots and lengths (``fast_decode_step``).
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 
 import torch
 import torch._dynamo
-import torch.fx.experimental._config as shape_config
 from torch import Tensor
 
 
@@ -38,9 +35,3 @@ def mark_sizes_symbolic(tensor: Tensor, dims: Sequence[int]) -> None:
     """A compiled function traced with ``tensor`` as an input takes sizes ``dims`` of it as symbols, not constants."""
     torch._dynamo.maybe_mark_dynamic(tensor, list(dims))
 
-
-@contextmanager
-def separate_symbolic_sizes() -> Iterator[None]:
-    """Traces made inside give every symbolic input size its own symbol, even where two sizes are equal."""
-    with shape_config.patch(use_duck_shape=False):
-        yield
