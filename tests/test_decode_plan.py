@@ -200,9 +200,10 @@ def test_compiled_fused_step_equals_the_reference_and_a_second_call_compiles_not
 @pytest.mark.parametrize("backend", ["fast_compiled", "fast_fused_sdpa_compiled", "fast_fused_split_compiled"])
 def test_compiled_step_compiles_once_for_calls_of_every_shape(backend, monkeypatch):
     """The decode backend's compiled step traces one graph on its first call and runs calls of other prompt counts,
-    prompt lengths, group sizes and lengths (N rows, S slots, T columns, L) on it: the RL step's length buckets and
-    call sites compile once per process. The first call has N = T = 6 (the kept states are [6, 6, D]): equal sizes
-    are still separate symbols. Each call gives the uncompiled step's tokens and token_logp."""
+    prompt lengths, group sizes and lengths (N rows, S slots, T columns, L) on it (with the split cache: of other
+    prompt lengths and lengths): the RL step's length buckets and call sites compile once per process. The first call
+    has N = T = 6 (the kept states are [6, 6, D]): equal sizes are still separate symbols. Each call gives the
+    uncompiled step's tokens, token_logp and kept states."""
     graphs = []
 
     def counting_backend(graph_module, example_inputs):
@@ -214,7 +215,10 @@ def test_compiled_step_compiles_once_for_calls_of_every_shape(backend, monkeypat
     switches = {k: v for k, v in DECODE_BACKENDS[backend].keywords.items() if k != "compile_step"}
     assert DECODE_BACKENDS[backend].keywords["compile_step"]
     lm = tiny_lm()
-    for lengths, G, T in [([5, 9, 7], 2, 6), ([4, 60], 3, 9), ([3, 8, 11, 6], 2, 12)]:  # N 6, 6, 8; S 64, 128, 64
+    shapes = [([5, 9, 7], 2, 6), ([4, 60], 3, 9), ([3, 8, 11, 6], 2, 12)]  # N 6, 6, 8; S 64, 128, 64
+    if switches.get("split_prompt_cache"):  # its rows stay constants (fast_decode_step.mark_step_sizes_symbolic)
+        shapes = [([5, 9, 7], 2, 6), ([4, 60, 8], 2, 9), ([3, 8, 11], 2, 12)]
+    for lengths, G, T in shapes:
         embeds, attention = prompts(lm, lengths)
         kw = dict(max_new_tokens=T, temperature=0.8, top_p=0.9, stop_token_ids=[NEVER], return_hidden=True)
         got = fast(lm, embeds, attention, G, 4, decoder=partial(decode_completions, decode_backend=backend), **kw)

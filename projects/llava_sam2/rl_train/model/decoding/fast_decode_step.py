@@ -226,21 +226,25 @@ def decode_logits(parts: DecoderParts, cache: Cache, state: DecodeState, tempera
 
 
 def mark_step_sizes_symbolic(cache: Cache | SplitPromptCache, state: DecodeState) -> None:
-    """Mark the sizes that differ from one decode call to the next as symbolic for ``torch.compile``: the rows N, the
-    cache slots S, the output columns T, the rotary table's length and, in a :class:`SplitPromptCache`, the prompts B,
-    their length L and the tail's S - L slots. Everything else the step reads (weights, head counts, head size,
-    vocabulary) stays a constant of the graph."""
-    rows_and_slots = [(state.attention_bias, (0, 3)), (state.token, (0,)), (state.position, (0,)),
-                      (state.cos, (0,)), (state.sin, (0,))]
+    """Mark the sizes that differ from one decode call to the next as symbolic for ``torch.compile``: the cache slots
+    S, the output columns T, the rotary table's length, and the rows N (on a :class:`SplitPromptCache`: its prompt
+    length L and its tail's S - L slots, the rows staying constants). Everything else the step reads (weights, head
+    counts, head size, vocabulary) stays a constant of the graph.
+
+    The split cache keeps its rows constant because its step regroups the N rows as B prompts of N // B: traced with
+    both symbolic, each layer's regrouping costs seconds of shape reasoning (tiny CPU LM: ~6 s per layer against ~1 s
+    with constant rows); a new B or G then compiles once more, after which torch makes the changed sizes symbolic."""
+    split = isinstance(cache, SplitPromptCache)
+    rows = () if split else (0,)
+    marks = [(state.attention_bias, (*rows, 3)), (state.token, rows), (state.position, rows), (state.cos, (0,)),
+             (state.sin, (0,))]
     if state.hidden is not None:
-        rows_and_slots.append((state.hidden, (0, 1)))
-    if isinstance(cache, SplitPromptCache):
-        layers = [*cache.prefix, *cache.tail]
-    else:
-        layers = cache_tensors(cache)
-    rows_and_slots += [(tensor, (0, 2)) for pair in layers for tensor in pair]  # [rows, Hkv, slots, hd]
-    for tensor, dims in rows_and_slots:
-        mark_sizes_symbolic(tensor, dims)
+        marks.append((state.hidden, (*rows, 1)))
+    layers = [*cache.prefix, *cache.tail] if split else cache_tensors(cache)
+    marks += [(tensor, (*rows, 2)) for pair in layers for tensor in pair]  # [rows, Hkv, slots, hd]
+    for tensor, dims in marks:
+        if dims:
+            mark_sizes_symbolic(tensor, dims)
 
 
 @functools.cache
@@ -253,7 +257,7 @@ def compiled_decode_logits(backend: str) -> Callable[..., Tensor]:
     symbolic from the first trace on (:func:`mark_step_sizes_symbolic`; each its own symbol, even where two are equal),
     so the first call compiles (tens of seconds for a 3B LM) and later calls of other N, S, T or prompt lengths reuse
     that graph. What still compiles again: a new temperature (a constant of the graph), a call of a single row (N = 1;
-    torch specialises sizes 0 and 1) and, with the split cache, a call of one row per prompt (G = 1). The in-place
+    torch specialises sizes 0 and 1) and, with the split cache, a new prompt count or group size. The in-place
     state and cache updates are kept (functionalised and written back).
     """
     compiled = torch.compile(decode_logits, backend=backend)
