@@ -233,7 +233,8 @@ def mark_step_sizes_symbolic(cache: Cache | SplitPromptCache, state: DecodeState
 
     The split cache keeps its rows constant because its step regroups the N rows as B prompts of N // B: traced with
     both symbolic, each layer's regrouping costs seconds of shape reasoning (tiny CPU LM: ~6 s per layer against ~1 s
-    with constant rows); a new B or G then compiles once more, after which torch makes the changed sizes symbolic."""
+    with constant rows). A call with a new B, and one with a new N, then compiles once more each (torch keeps a size
+    that changed symbolic from then on, paying that slower trace once)."""
     split = isinstance(cache, SplitPromptCache)
     rows = () if split else (0,)
     marks = [(state.attention_bias, (*rows, 3)), (state.token, rows), (state.position, rows), (state.cos, (0,)),
@@ -257,7 +258,8 @@ def compiled_decode_logits(backend: str) -> Callable[..., Tensor]:
     symbolic from the first trace on (:func:`mark_step_sizes_symbolic`; each its own symbol, even where two are equal),
     so the first call compiles (tens of seconds for a 3B LM) and later calls of other N, S, T or prompt lengths reuse
     that graph. What still compiles again: a new temperature (a constant of the graph), a call of a single row (N = 1;
-    torch specialises sizes 0 and 1) and, with the split cache, a new prompt count or group size. The in-place
+    torch specialises sizes 0 and 1) and, with the split cache, the first new prompt count B and the first new row count
+    N (:func:`mark_step_sizes_symbolic`). The in-place
     state and cache updates are kept (functionalised and written back).
     """
     compiled = torch.compile(decode_logits, backend=backend)
