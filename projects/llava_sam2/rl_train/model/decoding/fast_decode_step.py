@@ -258,9 +258,9 @@ def compiled_decode_logits(backend: str) -> Callable[..., Tensor]:
     symbolic from the first trace on (:func:`mark_step_sizes_symbolic`; each its own symbol, even where two are equal),
     so the first call compiles (tens of seconds for a 3B LM) and later calls of other N, S, T or prompt lengths reuse
     that graph. What still compiles again: a new temperature (a constant of the graph), a call of a single row (N = 1;
-    torch specialises sizes 0 and 1) and, with the split cache, the first new prompt count B and the first new row count
-    N (:func:`mark_step_sizes_symbolic`). The in-place
-    state and cache updates are kept (functionalised and written back).
+    torch specialises sizes 0 and 1) and, with the split cache, the first new prompt count B and the first new row
+    count N (:func:`mark_step_sizes_symbolic`). The in-place state and cache updates are kept (functionalised and
+    written back).
     """
     compiled = torch.compile(decode_logits, backend=backend)
 
