@@ -11,7 +11,8 @@ from projects.llava_sam2.rl_train.model.decoding import fast_decode_step
 from projects.llava_sam2.rl_train.model.decoding.adapter_merge import MERGED_WEIGHT, merged_adapters
 from projects.llava_sam2.rl_train.model.decoding.decode_plan import (FusedLayer, build_step_plan,
                                                                      flex_decode_attention, sdpa_gqa_decode_attention)
-from projects.llava_sam2.rl_train.model.decoding.fast_generation import decode_completions, fast_sample_completions
+from projects.llava_sam2.rl_train.model.decoding.fast_generation import (DECODE_BACKENDS, decode_completions,
+                                                                         fast_sample_completions)
 from projects.llava_sam2.rl_train.model.decoding.generation import sample_completions
 from grpo_tiny import one_thread
 from tiny_lms import embedded_prompts, tiny_causal_lm
@@ -228,6 +229,38 @@ def test_compiled_fused_step_equals_the_reference_and_a_second_call_compiles_not
     assert_same_completions(second, ref)
     fast(lm, embeds, attention, 2, 4, compile_step=True, **switches, **{**kw, "temperature": 0.7})
     assert len(graphs) > compiled  # a new temperature (a constant of the step) does compile: the count sees it
+    torch.compiler.reset()
+
+
+@pytest.mark.parametrize("backend", ["fast_compiled", "fast_fused_sdpa_compiled", "fast_fused_split_compiled"])
+def test_compiled_step_compiles_once_for_calls_of_every_shape(backend, monkeypatch):
+    """The decode backend's compiled step traces one graph on its first call and runs calls of other prompt counts,
+    prompt lengths, group sizes and lengths (N rows, S slots, T columns, L) on it (with the split cache: of other
+    prompt lengths and lengths): the RL step's length buckets and call sites compile once per process. The first call
+    has N = T = 6 (the kept states are [6, 6, D]): equal sizes are still separate symbols. Each call gives the
+    uncompiled step's tokens, token_logp and kept states."""
+    graphs = []
+
+    def counting_backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    monkeypatch.setattr(fast_decode_step, "COMPILE_BACKEND", counting_backend)
+    torch.compiler.reset()
+    switches = {k: v for k, v in DECODE_BACKENDS[backend].keywords.items() if k != "compile_step"}
+    assert DECODE_BACKENDS[backend].keywords["compile_step"]
+    lm = tiny_lm()
+    shapes = [([5, 9, 7], 2, 6), ([4, 60], 3, 9), ([3, 8, 11, 6], 2, 12)]  # N 6, 6, 8; S 64, 128, 64
+    if switches.get("split_prompt_cache"):  # its rows stay constants (fast_decode_step.mark_step_sizes_symbolic)
+        shapes = [([5, 9, 7], 2, 6), ([4, 60, 8], 2, 9), ([3, 8, 11], 2, 12)]
+    for lengths, G, T in shapes:
+        embeds, attention = prompts(lm, lengths)
+        kw = dict(max_new_tokens=T, temperature=0.8, top_p=0.9, stop_token_ids=[NEVER], return_hidden=True)
+        got = fast(lm, embeds, attention, G, 4, decoder=partial(decode_completions, decode_backend=backend), **kw)
+        eager = fast(lm, embeds, attention, G, 4, **switches, **kw)
+        assert_same_completions(got, eager)
+        torch.testing.assert_close(got.hidden, eager.hidden, atol=1e-5, rtol=0)
+        assert len(graphs) == 1, f"{backend}: call {lengths, G, T} compiled graph {len(graphs)}"
     torch.compiler.reset()
 
 

@@ -14,7 +14,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from projects.llava_sam2.rl_train.grpo.trainer import DROPOUT_TYPES, zero_dropout
 from projects.llava_sam2.rl_train.model.network.sam2_seams import (
     ENCODE_MEMORY_METHOD, MEMORY_CONDITIONED_METHOD, SAM2_VERSION, encode_memory, memory_conditioned_embed)
-from projects.llava_sam2.rl_train.model.network.torch_seams import foreach_copy_, foreach_lerp_
+from projects.llava_sam2.rl_train.model.network.torch_seams import foreach_copy_, foreach_lerp_, mark_sizes_symbolic
 from projects.llava_sam2.rl_train.model.network.transformers_seams import (attention_implementation, cache_tensors,
                                                                    full_static_cache,
                                                                    has_input_require_grads_hook, run_decoder_layer,
@@ -162,6 +162,34 @@ def test_foreach_ops_equal_one_op_per_tensor_bit_for_bit():
     targets = [torch.zeros(5), torch.zeros(2, 3)]
     foreach_copy_(targets, policy)
     assert all(torch.equal(a, b) for a, b in zip(targets, policy)), f"{TORCH}: _foreach_copy_ != copy_ per tensor"
+
+
+def test_marked_sizes_are_separate_symbols_of_the_first_trace():
+    """Two marked sizes, equal on the first call and not on the second: one graph serves both (each size its own
+    symbol, not one shared symbol guarded equal). Unmarked, the second call compiles again (the mark is live)."""
+    def compiled_graphs(mark: bool) -> int:
+        graphs = []
+
+        def counting_backend(graph_module, example_inputs):
+            graphs.append(graph_module)
+            return graph_module.forward
+
+        step = torch.compile(lambda x, y: x.sum(0) * 2 + y.mean(), backend=counting_backend)
+        for rows, length in ((4, 4), (7, 5)):
+            x, y = torch.ones(rows, 3), torch.ones(length)
+            if mark:
+                mark_sizes_symbolic(x, [0])
+                mark_sizes_symbolic(y, [0])
+            torch.testing.assert_close(step(x, y), torch.full((3,), 2.0 * rows + 1))
+        return len(graphs)
+
+    torch.compiler.reset()
+    assert compiled_graphs(mark=True) == 1, (
+        f"{TORCH}: sizes marked by torch._dynamo.maybe_mark_dynamic are no longer separate symbols of the first "
+        "trace; the compiled decode step recompiles per shape (torch_seams.mark_sizes_symbolic)")
+    torch.compiler.reset()
+    assert compiled_graphs(mark=False) == 2, f"{TORCH}: an unmarked size change no longer recompiles"
+    torch.compiler.reset()
 
 
 def test_dropout_types_are_every_dropout_module_of_torch_nn():

@@ -63,7 +63,7 @@ class GRPOConfig:
     decode_backend: str = "fast"
     """Text decoder of every rollout pass: fast (prefill once per prompt, static KV cache, CUDA graph, LoRA merged into
     scratch weights for the call; transformers Qwen2/Qwen3/Llama/Phi3 LMs) | fast_compiled (the same step through
-    torch.compile; compiles per new shape) | fast_adapters (fast with LoRA unmerged: no scratch copy of the adapted
+    torch.compile; compiles once per process, on its first decode call) | fast_adapters (fast with LoRA unmerged: no scratch copy of the adapted
     weights, slower steps) | reference (the plain decode loop it is tested against)."""
 
     # ---- loss ----------------------------------------------------------------------------------------------

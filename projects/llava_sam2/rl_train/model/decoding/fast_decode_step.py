@@ -21,9 +21,10 @@ from transformers.cache_utils import Cache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .decode_plan import StepPlan
+from .decode_plan import SplitPromptCache, StepPlan
 from .generation import decoder_and_head
-from ..network.transformers_seams import run_decoder_layer
+from ..network.torch_seams import mark_sizes_symbolic
+from ..network.transformers_seams import cache_tensors, run_decoder_layer
 
 GQA_DECODE_ATTENTION = "sa2va_gqa_decode"
 CACHE_ALIGN = 64  # static cache slots are rounded up to this (aligned attention-bias rows; masked anyway)
@@ -224,17 +225,51 @@ def decode_logits(parts: DecoderParts, cache: Cache, state: DecodeState, tempera
     return logits
 
 
+def mark_step_sizes_symbolic(cache: Cache | SplitPromptCache, state: DecodeState) -> None:
+    """Mark the sizes that differ from one decode call to the next as symbolic for ``torch.compile``: the cache slots
+    S, the output columns T, the rotary table's length, and the rows N (on a :class:`SplitPromptCache`: its prompt
+    length L and its tail's S - L slots, the rows staying constants). Everything else the step reads (weights, head
+    counts, head size, vocabulary) stays a constant of the graph.
+
+    The split cache keeps its rows constant because its step regroups the N rows as B prompts of N // B: traced with
+    both symbolic, each layer's regrouping costs seconds of shape reasoning (tiny CPU LM: ~6 s per layer against ~1 s
+    with constant rows). A call with a new B, and one with a new N, then compiles once more each (torch keeps a size
+    that changed symbolic from then on, paying that slower trace once)."""
+    split = isinstance(cache, SplitPromptCache)
+    rows = () if split else (0,)
+    marks = [(state.attention_bias, (*rows, 3)), (state.token, rows), (state.position, rows), (state.cos, (0,)),
+             (state.sin, (0,))]
+    if state.hidden is not None:
+        marks.append((state.hidden, (*rows, 1)))
+    layers = [*cache.prefix, *cache.tail] if split else cache_tensors(cache)
+    marks += [(tensor, (*rows, 2)) for pair in layers for tensor in pair]  # [rows, Hkv, slots, hd]
+    for tensor, dims in marks:
+        if dims:
+            mark_sizes_symbolic(tensor, dims)
+
+
 @functools.cache
 def compiled_decode_logits(backend: str) -> Callable[..., Tensor]:
-    """``torch.compile(decode_logits, backend=backend)``, built once per process and backend.
+    """:func:`decode_logits` through ``torch.compile(backend=backend)``, built once per process and backend; the
+    returned function takes :func:`decode_logits`' arguments.
 
     Inductor fuses the step's ~40 small kernels per layer (norms, rotary, residuals, casts) into fewer ones; the
-    compiled step is still captured into a CUDA graph by :class:`GraphedCall`. The first call per new shape (N, S)
-    compiles (tens of seconds for a 3B LM; Dynamo marks the shape dynamic on the second distinct one), so it pays
-    for long runs, not single calls. The in-place state and cache updates are kept (functionalised and written
-    back).
+    compiled step is still captured into a CUDA graph by :class:`GraphedCall`. The sizes that vary between calls are
+    symbolic from the first trace on (:func:`mark_step_sizes_symbolic`; each its own symbol, even where two are equal),
+    so the first call compiles (tens of seconds for a 3B LM) and later calls of other N, S, T or prompt lengths reuse
+    that graph. What still compiles again: a new temperature (a constant of the graph), a call of a single row (N = 1;
+    torch specialises sizes 0 and 1) and, with the split cache, the first new prompt count B and the first new row
+    count N (:func:`mark_step_sizes_symbolic`). The in-place state and cache updates are kept (functionalised and
+    written back).
     """
-    return torch.compile(decode_logits, backend=backend)
+    compiled = torch.compile(decode_logits, backend=backend)
+
+    def step(parts: DecoderParts, cache: Cache | SplitPromptCache, state: DecodeState, temperature: float,
+             plan: StepPlan | None = None) -> Tensor:
+        mark_step_sizes_symbolic(cache, state)  # marks on the tensors: read only when a trace is made
+        return compiled(parts, cache, state, temperature, plan)
+
+    return step
 
 
 class GraphedCall:

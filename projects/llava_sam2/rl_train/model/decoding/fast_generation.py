@@ -236,7 +236,8 @@ def fast_sample_completions(
         generator: RNG on the prompts' device for the sampling noise.
         use_cuda_graph: capture the decode step in a CUDA graph; None = on CUDA only.
         compile_step: run the step through ``torch.compile`` (``fast_decode_step.compiled_decode_logits``) before
-            the graph capture: fewer, fused kernels per step; compiles once per new shape.
+            the graph capture: fewer, fused kernels per step; compiles on the process's first call, with symbolic
+            sizes that later calls of other shapes reuse.
         return_step_probs: also return the sampling distribution of every step ``[N, T, V]`` float32
             (``softmax(top_p(logits / temperature))``; debug/tests, it costs N·T·V floats).
         return_hidden: keep each fed-back token's final-norm state (``Completions.hidden``, N·T·D values).
@@ -362,6 +363,8 @@ DECODE_BACKENDS = {
     # + decode_plan's fused layers and padded head (opt-in until measured on GPU; docs/speed.md "Decode-step variants")
     "fast_fused": partial(fast_merged_completions, fuse_layers=True, pad_head=True),
     "fast_fused_sdpa": partial(fast_merged_completions, fuse_layers=True, pad_head=True, decode_attention="sdpa_gqa"),
+    "fast_fused_sdpa_compiled": partial(fast_merged_completions, fuse_layers=True, pad_head=True,
+                                        decode_attention="sdpa_gqa", compile_step=True),
     "fast_fused_compiled": partial(fast_merged_completions, fuse_layers=True, pad_head=True, compile_step=True),
     # + the prompt's cache read once for its G rows (decode_plan.SplitPromptCache, prefix_attention's kernels on CUDA)
     "fast_fused_split": partial(fast_merged_completions, fuse_layers=True, pad_head=True, split_prompt_cache=True),

@@ -7,12 +7,17 @@ an upgrade breaks the assumption.
   ``torch._foreach_lerp_``; the ones ``torch.optim`` runs on). One call updates a whole list of tensors, which is
   what makes the EMA partner's per-iteration lerp over every trainable tensor cheap on the CPU (``grpo/weights.py``);
   the result equals a ``copy_`` / ``lerp_`` per tensor bit for bit.
+* ``mark_sizes_symbolic``: which input sizes of a function compiled by ``torch.compile`` vary
+  (``torch._dynamo.maybe_mark_dynamic``): those dims get symbolic sizes from the first trace on, each its own symbol
+  even where two are equal at trace time, and every other dim stays a constant (a marked dim of size 0 or 1 still
+  specialises). The compiled decode step marks its rows, cache slots and lengths (``fast_decode_step``).
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 import torch
+import torch._dynamo
 from torch import Tensor
 
 
@@ -24,3 +29,9 @@ def foreach_copy_(destinations: Sequence[Tensor], sources: Sequence[Tensor], non
 def foreach_lerp_(tensors: Sequence[Tensor], ends: Sequence[Tensor], weight: float) -> None:
     """``tensor.lerp_(end, weight)`` for every pair, in one fused call."""
     torch._foreach_lerp_(tensors, ends, weight)
+
+
+def mark_sizes_symbolic(tensor: Tensor, dims: Sequence[int]) -> None:
+    """A compiled function traced with ``tensor`` as an input takes sizes ``dims`` of it as symbols, not constants."""
+    torch._dynamo.maybe_mark_dynamic(tensor, list(dims))
+
