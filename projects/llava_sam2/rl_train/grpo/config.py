@@ -99,7 +99,8 @@ class GRPOConfig:
     """Run each decoder layer of the grouped log-prob passes (old_logp, ref_logp, the loss) through torch.compile
     (Inductor): fused elementwise work, no per-operation Python dispatch; one graph serves all layers. Compiles on the
     first step (per grad/train mode, autocast and adapter state; lengths are symbolic); equal to the eager pass up to float order
-    (model/decoding/grouped_scoring.py, docs/speed.md)."""
+    (model/decoding/grouped_scoring.py, docs/speed.md). old_logp is then scored with grad on by the loss's own graph,
+    so the first ratio stays exactly 1."""
 
     # ---- rewards and advantages ----------------------------------------------------------------------------
     scale_rewards: str = "group"

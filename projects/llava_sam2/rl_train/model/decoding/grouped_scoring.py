@@ -28,8 +28,10 @@ operations leaves the host. All decoder layers are one class, so the layer is an
 (its parameters are graph inputs) and the 2nd..Nth layer reuse the graph of the first; the lengths are symbolic
 (``dynamic=True``), so new prompt/completion lengths reuse it too, and a graph is added only per grad mode,
 train/eval mode, autocast and adapter state. The compiled call sits inside the per-layer checkpoint, so the recompute in
-backward replays the same graph. Every scoring pass of a model (rollout, reference, loss) runs it, so old_logp still
-equals the loss pass; a process that passes torch's recompile limit runs further graphs eagerly (same values).
+backward replays the same graph. Every scoring pass of a model (rollout, reference, loss) runs it; the no-grad eval
+graph and the training graph are compiled apart and may round differently, so the trainer scores ``old_logp`` with
+grad on in the loss pass's mode (``CycleGRPO``, grpo/trainer.py) and the very graph of the loss computes both. A process
+that passes torch's recompile limit runs further graphs eagerly (same values).
 """
 from __future__ import annotations
 
@@ -114,6 +116,12 @@ def compile_group_layers(lm: nn.Module, backend: str | None = "inductor") -> Non
     (None: eagerly again). Kept as a backend name on the decoder body, so copies of the model carry it."""
     body, _ = decoder_and_head(lm)
     setattr(body, COMPILE_ATTRIBUTE, backend)
+
+
+def uses_compiled_layers(lm: nn.Module) -> bool:
+    """True when :func:`grouped_hidden` runs ``lm``'s layers through torch.compile (:func:`compile_group_layers`)."""
+    body, _ = decoder_and_head(lm)
+    return getattr(body, COMPILE_ATTRIBUTE, None) is not None
 
 
 _COMPILED_LAYER_CALLS: dict[str, Callable] = {}  # backend -> the compiled layer call (one per process)
