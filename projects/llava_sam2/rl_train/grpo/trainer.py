@@ -53,7 +53,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..model.decoding.grouped_scoring import compile_group_layers, uses_compiled_layers
+from ..model.decoding.grouped_scoring import compile_group_layers, keep_last_layers_activations, uses_compiled_layers
 from ..model.decoding.text_decoding import TextDecoding, group_chunks
 from ..model.network.lora import check_compute_dtype
 from ..model.pipeline.shared import SEG_ANSWER, seg_answer_ids
@@ -163,12 +163,13 @@ def _scoring_lm(model: nn.Module) -> nn.Module | None:
     return getattr(model, "language_model", None) if scoring_lm is None else scoring_lm
 
 
-def _compile_scoring_layers(model: nn.Module, compile_layers: bool) -> None:
-    """``GRPOConfig.compile_loss_layers`` on the scoring LM, set either way so a model reused by a new trainer follows
-    that trainer's config."""
+def _configure_scoring_lm(model: nn.Module, config: GRPOConfig) -> None:
+    """``GRPOConfig.compile_loss_layers`` and ``uncheckpointed_layers`` on the scoring LM, set either way so a model
+    reused by a new trainer follows that trainer's config."""
     scoring_lm = _scoring_lm(model)
     if scoring_lm is not None:
-        compile_group_layers(scoring_lm, "inductor" if compile_layers else None)
+        compile_group_layers(scoring_lm, "inductor" if config.compile_loss_layers else None)
+        keep_last_layers_activations(scoring_lm, config.uncheckpointed_layers)
 
 
 class CycleGRPO:
@@ -228,7 +229,7 @@ class CycleGRPO:
             generator = torch.Generator(device=model.device)
             generator.manual_seed(int(seed))
         processor.prompt_length_multiple = config.prompt_length_multiple  # every tokenize_prompts of the step
-        _compile_scoring_layers(model, config.compile_loss_layers)
+        _configure_scoring_lm(model, config)
         self.context = CycleContext(
             model=model, processor=processor, weights=weights, config=config, mask_policy=build_mask_policy(config),
             decoding=TextDecoding.from_processor(processor, config.decode_backend, config.completion_length_multiple),
