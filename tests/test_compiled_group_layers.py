@@ -155,7 +155,7 @@ def test_old_logp_with_compiled_layers_is_the_loss_pass_bit_for_bit():
     for name in ("mask_to_caption", "caption_to_mask"):
         assert len(recorded[name].seen) == 2  # two minibatches of one group each
         for logp, old_logp in recorded[name].seen:
-            assert old_logp is not None and logp.shape == old_logp.shape
+            assert old_logp is not None and old_logp.grad_fn is None and logp.shape == old_logp.shape  # detached
             assert torch.equal(old_logp, logp), f"{name}: max |diff| {(old_logp - logp).abs().max()}"
     # the fault is live: the same scoring with grad off, as the sampling pass runs it, gives other values
     answer_loop, rollout = algo.loops[1], step.rollouts[1]
