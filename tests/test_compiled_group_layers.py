@@ -166,6 +166,18 @@ def test_old_logp_with_compiled_layers_is_the_loss_pass_bit_for_bit():
     assert compiled_graphs() == 3  # no grad (the sampling pass); grad: layer 0 and the others
 
 
+def test_old_logp_is_scored_by_the_loss_graph_only_with_compiled_layers_and_no_active_dropout():
+    """Eager layers: the no-grad sampling pass is already bit-equal to the loss pass, so it keeps scoring old_logp.
+    Active dropout: the loss scores a perturbed policy that no old_logp equals, so the eval-mode values stay."""
+    model, processor = build_tiny()
+    algo, _ = make_algo(model, processor, {"mask_to_caption": [dict(type="iou")]}, caption_to_mask_weight=0.0)
+    assert not algo._scores_old_logp_with_the_loss_graph()
+    compile_group_layers(model.language_model, "eager")
+    assert algo._scores_old_logp_with_the_loss_graph()
+    next(m for m in model.modules() if isinstance(m, torch.nn.Dropout)).p = 0.05  # as disable_dropout=False leaves it
+    assert not algo._scores_old_logp_with_the_loss_graph()
+
+
 def test_past_the_recompile_limit_the_layers_run_eagerly_with_the_same_values():
     """Fault: more graphs than torch's recompile limit (here 1) -> the layers past it run uncompiled, same values.
     (torch's own config.patch: pytest's monkeypatch would delete the setting on undo and break later compiles.)"""

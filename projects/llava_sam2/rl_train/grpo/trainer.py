@@ -29,8 +29,8 @@ its ``*_dense_weight`` is > 0 (``loop.loss_terms``; grpo/dense.py); a loop with 
 Minibatches: every minibatch holds the same prompt range of each active loop (whole groups), at most
 ``minibatch_size`` rollouts per loop. With several minibatches per rollout batch (or ``num_iterations > 1``) the
 later ones are off-policy, so the rollout stores ``old_logp`` from a teacher-forced no-grad pass (with compiled
-decoder layers, ``GRPOConfig.compile_loss_layers``, a pass of the loss's own code with grad on, detached: the no-grad
-graph may round differently from the loss's); with one minibatch and one iteration ``old_logp`` is None and the loss
+decoder layers, ``GRPOConfig.compile_loss_layers``, and dropout off, a pass of the loss's own code with grad on,
+detached: the no-grad graph may round differently from the loss's); with one minibatch and one iteration ``old_logp`` is None and the loss
 uses ``logp.detach()`` (ratio exactly 1, same gradient, one forward fewer). ``dapo``'s normaliser is the loop's
 active elements of the global batch (all chunks, all ranks) divided by the number of chunks and by the world size, so
 gradient accumulation over the chunks (MMEngine ``accumulative_counts``) and DDP's gradient average give the token
@@ -277,8 +277,7 @@ class CycleGRPO:
         loop_features = self._split_by_loop(features)
         needs_old_logp = self.config.num_iterations > 1 or any(
             self._num_chunks(f) > 1 for f in loop_features.values())
-        scoring_lm = _scoring_lm(self.model)
-        rescores = needs_old_logp and scoring_lm is not None and uses_compiled_layers(scoring_lm)
+        rescores = needs_old_logp and self._scores_old_logp_with_the_loss_graph()
         outs = [loop.rollout(loop_features[loop.name], needs_old_logp=needs_old_logp and not rescores)
                 for loop in self.loops]
         rollouts = tuple(out.rollout for out in outs)
@@ -286,6 +285,14 @@ class CycleGRPO:
             rollouts = self._old_logp_from_the_loss_graph(features, rollouts)
         return SampledStep(features=features, rollouts=rollouts, reward_inputs=tuple(out.reward_inputs for out in outs),
                            rollout_stats=tuple(out.stats for out in outs))
+
+    def _scores_old_logp_with_the_loss_graph(self) -> bool:
+        """True when ``old_logp`` comes from :meth:`_old_logp_from_the_loss_graph`: the scoring LM's layers are compiled
+        and no dropout is active (with dropout the loss scores a perturbed policy and no ``old_logp`` equals it, so
+        the sampling pass's own, eval-mode values stay)."""
+        scoring_lm = _scoring_lm(self.model)
+        return scoring_lm is not None and uses_compiled_layers(scoring_lm) and not any(
+            isinstance(module, DROPOUT_TYPES) and module.p > 0 for module in self.model.modules())
 
     def _old_logp_from_the_loss_graph(self, features: StepFeatures, rollouts: tuple[Rollout, ...]
                                       ) -> tuple[Rollout, ...]:
