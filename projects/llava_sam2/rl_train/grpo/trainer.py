@@ -30,13 +30,13 @@ Minibatches: every minibatch holds the same prompt range of each active loop (wh
 ``minibatch_size`` rollouts per loop. With several minibatches per rollout batch (or ``num_iterations > 1``) the
 later ones are off-policy, so the rollout stores ``old_logp`` from a teacher-forced no-grad pass (with compiled
 decoder layers, ``GRPOConfig.compile_loss_layers``, and dropout off, a pass of the loss's own code with grad on,
-detached: the no-grad graph may round differently from the loss's); with one minibatch and one iteration ``old_logp`` is None and the loss
-uses ``logp.detach()`` (ratio exactly 1, same gradient, one forward fewer). ``dapo``'s normaliser is the loop's
-active elements of the global batch (all chunks, all ranks) divided by the number of chunks and by the world size, so
-gradient accumulation over the chunks (MMEngine ``accumulative_counts``) and DDP's gradient average give the token
-mean of the whole global batch (TRL's ``num_items_in_batch / num_processes``). The cross-rank sums come from
-``cross_rank_sum``, injected by the engine (``grpo/`` never imports ``torch.distributed``); ``scale_rewards='batch'``
-uses it for the global batch std too.
+detached: the no-grad graph may round differently from the loss's); with one minibatch and one iteration
+``old_logp`` is None and the loss uses ``logp.detach()`` (ratio exactly 1, same gradient, one forward fewer).
+``dapo``'s normaliser is the loop's active elements of the global batch (all chunks, all ranks) divided by the number
+of chunks and by the world size, so gradient accumulation over the chunks (MMEngine ``accumulative_counts``) and DDP's
+gradient average give the token mean of the whole global batch (TRL's ``num_items_in_batch / num_processes``). The
+cross-rank sums come from ``cross_rank_sum``, injected by the engine (``grpo/`` never imports ``torch.distributed``);
+``scale_rewards='batch'`` uses it for the global batch std too.
 
 Dropout: ``disable_dropout=True`` (TRL GRPOConfig's knob; False there, True here) sets p = 0 in every dropout
 module of the model at build time (LoRA's 0.05 included), so rollouts (eval mode), ``old_logp`` / ``ref_logp`` and
