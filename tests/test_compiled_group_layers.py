@@ -3,17 +3,19 @@ torch.compile equals the eager pass (fp32: log-probs and the gradient of every t
 for a backend that reorders float sums; the backend used here, dynamo's capture with eager kernels, runs the same
 operations; Inductor takes minutes to compile on CPU, too slow for a test), the no-grad rollout scoring stays
 bit-identical to the compiled loss pass, the layers share one graph and later calls (the same or other lengths)
-compile nothing; past torch's recompile limit the layers run eagerly with the same values.
-GRPOConfig.compile_loss_layers reaches the model through CycleGRPO, and the bench's --compile-loss-layers / sweep
-key loss=."""
+compile nothing; past torch's recompile limit the layers run eagerly with the same values; with compiled layers the
+rollout's old_logp is scored by the loss pass's own graph (grad on, train mode), bit-equal even where a backend's
+no-grad graph rounds differently. GRPOConfig.compile_loss_layers reaches the model through CycleGRPO, and the bench's
+--compile-loss-layers / sweep key loss=."""
 from __future__ import annotations
 
 import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from grpo_tiny import build_tiny, make_algo, one_thread, run_rollout, shapes_batch
+from grpo_tiny import build_tiny, make_algo, one_thread, run_rollout, shapes_batch, step_loss
 from projects.llava_sam2.rl_train.grpo.cycle import caption_logp
+from projects.llava_sam2.rl_train.model.decoding.text_decoding import eval_mode
 from projects.llava_sam2.rl_train.benchmarks import rl_step as bench
 from projects.llava_sam2.rl_train.model.decoding.generation import decoder_and_head
 from projects.llava_sam2.rl_train.model.decoding.grouped_scoring import COMPILE_ATTRIBUTE, compile_group_layers, \
@@ -110,6 +112,70 @@ def test_loop1_loss_pass_on_tiny_sa2va_is_the_same_with_compiled_layers():
         old_logp = caption_logp(model, features, model.project_vision(features.vit_tokens), replay, completion_mask,
                                 samples, rollout.group_size, temperature, "reference")
     assert torch.equal(old_logp, logp)
+
+
+def no_grad_graphs_perturbed(graph, example_inputs):
+    """A torch.compile backend whose graphs compiled with grad disabled add 1e-3 to their outputs, those compiled
+    with grad on run as captured: a stand-in for Inductor compiling the inference graph and the training graph
+    separately (their float rounding may differ on a GPU)."""
+    if torch.is_grad_enabled():
+        return graph.forward
+
+    def perturbed(*args):
+        return [out + 1e-3 if torch.is_tensor(out) and out.is_floating_point() else out for out in graph(*args)]
+    return perturbed
+
+
+class RecordedLogp:
+    """Wraps a loop's ``loss_fn``: keeps each call's (logp, the rollout's old_logp), then computes the loss."""
+
+    def __init__(self, loss_fn):
+        self.loss_fn, self.seen = loss_fn, []
+
+    def __call__(self, logp, rollout, **kwargs):
+        self.seen.append((logp.detach(), rollout.old_logp))
+        return self.loss_fn(logp, rollout, **kwargs)
+
+
+def test_old_logp_with_compiled_layers_is_the_loss_pass_bit_for_bit():
+    """Fault: the compiled no-grad graph rounds differently from the training graph (``no_grad_graphs_perturbed``).
+    The rollout's old_logp still equals the loss pass's log-probs bit for bit, over two minibatch chunks, in both loops
+    whose scoring runs the compiled layers (loop 1's captions; loop 2's answer tokens with the deterministic mask)."""
+    model, processor = build_tiny()
+    model.language_model.gradient_checkpointing_enable()
+    model.train()  # as GRPOLoop: train mode around the whole step
+    algo, _ = make_algo(model, processor, {"mask_to_caption": [dict(type="iou")], "caption_to_mask": [dict(
+        type="iou")]}, minibatch_size=4, mask_policy="deterministic", use_partner_captions=False)
+    compile_group_layers(model.language_model, no_grad_graphs_perturbed)
+    step = run_rollout(algo, shapes_batch(2))
+    recorded = {loop.name: RecordedLogp(loop.loss_fn) for loop in algo.loops}
+    for loop in algo.loops:
+        loop.loss_fn = recorded[loop.name]
+    step_loss(algo, model, step)
+    for name in ("mask_to_caption", "caption_to_mask"):
+        assert len(recorded[name].seen) == 2  # two minibatches of one group each
+        for logp, old_logp in recorded[name].seen:
+            assert old_logp is not None and old_logp.grad_fn is None and logp.shape == old_logp.shape  # detached
+            assert torch.equal(old_logp, logp), f"{name}: max |diff| {(old_logp - logp).abs().max()}"
+    # the fault is live: the same scoring with grad off, as the sampling pass runs it, gives other values
+    answer_loop, rollout = algo.loops[1], step.rollouts[1]
+    with torch.no_grad(), eval_mode(model):
+        no_grad_logp = answer_loop.action_logp(model, step.features, model.project_vision(step.features.vit_tokens),
+                                               rollout, range(2))
+    assert not torch.equal(no_grad_logp, torch.cat([logp for logp, _ in recorded["caption_to_mask"].seen]))
+    assert compiled_graphs() == 3  # no grad (the sampling pass); grad: layer 0 and the others
+
+
+def test_old_logp_is_scored_by_the_loss_graph_only_with_compiled_layers_and_no_active_dropout():
+    """Eager layers: the no-grad sampling pass is already bit-equal to the loss pass, so it keeps scoring old_logp.
+    Active dropout: the loss scores a perturbed policy that no old_logp equals, so the eval-mode values stay."""
+    model, processor = build_tiny()
+    algo, _ = make_algo(model, processor, {"mask_to_caption": [dict(type="iou")]}, caption_to_mask_weight=0.0)
+    assert not algo._scores_old_logp_with_the_loss_graph()
+    compile_group_layers(model.language_model, "eager")
+    assert algo._scores_old_logp_with_the_loss_graph()
+    next(m for m in model.modules() if isinstance(m, torch.nn.Dropout)).p = 0.05  # as disable_dropout=False leaves it
+    assert not algo._scores_old_logp_with_the_loss_graph()
 
 
 def test_past_the_recompile_limit_the_layers_run_eagerly_with_the_same_values():

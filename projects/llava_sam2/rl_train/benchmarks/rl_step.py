@@ -70,7 +70,7 @@ times the family's ``generate``), ``--video`` and the ``tiles`` sweep key are re
 
 ``--sweep 'G=4 G=16 T=64 tiles=13 G=16,T=64'`` then runs ours at each point (keys G, T, B, tiles ∈ {1, 5, 10, 13},
 backend = a decode backend, amp = an ``--amp-dtype``, logprob = a ``--logprob-head``, ema = sync | async, loss =
-compiled | eager: ``--compile-loss-layers`` on or off) on the same model,
+compiled | eager: ``--compile-loss-layers`` on or off, keep = an ``--uncheckpointed-layers`` count) on the same model,
 ``--sweep-warmup`` + ``--sweep-iters`` iterations each; a point that runs out of memory is recorded as such and the
 sweep goes on. ``--logprob-head`` applies to ours and to the ``generate`` baseline alike (only the decoder differs).
 """
@@ -309,6 +309,9 @@ def parse_args(argv=None):
     parser.add_argument("--compile-loss-layers", action="store_true",
                         help="ours: each decoder layer of the grouped log-prob passes through torch.compile "
                              "(GRPOConfig.compile_loss_layers); sweep key loss=compiled|eager")
+    parser.add_argument("--uncheckpointed-layers", type=int, default=0,
+                        help="ours: the last k decoder layers of the grouped log-prob passes keep their activations "
+                             "instead of being checkpointed (GRPOConfig.uncheckpointed_layers); sweep key keep=k")
     parser.add_argument("--prompt-length-multiple", type=int, default=None,
                         help="ours: left-pad every prompt batch to a multiple of this (GRPOConfig."
                              "prompt_length_multiple); 0: no buckets; default: STEP_DEFAULTS of the device")
@@ -405,7 +408,7 @@ def refuse_for_qwen_vl(parser, args) -> None:
 # sweep keys -> argument names; tiles -> image (width, height) on the 448 px presets (1..12 tiles + thumbnail)
 SWEEP_KEYS = {"G": "num_generations", "T": "max_new_tokens", "B": "batch", "backend": "decode_backend",
               "tiles": "tiles", "amp": "amp_dtype", "logprob": "logprob_head", "ema": "ema_update",
-              "loss": "compile_loss_layers"}
+              "loss": "compile_loss_layers", "keep": "uncheckpointed_layers"}
 TEXT_KEYS = ("backend", "amp", "logprob", "ema", "loss")
 LOSS_LAYERS = {"compiled": True, "eager": False}  # sweep loss= value -> compile_loss_layers
 TILE_IMAGES = {1: (448, 448), 5: (896, 896), 10: (1344, 1344), 13: (1792, 1344)}
@@ -429,6 +432,8 @@ def sweep_point(text: str) -> dict:
         if point["compile_loss_layers"] not in LOSS_LAYERS:
             raise ValueError(f"--sweep: loss={point['compile_loss_layers']}; use one of {sorted(LOSS_LAYERS)}")
         point["compile_loss_layers"] = LOSS_LAYERS[point["compile_loss_layers"]]
+    if point.get("uncheckpointed_layers", 0) < 0:
+        raise ValueError(f"--sweep: keep={point['uncheckpointed_layers']}; use a layer count >= 0")
     if point.get("tiles", 5) not in TILE_IMAGES:
         raise ValueError(f"--sweep: tiles={point['tiles']}; use one of {sorted(TILE_IMAGES)}")
     return point
@@ -479,7 +484,7 @@ def make_algo(model, processor, weights, args, decode_backend: str) -> CycleGRPO
     config = dict(num_generations=args.num_generations, max_completion_length=args.max_new_tokens, beta=args.beta,
                   mask_policy=args.mask_policy, generation_chunk_size=args.generation_chunk_size,
                   decode_backend=decode_backend, logprob_head=args.logprob_head, video_mllm_frames=args.mllm_frames,
-                  compile_loss_layers=args.compile_loss_layers,
+                  compile_loss_layers=args.compile_loss_layers, uncheckpointed_layers=args.uncheckpointed_layers,
                   prompt_length_multiple=args.prompt_length_multiple,
                   completion_length_multiple=args.completion_length_multiple)
     for name in LOOP_NAMES:  # a loop with weight 0 is not run
@@ -668,6 +673,7 @@ def run_sweep(args, model, processor, weights, optimizer, params, clock, out: di
                           "max_new_tokens": settings.max_new_tokens, "decode_backend": settings.decode_backend,
                           "logprob_head": settings.logprob_head,
                           "compile_loss_layers": settings.compile_loss_layers,
+                          "uncheckpointed_layers": settings.uncheckpointed_layers,
                           "ema_update": "async" if weights.async_update else "sync",
                           "amp_dtype": str(point_amp).removeprefix("torch.") if point_amp else "none",
                           "caption_lengths": forced.caption_lengths if forced is not None else None,

@@ -99,7 +99,13 @@ class GRPOConfig:
     """Run each decoder layer of the grouped log-prob passes (old_logp, ref_logp, the loss) through torch.compile
     (Inductor): fused elementwise work, no per-operation Python dispatch; one graph serves all layers. Compiles on the
     first step (per grad/train mode, autocast and adapter state; lengths are symbolic); equal to the eager pass up to float order
-    (model/decoding/grouped_scoring.py, docs/speed.md)."""
+    (model/decoding/grouped_scoring.py, docs/speed.md). old_logp is then scored with grad on by the loss's own graph,
+    so the first ratio stays exactly 1."""
+    uncheckpointed_layers: int = 0
+    """With activation checkpointing on: the last k decoder layers of the grouped log-prob passes keep their
+    activations for backward instead of recomputing them (k layer forwards fewer per backward, k layers' activations
+    more memory; docs/speed.md says how to pick k by peak memory). 0 checkpoints every layer; at most the LM's layer
+    count."""
 
     # ---- rewards and advantages ----------------------------------------------------------------------------
     scale_rewards: str = "group"
@@ -215,6 +221,10 @@ class GRPOConfig:
                  "the default, 'mean' is TRL's sequence level.")
         from ..model.decoding.generation import LOGPROB_HEADS  # here: as DECODE_BACKENDS above
 
+        k = self.uncheckpointed_layers
+        _require(isinstance(k, int) and not isinstance(k, bool) and k >= 0,
+                 f"uncheckpointed_layers={k!r}; it must be an int >= 0: the number of last decoder layers kept out of "
+                 "activation checkpointing (0 checkpoints every layer).")
         _require(self.logprob_head in LOGPROB_HEADS,
                  f"logprob_head={self.logprob_head!r} is not one of {sorted(LOGPROB_HEADS)}; use 'reference' "
                  "(default) or 'fused' (the head over real tokens only, docs/speed.md).")

@@ -41,8 +41,9 @@ at ``encode``.
 
 Each loop's ``action_logp`` is the single function that scores a given action (CleanRL's
 ``get_action_and_value``): the rollout calls it (no grad) for ``old_logp`` and, inside ``WeightSets.reference``,
-for ``ref_logp``; the loss calls it with grad (through the loop's own ``loss_fn``). The sampling pass builds the same
-prompt embeddings / mask head.
+for ``ref_logp``; the loss calls it with grad (through the loop's own ``loss_fn``). With compiled decoder layers the
+trainer scores ``old_logp`` itself, with the loss's mode and grad on (grpo/trainer.py), and the loops skip theirs. The
+sampling pass builds the same prompt embeddings / mask head.
 """
 from __future__ import annotations
 

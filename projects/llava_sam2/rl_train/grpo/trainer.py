@@ -28,13 +28,15 @@ its ``*_dense_weight`` is > 0 (``loop.loss_terms``; grpo/dense.py); a loop with 
 
 Minibatches: every minibatch holds the same prompt range of each active loop (whole groups), at most
 ``minibatch_size`` rollouts per loop. With several minibatches per rollout batch (or ``num_iterations > 1``) the
-later ones are off-policy, so the rollout stores ``old_logp`` from a teacher-forced no-grad pass; with one
-minibatch and one iteration ``old_logp`` is None and the loss uses ``logp.detach()`` (ratio exactly 1, same
-gradient, one forward fewer). ``dapo``'s normaliser is the loop's active elements of the global batch (all chunks,
-all ranks) divided by the number of chunks and by the world size, so gradient accumulation over the chunks
-(MMEngine ``accumulative_counts``) and DDP's gradient average give the token mean of the whole global batch (TRL's
-``num_items_in_batch / num_processes``). The cross-rank sums come from ``cross_rank_sum``, injected by the engine
-(``grpo/`` never imports ``torch.distributed``); ``scale_rewards='batch'`` uses it for the global batch std too.
+later ones are off-policy, so the rollout stores ``old_logp`` from a teacher-forced no-grad pass (with compiled
+decoder layers, ``GRPOConfig.compile_loss_layers``, and dropout off, a pass of the loss's own code with grad on,
+detached: the no-grad graph may round differently from the loss's); with one minibatch and one iteration
+``old_logp`` is None and the loss uses ``logp.detach()`` (ratio exactly 1, same gradient, one forward fewer).
+``dapo``'s normaliser is the loop's active elements of the global batch (all chunks, all ranks) divided by the number
+of chunks and by the world size, so gradient accumulation over the chunks (MMEngine ``accumulative_counts``) and DDP's
+gradient average give the token mean of the whole global batch (TRL's ``num_items_in_batch / num_processes``). The
+cross-rank sums come from ``cross_rank_sum``, injected by the engine (``grpo/`` never imports ``torch.distributed``);
+``scale_rewards='batch'`` uses it for the global batch std too.
 
 Dropout: ``disable_dropout=True`` (TRL GRPOConfig's knob; False there, True here) sets p = 0 in every dropout
 module of the model at build time (LoRA's 0.05 included), so rollouts (eval mode), ``old_logp`` / ``ref_logp`` and
@@ -45,13 +47,13 @@ around the forward because checkpointed layers re-run their forward during ``bac
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from ..model.decoding.grouped_scoring import compile_group_layers
+from ..model.decoding.grouped_scoring import compile_group_layers, keep_last_layers_activations, uses_compiled_layers
 from ..model.decoding.text_decoding import TextDecoding, group_chunks
 from ..model.network.lora import check_compute_dtype
 from ..model.pipeline.shared import SEG_ANSWER, seg_answer_ids
@@ -155,14 +157,19 @@ def build_composer(rewards, config: GRPOConfig, loop_key: str) -> RewardComposer
     return composer
 
 
-def _compile_scoring_layers(model: nn.Module, compile_layers: bool) -> None:
-    """``GRPOConfig.compile_loss_layers`` on the LM that every grouped scoring pass runs (Qwen-VL's ``hf_model``,
-    Sa2VA's ``language_model``), set either way so a model reused by a new trainer follows that trainer's config."""
+def _scoring_lm(model: nn.Module) -> nn.Module | None:
+    """The LM that every grouped scoring pass runs: Qwen-VL's ``hf_model``, Sa2VA's ``language_model``."""
     scoring_lm = getattr(model, "hf_model", None)
-    if scoring_lm is None:
-        scoring_lm = getattr(model, "language_model", None)
+    return getattr(model, "language_model", None) if scoring_lm is None else scoring_lm
+
+
+def _configure_scoring_lm(model: nn.Module, config: GRPOConfig) -> None:
+    """``GRPOConfig.compile_loss_layers`` and ``uncheckpointed_layers`` on the scoring LM, set either way so a model
+    reused by a new trainer follows that trainer's config."""
+    scoring_lm = _scoring_lm(model)
     if scoring_lm is not None:
-        compile_group_layers(scoring_lm, "inductor" if compile_layers else None)
+        compile_group_layers(scoring_lm, "inductor" if config.compile_loss_layers else None)
+        keep_last_layers_activations(scoring_lm, config.uncheckpointed_layers)
 
 
 class CycleGRPO:
@@ -222,7 +229,7 @@ class CycleGRPO:
             generator = torch.Generator(device=model.device)
             generator.manual_seed(int(seed))
         processor.prompt_length_multiple = config.prompt_length_multiple  # every tokenize_prompts of the step
-        _compile_scoring_layers(model, config.compile_loss_layers)
+        _configure_scoring_lm(model, config)
         self.context = CycleContext(
             model=model, processor=processor, weights=weights, config=config, mask_policy=build_mask_policy(config),
             decoding=TextDecoding.from_processor(processor, config.decode_backend, config.completion_length_multiple),
@@ -270,10 +277,47 @@ class CycleGRPO:
         loop_features = self._split_by_loop(features)
         needs_old_logp = self.config.num_iterations > 1 or any(
             self._num_chunks(f) > 1 for f in loop_features.values())
-        outs = [loop.rollout(loop_features[loop.name], needs_old_logp=needs_old_logp) for loop in self.loops]
-        return SampledStep(features=features, rollouts=tuple(out.rollout for out in outs),
-                           reward_inputs=tuple(out.reward_inputs for out in outs),
+        rescores = needs_old_logp and self._scores_old_logp_with_the_loss_graph()
+        outs = [loop.rollout(loop_features[loop.name], needs_old_logp=needs_old_logp and not rescores)
+                for loop in self.loops]
+        rollouts = tuple(out.rollout for out in outs)
+        if rescores:
+            rollouts = self._old_logp_from_the_loss_graph(features, rollouts)
+        return SampledStep(features=features, rollouts=rollouts, reward_inputs=tuple(out.reward_inputs for out in outs),
                            rollout_stats=tuple(out.stats for out in outs))
+
+    def _scores_old_logp_with_the_loss_graph(self) -> bool:
+        """True when ``old_logp`` comes from :meth:`_old_logp_from_the_loss_graph`: the scoring LM's layers are compiled
+        and no dropout is active (with dropout the loss scores a perturbed policy and no ``old_logp`` equals it, so
+        the sampling pass's own, eval-mode values stay)."""
+        scoring_lm = _scoring_lm(self.model)
+        return scoring_lm is not None and uses_compiled_layers(scoring_lm) and not any(
+            isinstance(module, DROPOUT_TYPES) and module.p > 0 for module in self.model.modules())
+
+    def _old_logp_from_the_loss_graph(self, features: StepFeatures, rollouts: tuple[Rollout, ...]
+                                      ) -> tuple[Rollout, ...]:
+        """Copies of ``rollouts`` whose ``old_logp`` the loss pass's own code scored: each loop's ``action_logp`` on
+        the minibatch chunks, in the model's own mode (the loss pass's: the engine sets train mode before the step and
+        nothing changes it until the update) with grad on, then detached.
+
+        Why: a compiled decoder layer runs one graph per grad mode and train/eval mode, and the sampling pass's graph
+        (no grad, eval) is not the loss pass's (grad, train, checkpointed); Inductor fuses each on its own, so their
+        float rounding may differ and the first ratio would not be exactly 1. Here the very graph the loss pass runs
+        computes both. Memory: a chunk's forward holds what the loss pass's forward holds (with checkpointing, each
+        layer's input) until its result is detached; nothing keeps the graph.
+        """
+        model, G = self.model, self.config.num_generations
+        shares = self._split_by_loop(features)
+        rescored = []
+        with torch.enable_grad():
+            tile_embeds = model.project_vision(features.vit_tokens)  # as policy_loss: with grad through mlp1
+            for rollout in rollouts:
+                loop, share = self._loop_of(rollout), shares[rollout.loop]
+                chunks = group_chunks(share.num_samples, G, self.minibatch_size)
+                old_logp = torch.cat([loop.action_logp(model, share, tile_embeds, slice_groups(rollout, b0, b1),
+                                                       range(b0, b1)).detach() for b0, b1 in chunks])  # [N, T]
+                rescored.append(replace(rollout, old_logp=old_logp))
+        return tuple(rescored)
 
     def score(self, sampled: SampledStep[StepFeatures]) -> ScoredStep[StepFeatures]:
         """Copies of the rollouts with ``rewards [B, G]`` (NaN where no reward applies) and ``reward_stats`` set."""

@@ -13,6 +13,11 @@ prompt keys/values live only inside it), so under activation checkpointing (``gr
 train mode, grad enabled) it is checkpointed whole and its recompute in backward builds the same keys again. The
 gradient of a prompt token sums over the G completions that read it (the repeat's backward). Cost: B·L + N·T' tokens.
 
+Partial checkpointing (:func:`keep_last_layers_activations`, ``GRPOConfig.uncheckpointed_layers``): the last k layers
+run outside the checkpoint and keep their activations for backward, so backward recomputes k layers fewer, at the
+memory of k layers' activations. The last ones, because backward reaches them first: their activations are freed
+before the first recompute allocates. Values and gradients are the same either way.
+
 Token t is scored from the state that predicts it, as in ``completion_logprobs``: c_0 from the prompt's last state,
 c_t from the continuation's state at input c_{t-1}; positions are ``cumsum(attention) - 1`` over
 ``[prompt | completion]``. So the values equal the one-pass scoring up to float reordering, and since the rollout's
@@ -28,8 +33,10 @@ operations leaves the host. All decoder layers are one class, so the layer is an
 (its parameters are graph inputs) and the 2nd..Nth layer reuse the graph of the first; the lengths are symbolic
 (``dynamic=True``), so new prompt/completion lengths reuse it too, and a graph is added only per grad mode,
 train/eval mode, autocast and adapter state. The compiled call sits inside the per-layer checkpoint, so the recompute in
-backward replays the same graph. Every scoring pass of a model (rollout, reference, loss) runs it, so old_logp still
-equals the loss pass; a process that passes torch's recompile limit runs further graphs eagerly (same values).
+backward replays the same graph. Every scoring pass of a model (rollout, reference, loss) runs it; the no-grad eval
+graph and the training graph are compiled apart and may round differently, so the trainer scores ``old_logp`` with
+grad on in the loss pass's mode (``CycleGRPO``, grpo/trainer.py) and the very graph of the loss computes both. A process
+that passes torch's recompile limit runs further graphs eagerly (same values).
 """
 from __future__ import annotations
 
@@ -46,6 +53,7 @@ from ..network.transformers_seams import attention_implementation, run_decoder_l
 
 SUPPORTED_ATTENTION = ("sdpa", "eager")  # implementations that take a 4-D additive mask
 COMPILE_ATTRIBUTE = "grouped_layer_compile"  # on the decoder body: the torch.compile backend of its layer calls
+UNCHECKPOINTED_ATTRIBUTE = "grouped_uncheckpointed_layers"  # on the decoder body: last layers kept out of checkpointing
 
 
 class GroupKV:
@@ -116,6 +124,24 @@ def compile_group_layers(lm: nn.Module, backend: str | None = "inductor") -> Non
     setattr(body, COMPILE_ATTRIBUTE, backend)
 
 
+def keep_last_layers_activations(lm: nn.Module, num_layers: int) -> None:
+    """From now on the last ``num_layers`` decoder layers of :func:`grouped_hidden` on ``lm`` run outside activation
+    checkpointing when it is on: their activations stay for backward instead of being recomputed (0: every layer
+    checkpointed). Kept on the decoder body, so copies of the model carry it."""
+    body, _ = decoder_and_head(lm)
+    total = body.config.num_hidden_layers
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 0 <= num_layers <= total:
+        raise ValueError(f"uncheckpointed_layers={num_layers!r}: {type(lm).__name__} has {total} decoder layers; use "
+                         f"an int from 0 (every layer checkpointed) to {total} (none).")
+    setattr(body, UNCHECKPOINTED_ATTRIBUTE, num_layers)
+
+
+def uses_compiled_layers(lm: nn.Module) -> bool:
+    """True when :func:`grouped_hidden` runs ``lm``'s layers through torch.compile (:func:`compile_group_layers`)."""
+    body, _ = decoder_and_head(lm)
+    return getattr(body, COMPILE_ATTRIBUTE, None) is not None
+
+
 _COMPILED_LAYER_CALLS: dict[str, Callable] = {}  # backend -> the compiled layer call (one per process)
 
 
@@ -182,12 +208,15 @@ def grouped_hidden(lm: nn.Module, prompt_embeds: Tensor, prompt_attention: Tenso
                                cache_position=torch.arange(L, L + T_in, device=prompt_embeds.device),
                                position_embeddings=body.rotary_emb(h_continuation, next_positions))
     use_checkpoint = torch.is_grad_enabled() and body.training and getattr(body, "gradient_checkpointing", False)
+    num_layers = body.config.num_hidden_layers
+    # the last layers are the first backward reaches: their kept activations are freed before any recompute allocates
+    first_kept = num_layers - getattr(body, UNCHECKPOINTED_ATTRIBUTE, 0)
     additions = list(prefix_additions or [])
     layer_call = _layer_call(body)
-    for index, layer in enumerate(body.layers[:body.config.num_hidden_layers]):
+    for index, layer in enumerate(body.layers[:num_layers]):
         step = partial(layer_call, layer, G, prefix_kwargs, continuation_kwargs,
                        prefix_addition=additions[index] if index < len(additions) else None)
-        if use_checkpoint:
+        if use_checkpoint and index < first_kept:
             h_prefix, h_continuation = checkpoint(step, h_prefix, h_continuation, use_reentrant=False)
         else:
             h_prefix, h_continuation = step(h_prefix, h_continuation)
