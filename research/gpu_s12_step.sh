@@ -3,10 +3,11 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=/tmp/ind
 (cd .devrun/nltk_data/corpora && python3 -m zipfile -e wordnet.zip .) ; export NLTK_DATA=$PWD/.devrun/nltk_data
 CLI="python3 -m projects.llava_sam2.rl_train.cli"
-timeout -s INT 170 $CLI bench decode --lm 4b --batch 8 --num-generations 8 --prompt-len 1850 --new-tokens 128 --repeats 3 \
+[ -n "$TUNE" ] && { timeout -s INT 100 python3 research/prefix_attention_tune.py > $OUT/tune.log 2>&1; echo tune rc=$?; sort -t: -k2 -n $OUT/tune.log | head -3; head -1 $OUT/tune.log; }
+[ -z "$SKIP_DECODE" ] && timeout -s INT 170 $CLI bench decode --lm 4b --batch 8 --num-generations 8 --prompt-len 1850 --new-tokens 128 --repeats 3 \
   --keep-going --check-scope variants --modes fast_compiled+pad+fuse+split,fast+pad+fuse+split --profile-steps 70 \
   --check-tokens 72 --json $OUT/dS.json > $OUT/S.log 2>&1; echo S rc=$?
-timeout -s INT 400 $CLI bench rl-step --preset 4b --batch 8 --num-generations 8 --max-new-tokens 128 --force-seg \
+timeout -s INT ${STEP_S:-400} $CLI bench rl-step --preset 4b --batch 8 --num-generations 8 --max-new-tokens 128 --force-seg \
   --caption-lengths 32,128 --storage cpu --mask-policy region --warmup 1 --iters 3 --baselines '' \
   --decode-backend ${BACKEND:-fast_fused_split} --compile-loss-layers --profile $OUT/prof.json \
   --sweep "${SWEEP:-backend=fast_fused_sdpa,loss=eager}" --sweep-warmup 1 --sweep-iters 2 --json $OUT/step.json > $OUT/step.log 2>&1
