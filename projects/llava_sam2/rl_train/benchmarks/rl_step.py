@@ -306,9 +306,10 @@ def parse_args(argv=None):
     parser.add_argument("--logprob-head", default=None, choices=sorted(LOGPROB_HEADS),
                         help="ours: how the LM head scores tokens in every log-prob pass (GRPOConfig.logprob_head); "
                              "default: STEP_DEFAULTS of the device")
-    parser.add_argument("--compile-loss-layers", action="store_true",
+    parser.add_argument("--compile-loss-layers", action=argparse.BooleanOptionalAction, default=None,
                         help="ours: each decoder layer of the grouped log-prob passes through torch.compile "
-                             "(GRPOConfig.compile_loss_layers); sweep key loss=compiled|eager")
+                             "(GRPOConfig.compile_loss_layers); default: STEP_DEFAULTS of the device; sweep key "
+                             "loss=compiled|eager")
     parser.add_argument("--uncheckpointed-layers", type=int, default=0,
                         help="ours: the last k decoder layers of the grouped log-prob passes keep their activations "
                              "instead of being checkpointed (GRPOConfig.uncheckpointed_layers); sweep key keep=k")
@@ -530,10 +531,10 @@ def forced_answers(args, processor, model, clock) -> ForcedAnswers | None:
 # (configs/rl/_base_/sa2va_grpo_cycle_dlc.py, kept equal by tests/test_bench_rl_step.py), so the bench times the step
 # a GPU user trains with; on CPU GRPOConfig's defaults (the CPU configs' exact path).
 STEP_DEFAULTS = {
-    "cuda": dict(decode_backend="fast_fused_sdpa", logprob_head="fused", prompt_length_multiple=64,
-                 completion_length_multiple=32),
+    "cuda": dict(decode_backend="fast_fused_split", logprob_head="fused", prompt_length_multiple=64,
+                 completion_length_multiple=32, compile_loss_layers=True),
     "cpu": dict(decode_backend="fast", logprob_head="reference", prompt_length_multiple=None,
-                completion_length_multiple=None),
+                completion_length_multiple=None, compile_loss_layers=False),
 }
 
 

@@ -25,10 +25,14 @@ train_cfg["algorithm"]["config"]["logprob_head"] = "fused"  # noqa: F405
 # of 32, so a run meets a few shapes instead of paying first-shape costs on every new batch; the padding is masked
 # (equal log-probs and gradients within float reordering); the CPU configs keep exact lengths, as recorded
 train_cfg["algorithm"]["config"].update(prompt_length_multiple=64, completion_length_multiple=32)  # noqa: F405
-# decode on merged LoRA weights with joined q|k|v and gate|up GEMMs, the head padded to a multiple of 64 rows and
-# SDPA's grouped-query attention (model/decoding/decode_plan.py): the same tokens as 'fast' in fp32, +25 % policy
-# tokens/s in the 4b step on an H100 for ~4 GiB more (docs/benchmarks.md)
-train_cfg["algorithm"]["config"]["decode_backend"] = "fast_fused_sdpa"  # noqa: F405
+# decode on merged LoRA weights with joined q|k|v and gate|up GEMMs, the head padded to a multiple of 64 rows, and
+# each prompt's (or shared image prefix's) cache read once per step for all its rows by prefix_attention's Triton
+# kernels (model/decoding/decode_plan.py): the same tokens as 'fast' in fp32; on an H100 the bare 4b decode goes from
+# 6.9k to 7.4k tokens/s and holds ~4 GiB less than the full-row cache (docs/speed.md)
+train_cfg["algorithm"]["config"]["decode_backend"] = "fast_fused_split"  # noqa: F405
+# the loss pass's decoder layers through torch.compile (one symbolic-size graph set, compiled in the first step):
+# ~0.4 s a 4b step less on an H100; old_logp is scored by the same graph when it is needed (docs/speed.md section 7)
+train_cfg["algorithm"]["config"]["compile_loss_layers"] = True  # noqa: F405
 warmup_iters = int(0.05 * max_iters)
 param_scheduler = [
     dict(type=LinearLR, start_factor=1e-5, by_epoch=False, begin=0, end=warmup_iters),  # noqa: F405

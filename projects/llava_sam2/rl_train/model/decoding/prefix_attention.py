@@ -39,8 +39,11 @@ except ImportError:  # pragma: no cover - the CUDA torch wheels ship Triton; a C
 
 BLOCK_KEYS = 64  # keys per inner iteration of both kernels
 MIN_DOT_ROWS = 16  # tl.dot needs sizes of at least 16: query rows and head dims are padded up to it
-PROGRAMS_PER_SM = 2  # prompt splits are chosen so that the prefix kernel has about this many programs per SM
-LAUNCH = dict(prefix_warps=4, tail_warps=4, stages=2)  # Triton launch options (research/prefix_attention_tune.py)
+# prompt splits are chosen so that the prefix kernel has about this many programs per SM; with the launch options,
+# the fastest of research/prefix_attention_tune.py's 36 settings on an H100 (19.2 us a call at the 4b shape; 2 per
+# SM: 22.3, 4: 32.0; SDPA on the full rows: 47.5)
+PROGRAMS_PER_SM = 1
+LAUNCH = dict(prefix_warps=4, tail_warps=4, stages=3)
 
 
 def _prefix_partials(query, keys, values, bias, out_acc, out_max, out_sum,
