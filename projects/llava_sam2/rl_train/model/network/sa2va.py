@@ -134,6 +134,5 @@ class Sa2VAModel(SegGroundingMixin, nn.Module):
                 fills.append(fill.to(embeds.dtype))
         if not fills:
             return embeds
-        embeds = embeds.clone()
-        embeds[is_ctx] = torch.cat(fills, dim=0)  # row-major over (b, position)
-        return embeds
+        # row-major over (b, position); a masked scatter, unlike boolean-mask assignment, needs no device read
+        return embeds.masked_scatter(is_ctx[..., None], torch.cat(fills, dim=0))

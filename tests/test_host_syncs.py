@@ -1,0 +1,114 @@
+"""benchmarks/host_syncs.py: the CPU counter of calls that make the host wait for the accelerator, and the step's
+hot paths that no longer make such calls (per-sample image rows, the dapo token counts, the image-token fill)."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from grpo_tiny import build_tiny, make_algo, one_thread, run_rollout, shapes_batch, step_loss
+from projects.llava_sam2.rl_train.benchmarks.host_syncs import HostSyncCounter
+
+_one_thread = pytest.fixture(autouse=True)(one_thread)
+
+
+def kinds(syncs: HostSyncCounter) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for (_, kind, _), n in syncs.counts.items():
+        out[kind] = out.get(kind, 0) + n
+    return out
+
+
+def test_counter_sees_each_host_read_with_its_location_and_phase():
+    x, mask = torch.arange(6.0), torch.tensor([True, False] * 3)
+    phase = ["a"]
+    with HostSyncCounter(phase=lambda: phase[0]) as syncs:
+        line = sys._getframe().f_lineno + 1
+        x.sum().item(), x.tolist(), int(x[1]), float(x[2]), [0, 1, 2][torch.tensor(1)], f"{x[0]:.1f}"
+        if mask.any():  # a tensor in a Python condition
+            pass
+        x[mask], torch.nonzero(mask), x.masked_select(mask), torch.unique(x), torch.equal(x, x)
+        torch.repeat_interleave(x, torch.full((6,), 2))
+        phase[0] = "b"
+        x.cpu(), x.numpy(), x.to("cpu"), torch.tensor([1, 2], device=x.device)
+        y = x.clone()
+        y[mask] = 0.0
+        # none of these reads a device value on the host
+        torch.where(mask, x, 0.0), x * mask, x.sum(), x[1:3], x[torch.tensor([0, 2])]
+        torch.repeat_interleave(x, torch.full((6,), 2), output_size=12), torch.repeat_interleave(x, 2)
+        x.new_zeros(3).masked_scatter(mask[:3], x)
+    assert kinds(syncs) == {"item": 1, "tolist": 1, "int": 1, "float": 1, "index": 1, "format": 1, "bool": 1,
+                            "mask_index": 1, "nonzero": 1, "masked_select": 1, "unique": 1, "equal": 1,
+                            "repeat_interleave": 1, "cpu": 1, "numpy": 1, "to_cpu": 1, "new_tensor_on_device": 1,
+                            "mask_assign": 1}
+    assert syncs.by_phase() == {"a": 13, "b": 5}
+    assert all(loc.startswith("tests/test_host_syncs.py:") and loc.endswith(" test_counter_sees_each_host_read_"
+                                                                           "with_its_location_and_phase")
+               for _, _, loc in syncs.counts)
+    assert syncs.total(where=f"test_host_syncs.py:{line} ") == 6  # one line, six reads
+    assert "TOTAL" in syncs.table()
+
+
+@pytest.fixture(scope="module")
+def step():
+    """A tiny two-loop step (encode, rollout, scoring, advantages) and its algo."""
+    torch.manual_seed(0)
+    model, processor = build_tiny()
+    algo, _ = make_algo(model, processor, {"mask_to_caption": [dict(type="iou")],
+                                           "caption_to_mask": [dict(type="iou")]})
+    return model, algo, run_rollout(algo, shapes_batch(3))
+
+
+def test_image_rows_are_read_on_the_host(step):
+    """Per-sample image rows come from the host copy made at encode time: no device read per lookup, in a loop's
+    share (``select``) either."""
+    _, _, advantaged = step
+    features = advantaged.features
+    with HostSyncCounter() as syncs:
+        rows = [features.image_of(b) for b in range(features.num_samples)]
+        share = features.select([2, 0])
+        share_rows = [share.image_of(b) for b in range(share.num_samples)]
+    assert rows == features.image_index.tolist() and share_rows == share.image_index.tolist() == [rows[2], rows[0]]
+    assert syncs.total() == 0, syncs.table()
+
+
+def test_minibatches_read_the_token_counts_once(step):
+    """dapo's normaliser: the active-element counts of every loop come to the host in one read, not one per loop."""
+    _, algo, advantaged = step
+    with HostSyncCounter() as syncs:
+        minibatches = list(algo.minibatches(advantaged))
+    assert syncs.total() == 1, syncs.table()
+    (minibatch,) = minibatches  # one chunk per loop: the normaliser is the loop's active-element count
+    for part in minibatch.parts:
+        assert part.num_active_tokens == float(part.rollout.action_mask.sum())
+
+
+def test_loss_pass_makes_no_avoidable_host_reads(step):
+    """The loss pass (minibatches, re-scoring, backward) reads no image rows and fills the image tokens without a
+    boolean-mask assignment."""
+    model, algo, advantaged = step
+    with HostSyncCounter() as syncs:
+        step_loss(algo, model, advantaged)
+    assert syncs.total(where="image_of") == 0 and syncs.total(where="_active_tokens") == 0, syncs.table()
+    assert kinds(syncs).get("mask_assign", 0) == 0, syncs.table()
+
+
+def test_embed_inputs_fill_matches_mask_assignment_and_reads_once(step):
+    """The image-token fill (a masked scatter) gives the values and gradients of the boolean-mask assignment; its
+    one host read is the count check (which raises on a mismatch)."""
+    model = step[0]
+    ctx = model.img_context_token_id
+    ids = torch.tensor([[5, ctx, ctx, 7, ctx], [ctx, 9, 9, 9, 9]])
+    D = model.get_input_embeddings().weight.shape[1]
+    fills = [torch.randn(3, D, requires_grad=True), torch.randn(1, D, requires_grad=True)]
+    with HostSyncCounter() as syncs:
+        embeds = model.embed_inputs(ids, fills)
+    assert syncs.total() == 1 and kinds(syncs) == {"tolist": 1}, syncs.table()
+    expected = model.get_input_embeddings()(ids).clone()
+    expected[ids == ctx] = torch.cat(fills)
+    assert torch.equal(embeds, expected)
+    weights = torch.randn_like(embeds)
+    got = torch.autograd.grad((embeds * weights).sum(), fills)
+    want = torch.autograd.grad((expected * weights).sum(), fills)
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
