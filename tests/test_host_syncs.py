@@ -112,3 +112,24 @@ def test_embed_inputs_fill_matches_mask_assignment_and_reads_once(step):
     got = torch.autograd.grad((embeds * weights).sum(), fills)
     want = torch.autograd.grad((expected * weights).sum(), fills)
     assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+def test_region_tokens_gather_once_from_host_cells(step):
+    """Region tokens: one gather at positions found on the host cells (one host-side nonzero for all regions, no
+    boolean-mask read of the device per region). Values equal the per-region masked rows; gradients too for one
+    region (a loop-1 prompt's case), and up to the summation order where several regions share cells."""
+    model = step[0]
+    g, t, D = model.config.region_grid_size, model.num_image_token, model.get_input_embeddings().weight.shape[1]
+    tiles = torch.randn(2, t, D, requires_grad=True)
+    generator = torch.Generator().manual_seed(0)
+    for n, exact in ((1, True), (3, False)):
+        cells = torch.rand(n, g, g, generator=generator) < 0.5  # host tensors; overlapping regions when n > 1
+        with HostSyncCounter() as syncs:
+            embeds = model.build_image_embeds(tiles, cells)
+        assert kinds(syncs) == {"nonzero": 1}, syncs.table()
+        expected = torch.cat([tiles.reshape(-1, D), *(tiles[-1][row] for row in cells.reshape(n, g * g))])
+        assert torch.equal(embeds, expected)
+        weights = torch.randn_like(embeds)
+        (got,) = torch.autograd.grad((embeds * weights).sum(), tiles)
+        (want,) = torch.autograd.grad((expected * weights).sum(), tiles)
+        assert torch.equal(got, want) if exact else torch.allclose(got, want, rtol=0, atol=1e-5)

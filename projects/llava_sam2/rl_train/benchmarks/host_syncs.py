@@ -10,7 +10,8 @@ from host bookkeeping.
 
 What the mode does not see: calls made inside C++ (an op that syncs internally), ``torch.cuda.synchronize`` and
 event or stream waits (not tensor functions), and ``Tensor.to(device)`` of a host tensor (a no-op on CPU, counted as
-``to_device``: a copy that syncs only when its source is a pageable host tensor).
+``to_device`` and left out by default: a blocking host-to-device copy waits for the stream); ``.to("cpu")`` counts
+only with the device named as the string ``"cpu"``.
 
     with HostSyncCounter(phase=lambda: clock.open_phases[0] if clock.open_phases else "-") as syncs:
         ...
@@ -47,10 +48,6 @@ def _has_bool_tensor(index) -> bool:
     return any(isinstance(item, torch.Tensor) and item.dtype == torch.bool for item in items)
 
 
-def _is_cpu(device) -> bool:
-    return device is not None and torch.device(device).type == "cpu"
-
-
 def sync_kind(func, args, kwargs) -> str | None:
     """The kind of host synchronisation ``func(*args, **kwargs)`` makes on CUDA, or None."""
     kind = _ALWAYS.get(func)
@@ -71,7 +68,8 @@ def sync_kind(func, args, kwargs) -> str | None:
         device = kwargs.get("device", next((a for a in args[1:] if isinstance(a, (str, torch.device))), None))
         if device is None:
             return None
-        return "to_cpu" if _is_cpu(device) and not kwargs.get("non_blocking") else "to_device"
+        # a literal "cpu" names the host; a torch.device is usually a tensor's own device (cpu on a CPU run)
+        return "to_cpu" if device == "cpu" and not kwargs.get("non_blocking") else "to_device"
     return None
 
 
