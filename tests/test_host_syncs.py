@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from grpo_tiny import build_tiny, make_algo, one_thread, run_rollout, shapes_batch, step_loss
-from projects.llava_sam2.rl_train.benchmarks.host_syncs import HostSyncCounter
+from projects.llava_sam2.rl_train.benchmarks.host_syncs import HostSyncCounter, mark_host
 
 _one_thread = pytest.fixture(autouse=True)(one_thread)
 
@@ -25,7 +25,7 @@ def test_counter_sees_each_host_read_with_its_location_and_phase():
     phase = ["a"]
     with HostSyncCounter(phase=lambda: phase[0]) as syncs:
         line = sys._getframe().f_lineno + 1
-        x.sum().item(), x.tolist(), int(x[1]), float(x[2]), [0, 1, 2][torch.tensor(1)], f"{x[0]:.1f}"
+        x.sum().item(), x.tolist(), int(x[1]), float(x[2]), [0, 1, 2][torch.tensor(1, device=x.device)], f"{x[0]:.1f}"
         if mask.any():  # a tensor in a Python condition
             pass
         x[mask], torch.nonzero(mask), x.masked_select(mask), torch.unique(x), torch.equal(x, x)
@@ -38,15 +38,24 @@ def test_counter_sees_each_host_read_with_its_location_and_phase():
         torch.where(mask, x, 0.0), x * mask, x.sum(), x[1:3], x[torch.tensor([0, 2])]
         torch.repeat_interleave(x, torch.full((6,), 2), output_size=12), torch.repeat_interleave(x, 2)
         x.new_zeros(3).masked_scatter(mask[:3], x)
+        # host-side tensors (made on the host inside the block, moved there, or marked) wait for nothing; moving
+        # x there is a read of the device (cpu: 2)
+        host, moved, marked = torch.arange(4), x.cpu(), torch.ones(2)
+        mark_host(marked)
+        host.tolist(), bool(host[moved[:4] > 1].sum()), marked.sum().item()
+        host.to(x.device, non_blocking=True), host.to(x.device)  # asynchronous copy; blocking copy (to_device)
     assert kinds(syncs) == {"item": 1, "tolist": 1, "int": 1, "float": 1, "index": 1, "format": 1, "bool": 1,
                             "mask_index": 1, "nonzero": 1, "masked_select": 1, "unique": 1, "equal": 1,
-                            "repeat_interleave": 1, "cpu": 1, "numpy": 1, "to_cpu": 1, "new_tensor_on_device": 1,
+                            "repeat_interleave": 1, "cpu": 2, "numpy": 1, "to_cpu": 1, "new_tensor_on_device": 2,
                             "mask_assign": 1}
-    assert syncs.by_phase() == {"a": 13, "b": 5}
+    assert syncs.by_phase() == {"a": 14, "b": 6}  # b: x.cpu() again, a device read
+    with HostSyncCounter(kinds={"to_device"}) as copies:
+        torch.arange(3).to(x.device), torch.arange(3).to(x.device, non_blocking=True), x.to(x.device)
+    assert copies.total() == 1
     assert all(loc.startswith("tests/test_host_syncs.py:") and loc.endswith(" test_counter_sees_each_host_read_"
                                                                            "with_its_location_and_phase")
                for _, _, loc in syncs.counts)
-    assert syncs.total(where=f"test_host_syncs.py:{line} ") == 6  # one line, six reads
+    assert syncs.total(where=f"test_host_syncs.py:{line} ") == 7  # one line, seven reads (a new device tensor among them)
     assert "TOTAL" in syncs.table()
 
 
@@ -115,18 +124,19 @@ def test_embed_inputs_fill_matches_mask_assignment_and_reads_once(step):
 
 
 def test_region_tokens_gather_once_from_host_cells(step):
-    """Region tokens: one gather at positions found on the host cells (one host-side nonzero for all regions, no
-    boolean-mask read of the device per region). Values equal the per-region masked rows; gradients too for one
+    """Region tokens: one gather at positions found on the host cells (no boolean-mask read of the device per
+    region). Values equal the per-region masked rows; gradients too for one
     region (a loop-1 prompt's case), and up to the summation order where several regions share cells."""
     model = step[0]
     g, t, D = model.config.region_grid_size, model.num_image_token, model.get_input_embeddings().weight.shape[1]
     tiles = torch.randn(2, t, D, requires_grad=True)
     generator = torch.Generator().manual_seed(0)
     for n, exact in ((1, True), (3, False)):
-        cells = torch.rand(n, g, g, generator=generator) < 0.5  # host tensors; overlapping regions when n > 1
+        cells = torch.rand(n, g, g, generator=generator) < 0.5  # overlapping regions when n > 1
+        mark_host(cells)  # as the step's region cells
         with HostSyncCounter() as syncs:
             embeds = model.build_image_embeds(tiles, cells)
-        assert kinds(syncs) == {"nonzero": 1}, syncs.table()
+        assert syncs.total() == 0, syncs.table()
         expected = torch.cat([tiles.reshape(-1, D), *(tiles[-1][row] for row in cells.reshape(n, g * g))])
         assert torch.equal(embeds, expected)
         weights = torch.randn_like(embeds)

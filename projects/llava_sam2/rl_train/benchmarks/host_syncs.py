@@ -5,8 +5,14 @@ shape depends on device values (``nonzero``, boolean-mask indexing, ``unique``, 
 ``output_size``) and a blocking host-to-device copy (``torch.tensor(..., device=...)``) each block the host until the
 stream has drained; the host's launch overhead is then no longer hidden behind queued GPU work. On CPU nothing
 blocks, so :class:`HostSyncCounter` records such calls instead, with the Python location that made each, and the
-phase it ran in. Every tensor counts (on CPU all of them are host tensors): read the locations to tell device reads
-from host bookkeeping.
+phase it ran in.
+
+On CPU every tensor is a host tensor, so the counter infers where each tensor would live on an accelerator run and
+skips calls whose tensors are all host-side. A tensor is host-side when it was made inside the block by a factory
+without a ``device`` (or with the string ``"cpu"``), by ``.cpu()`` / ``.to("cpu")``, by ``mark_host``, or by an op
+whose tensor inputs are all host-side; a ``device`` given as a ``torch.device`` (a tensor's or the model's, which is
+the CPU on a CPU run) and ``.to(device)`` make a device tensor; tensors made before the block count as device
+tensors unless marked. The inference is an approximation: read the reported locations.
 
 What the mode does not see: calls made inside C++ (an op that syncs internally), ``torch.cuda.synchronize`` and
 event or stream waits (not tensor functions), and ``Tensor.to(device)`` of a host tensor (a no-op on CPU, counted as
@@ -39,6 +45,7 @@ _ALWAYS = {
 }
 _REPEAT_INTERLEAVE = (torch.repeat_interleave, _T.repeat_interleave)
 _NEW_TENSOR = (torch.tensor, torch.as_tensor)
+_HOST = "_host_syncs_host_side"  # attribute set on the tensors inferred to be host-side
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _THIS_FILE = os.path.abspath(__file__)
 
@@ -69,8 +76,47 @@ def sync_kind(func, args, kwargs) -> str | None:
         if device is None:
             return None
         # a literal "cpu" names the host; a torch.device is usually a tensor's own device (cpu on a CPU run)
-        return "to_cpu" if device == "cpu" and not kwargs.get("non_blocking") else "to_device"
+        if kwargs.get("non_blocking"):  # an asynchronous copy: the host does not wait
+            return None
+        return "to_cpu" if device == "cpu" else "to_device"
     return None
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            yield from _tensors(item)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            yield from _tensors(item)
+
+
+def is_host(tensor: torch.Tensor) -> bool:
+    return getattr(tensor, _HOST, False)
+
+
+def mark_host(*tensors: torch.Tensor) -> None:
+    """Declare ``tensors`` host-side (e.g. data-loader tensors made before the counted block)."""
+    for tensor in tensors:
+        setattr(tensor, _HOST, True)
+
+
+def _output_is_host(func, args, kwargs, inputs: list[torch.Tensor]) -> bool:
+    if func in (_T.cpu, _T.numpy):
+        return True
+    if func is _T.cuda:
+        return False
+    if func is _T.to:
+        target = kwargs.get("device", next((a for a in args[1:] if isinstance(a, (str, torch.device))), None))
+        if target is not None:
+            return target == "cpu"
+        other = next((a for a in args[1:] if isinstance(a, torch.Tensor)), kwargs.get("other"))
+        return is_host(other if other is not None else args[0])
+    if "device" in kwargs and kwargs["device"] is not None:
+        return kwargs["device"] == "cpu"
+    return all(is_host(t) for t in inputs)  # no tensor input: a factory on the default (host) device
 
 
 def caller(skip: tuple[str, ...] = ()) -> str:
@@ -92,8 +138,8 @@ class HostSyncCounter(TorchFunctionMode):
 
     Args:
         phase: returns the name of the phase running now (default: one phase, ``"-"``).
-        kinds: count only these kinds (default: all but ``to_device``, which is a sync only from pageable host
-            memory and is ambiguous on CPU).
+        kinds: count only these kinds (default: all but ``to_device``, a host tensor's blocking copy to the
+            device, which waits for the stream only while it has work queued).
         skip: path fragments whose frames are not reported as the location (e.g. a wrapper of the code studied).
     """
 
@@ -107,10 +153,29 @@ class HostSyncCounter(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if getattr(func, "__name__", "") == "__get__":  # attribute reads (.shape, .device, ...)
+            return func(*args, **kwargs)
+        inputs = list(_tensors(args)) + list(_tensors(kwargs))
+        output_host = _output_is_host(func, args, kwargs, inputs)
         kind = sync_kind(func, args, kwargs)
-        if kind is not None and (kind in self.kinds if self.kinds is not None else kind != "to_device"):
+        # a read of host-side tensors only waits for nothing; a new tensor or copy counts by where it lands
+        inputs_host = all(is_host(t) for t in inputs)
+        on_device = {"new_tensor_on_device": not output_host,
+                     "to_device": inputs_host and not output_host}.get(kind, not inputs_host)
+        if kind is not None and on_device and (kind in self.kinds if self.kinds is not None else kind != "to_device"):
             self.counts[(self.phase(), kind, caller(self.skip))] += 1
-        return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if output_host and func in (_T.cpu, _T.to) and out is args[0]:
+            out = out.view_as(out)  # a copy on a device run: a new host-side tensor, not the (device) input marked
+        if output_host:
+            for tensor in _tensors(out):
+                if any(tensor is t for t in inputs):
+                    continue
+                try:
+                    mark_host(tensor)
+                except (AttributeError, RuntimeError):  # a tensor type without attributes: left unmarked
+                    pass
+        return out
 
     def total(self, phase: str | None = None, where: str | None = None) -> int:
         """Calls counted, in ``phase`` and at locations containing ``where`` when given."""

@@ -48,7 +48,7 @@ from torch import Tensor
 
 from ..decoding.generation import Completions, SharedPrefix, completion_hidden
 from ..decoding.text_decoding import (
-    TextDecoding, answer_texts, completion_texts, eval_mode, fed_back_seg_positions, sample_text)
+    TextDecoding, answer_texts, completion_texts, eval_mode, fed_back_seg_positions, host_completions, sample_text)
 from ..network.grounding import GroundingFeatures, MaskDecoderOutput
 from ..text.drawn_region import check_region_input
 from ..text.lengths import bucket_length
@@ -285,9 +285,18 @@ def _answer_masks(model, encoded: EncodedImages, images: Sequence[int], embeds: 
     image_index = torch.tensor([images[row] for row in owner], device=seg_prompt.device)  # [M]
     best_logits = model.decode_masks(seg_prompt, encoded.grounding, image_index).best_logits  # [M, h, w]
     sizes = [encoded.image_sizes[images[row]] for row in owner]
-    for row, pred_mask in zip(owner, model.logits_to_masks(best_logits, sizes)):
-        masks[row].append(pred_mask.cpu())
+    for row, pred_mask in zip(owner, to_host(model.logits_to_masks(best_logits, sizes))):
+        masks[row].append(pred_mask)
     return masks, prompts
+
+
+def to_host(tensors: Sequence[Tensor]) -> list[Tensor]:
+    """``[t.cpu() for t in tensors]`` (one dtype) in one device read instead of one per tensor; the results are views
+    of one host buffer."""
+    if not tensors:
+        return []
+    flat = torch.cat([t.reshape(-1) for t in tensors]).cpu()
+    return [part.view(t.shape) for part, t in zip(flat.split([t.numel() for t in tensors]), tensors)]
 
 
 @torch.no_grad()
@@ -363,14 +372,14 @@ def _answers(model, encoded: EncodedImages, images: Sequence[int], embeds: Tenso
              out: Completions, decoding: TextDecoding, seg_masks: str | None, prefix: SharedPrefix | None,
              image_masks: bool) -> list[Answer]:
     """A decoded chunk → its :class:`Answer` rows (texts, fed-back ``[SEG]`` positions, their prompts and masks)."""
-    positions = fed_back_seg_positions(out, model.seg_token_id)
+    host = host_completions(out)  # the texts, lengths and [SEG] positions from one device read
+    positions = fed_back_seg_positions(host, model.seg_token_id)
     masks, prompts = ([[] for _ in images], [[] for _ in images]) if seg_masks is None else \
         _answer_masks(model, encoded, images, embeds, attention, out, positions, seg_masks, prefix, image_masks)
-    lengths = out.completion_mask.sum(-1).tolist()
+    lengths, texts = host.completion_mask.sum(-1).tolist(), completion_texts(host, decoding)
     return [Answer(text, plain, int(n), bool(truncated), len(p), m, q)
-            for text, plain, n, truncated, p, m, q in zip(answer_texts(out, decoding), completion_texts(out, decoding),
-                                                          lengths, out.is_truncated.tolist(), positions, masks,
-                                                          prompts)]
+            for text, plain, n, truncated, p, m, q in zip(answer_texts(host, decoding), texts, lengths,
+                                                          host.is_truncated.tolist(), positions, masks, prompts)]
 
 
 def segment_texts(model, processor, encoded: EncodedImages, texts: Sequence[str | None], images: Sequence[int], *,
