@@ -143,3 +143,40 @@ def test_region_tokens_gather_once_from_host_cells(step):
         (got,) = torch.autograd.grad((embeds * weights).sum(), tiles)
         (want,) = torch.autograd.grad((expected * weights).sum(), tiles)
         assert torch.equal(got, want) if exact else torch.allclose(got, want, rtol=0, atol=1e-5)
+
+
+# every function of the tiny rollout that still reads the device, each one needed or outside this project
+# (docs/speed.md, "Host synchronisations"); a read elsewhere fails the test below
+ROLLOUT_READS = {
+    "embed_inputs",  # the image-token count check
+    "_check_prompt", "_ignore_causal_mask_sdpa",  # left-padding checks (ours, transformers')
+    "decode",  # the SAM2 row range check
+    "seg_mask_head",  # the rows' image sizes for the mask chain
+    "host_completions", "to_host",  # sampled ids and masks to the host, one read each
+    "fast_sample_completions", "_completions",  # the decode loop's stop check and its length
+    "lazy_initialization", "image_prefix_prompts",  # small tensors made on the device (no read)
+}
+
+
+def test_rollout_reads_the_device_only_where_needed(step):
+    """Both loops' rollout: per-sample image rows, caption texts, answer lengths, ``[SEG]`` positions and masks
+    cost no read each; what remains is :data:`ROLLOUT_READS`."""
+    _, algo, advantaged = step
+    features = advantaged.features
+    mark_host(features.region_cells, *features.gt_masks)  # host tensors in a real step too
+    with HostSyncCounter() as syncs:
+        algo.rollout(features)
+    functions = {location.rsplit(" ", 1)[1] for _, _, location in syncs.counts}
+    assert functions <= ROLLOUT_READS, syncs.table()
+    assert syncs.total(where="host_completions") <= 3 and syncs.total(where="to_host") <= 1, syncs.table()
+
+
+def test_grounding_decode_checks_the_rows_in_one_read(step):
+    model = step[0]
+    features = model.encode_grounding(torch.rand(2, 3, 256, 256) * 255)
+    prompt, rows = torch.randn(3, features.image_embed.shape[1]), torch.tensor([0, 1, 1])  # [M, C]
+    with HostSyncCounter() as syncs:
+        model.decode_masks(prompt, features, rows)
+    assert syncs.total() == 1, syncs.table()
+    with pytest.raises(ValueError, match=r"image_index \[0, 2\] out of range for 2 images"):
+        model.decode_masks(prompt[:2], features, torch.tensor([0, 2]))

@@ -69,6 +69,8 @@ def sync_kind(func, args, kwargs) -> str | None:
             return "repeat_interleave"
         return None
     if func in _NEW_TENSOR:  # a pageable host-to-device copy waits for the stream
+        if args and isinstance(args[0], torch.Tensor) and not is_host(args[0]):
+            return None  # already a device tensor: no copy
         # on a CPU run the device is the CPU too: every explicit device counts, read the location to classify
         return "new_tensor_on_device" if kwargs.get("device") is not None else None
     if func is _T.to:
@@ -165,8 +167,8 @@ class HostSyncCounter(TorchFunctionMode):
         if kind is not None and on_device and (kind in self.kinds if self.kinds is not None else kind != "to_device"):
             self.counts[(self.phase(), kind, caller(self.skip))] += 1
         out = func(*args, **kwargs)
-        if output_host and func in (_T.cpu, _T.to) and out is args[0]:
-            out = out.view_as(out)  # a copy on a device run: a new host-side tensor, not the (device) input marked
+        if func in (_T.cpu, _T.cuda, _T.to) and out is args[0] and output_host != is_host(out):
+            out = out.view_as(out)  # a copy on a device run: a new tensor, marked apart from its source
         if output_host:
             for tensor in _tensors(out):
                 if any(tensor is t for t in inputs):
