@@ -2,6 +2,7 @@
 hot paths that no longer make such calls (per-sample image rows, the dapo token counts, the image-token fill)."""
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -39,23 +40,23 @@ def test_counter_sees_each_host_read_with_its_location_and_phase():
         torch.repeat_interleave(x, torch.full((6,), 2), output_size=12), torch.repeat_interleave(x, 2)
         x.new_zeros(3).masked_scatter(mask[:3], x)
         # host-side tensors (made on the host inside the block, moved there, or marked) wait for nothing; moving
-        # x there is a read of the device (cpu: 2)
+        # x there is a read of the device (cpu: 2), copying one to the device blocks (to_device)
         host, moved, marked = torch.arange(4), x.cpu(), torch.ones(2)
         mark_host(marked)
         host.tolist(), bool(host[moved[:4] > 1].sum()), marked.sum().item()
-        host.to(x.device, non_blocking=True), host.to(x.device)  # asynchronous copy; blocking copy (to_device)
+        host.to(x.device, non_blocking=True), host.to(x.device)  # an asynchronous copy; a blocking one counts
     assert kinds(syncs) == {"item": 1, "tolist": 1, "int": 1, "float": 1, "index": 1, "format": 1, "bool": 1,
                             "mask_index": 1, "nonzero": 1, "masked_select": 1, "unique": 1, "equal": 1,
                             "repeat_interleave": 1, "cpu": 2, "numpy": 1, "to_cpu": 1, "new_tensor_on_device": 2,
-                            "mask_assign": 1}
-    assert syncs.by_phase() == {"a": 14, "b": 6}  # b: x.cpu() again, a device read
+                            "mask_assign": 1, "to_device": 1}
+    assert syncs.by_phase() == {"a": 14, "b": 7}
     with HostSyncCounter(kinds={"to_device"}) as copies:
         torch.arange(3).to(x.device), torch.arange(3).to(x.device, non_blocking=True), x.to(x.device)
     assert copies.total() == 1
     assert all(loc.startswith("tests/test_host_syncs.py:") and loc.endswith(" test_counter_sees_each_host_read_"
                                                                            "with_its_location_and_phase")
                for _, _, loc in syncs.counts)
-    assert syncs.total(where=f"test_host_syncs.py:{line} ") == 7  # one line, seven reads (a new device tensor among them)
+    assert syncs.total(where=f"test_host_syncs.py:{line} ") == 7  # one line, seven waits
     assert "TOTAL" in syncs.table()
 
 
@@ -145,29 +146,31 @@ def test_region_tokens_gather_once_from_host_cells(step):
         assert torch.equal(got, want) if exact else torch.allclose(got, want, rtol=0, atol=1e-5)
 
 
-# every function of the tiny rollout that still reads the device, each one needed or outside this project
-# (docs/speed.md, "Host synchronisations"); a read elsewhere fails the test below
-ROLLOUT_READS = {
-    "embed_inputs",  # the image-token count check
-    "_check_prompt", "_ignore_causal_mask_sdpa",  # left-padding checks (ours, transformers')
-    "decode",  # the SAM2 row range check
-    "seg_mask_head",  # the rows' image sizes for the mask chain
-    "host_completions", "to_host",  # sampled ids and masks to the host, one read each
-    "fast_sample_completions", "_completions",  # the decode loop's stop check and its length
-    "lazy_initialization", "image_prefix_prompts",  # small tensors made on the device (no read)
+# every function of the tiny rollout that still waits for the device, each one needed or outside this project
+# (docs/speed.md, "Host synchronisations of the step"), as "file function"; a wait elsewhere fails the test below
+ROLLOUT_WAITS = {
+    "sa2va.py embed_inputs",  # the image-token count check
+    "generation.py _check_prompt", "masking_utils.py _ignore_causal_mask_sdpa",  # left-padding checks
+    "grounding.py decode",  # the SAM2 row range check
+    "cycle.py seg_mask_head",  # the rows' image sizes for the mask chain
+    "text_decoding.py host_completions", "shared.py to_host",  # sampled ids and masks to the host, one read each
+    "fast_generation.py fast_sample_completions", "fast_generation.py _completions",  # the stop check, the length
+    "shared.py image_prefix_prompts",  # a small tensor made on the device
+    "cache_utils.py lazy_initialization",  # empty tensors: no copy
 }
 
 
 def test_rollout_reads_the_device_only_where_needed(step):
     """Both loops' rollout: per-sample image rows, caption texts, answer lengths, ``[SEG]`` positions and masks
-    cost no read each; what remains is :data:`ROLLOUT_READS`."""
+    cost no read each, and the host-built prompts go to the device without a blocking copy; what remains is
+    :data:`ROLLOUT_WAITS`."""
     _, algo, advantaged = step
     features = advantaged.features
     mark_host(features.region_cells, *features.gt_masks)  # host tensors in a real step too
     with HostSyncCounter() as syncs:
         algo.rollout(features)
-    functions = {location.rsplit(" ", 1)[1] for _, _, location in syncs.counts}
-    assert functions <= ROLLOUT_READS, syncs.table()
+    functions = {f"{os.path.basename(place.split(':')[0])} {place.rsplit(' ', 1)[1]}" for _, _, place in syncs.counts}
+    assert functions <= ROLLOUT_WAITS, syncs.table()
     assert syncs.total(where="host_completions") <= 3 and syncs.total(where="to_host") <= 1, syncs.table()
 
 

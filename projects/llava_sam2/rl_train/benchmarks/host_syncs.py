@@ -12,12 +12,13 @@ skips calls whose tensors are all host-side. A tensor is host-side when it was m
 without a ``device`` (or with the string ``"cpu"``), by ``.cpu()`` / ``.to("cpu")``, by ``mark_host``, or by an op
 whose tensor inputs are all host-side; a ``device`` given as a ``torch.device`` (a tensor's or the model's, which is
 the CPU on a CPU run) and ``.to(device)`` make a device tensor; tensors made before the block count as device
-tensors unless marked. The inference is an approximation: read the reported locations.
+tensors unless marked, as do tensors made on another thread (a torch function mode holds for its own thread). The
+inference is an approximation: read the reported locations.
 
-What the mode does not see: calls made inside C++ (an op that syncs internally), ``torch.cuda.synchronize`` and
-event or stream waits (not tensor functions), and ``Tensor.to(device)`` of a host tensor (a no-op on CPU, counted as
-``to_device`` and left out by default: a blocking host-to-device copy waits for the stream); ``.to("cpu")`` counts
-only with the device named as the string ``"cpu"``.
+A blocking copy of a host tensor to the device (``.to(device)``, ``.cuda()``) counts as ``to_device``: torch waits
+for the stream after it; ``non_blocking=True`` copies do not count. What the mode does not see: calls made inside
+C++ (an op that syncs internally, the autograd engine's backward ops), ``torch.cuda.synchronize`` and event or
+stream waits (not tensor functions).
 
     with HostSyncCounter(phase=lambda: clock.open_phases[0] if clock.open_phases else "-") as syncs:
         ...
@@ -62,6 +63,8 @@ def sync_kind(func, args, kwargs) -> str | None:
         return kind
     if func in (_T.__getitem__, _T.__setitem__):
         return ("mask_index" if func is _T.__getitem__ else "mask_assign") if _has_bool_tensor(args[1]) else None
+    if func is _T.cuda:
+        return None if kwargs.get("non_blocking") else "to_device"
     if func in _REPEAT_INTERLEAVE:
         repeats = args[1] if len(args) > 1 else kwargs.get("repeats")
         output_size = kwargs.get("output_size")
@@ -140,8 +143,7 @@ class HostSyncCounter(TorchFunctionMode):
 
     Args:
         phase: returns the name of the phase running now (default: one phase, ``"-"``).
-        kinds: count only these kinds (default: all but ``to_device``, a host tensor's blocking copy to the
-            device, which waits for the stream only while it has work queued).
+        kinds: count only these kinds (default: all).
         skip: path fragments whose frames are not reported as the location (e.g. a wrapper of the code studied).
     """
 
@@ -164,7 +166,7 @@ class HostSyncCounter(TorchFunctionMode):
         inputs_host = all(is_host(t) for t in inputs)
         on_device = {"new_tensor_on_device": not output_host,
                      "to_device": inputs_host and not output_host}.get(kind, not inputs_host)
-        if kind is not None and on_device and (kind in self.kinds if self.kinds is not None else kind != "to_device"):
+        if kind is not None and on_device and (self.kinds is None or kind in self.kinds):
             self.counts[(self.phase(), kind, caller(self.skip))] += 1
         out = func(*args, **kwargs)
         if func in (_T.cpu, _T.cuda, _T.to) and out is args[0] and output_host != is_host(out):

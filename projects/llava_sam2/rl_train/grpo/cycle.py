@@ -59,7 +59,8 @@ from ..model.decoding.grouped_scoring import grouped_completion_logprobs
 from ..model.decoding.text_decoding import (
     TextDecoding, completion_texts, eval_mode, fed_back_seg_positions, group_chunks, host_completions, sample_text)
 from ..model.pipeline.shared import (
-    EncodedImages, forced_answer_masks, forced_answer_seg_prompts, is_qwen_vl_model, prompt_embeds, to_host)
+    EncodedImages, forced_answer_masks, forced_answer_seg_prompts, host_to_device, is_qwen_vl_model, prompt_embeds,
+    to_host)
 from ..model.pipeline.qwen_vl_prompts import qwen_vl_prompt_inputs, qwen_vl_sample_text
 from ..model.pipeline.region_chain import MaskChain
 from ..model.pipeline.video import largest_mask_frames, masklet_masks, video_masklet_logits
@@ -236,7 +237,7 @@ class MaskToCaptionLoop:
         owners = [samples[n // G] for n in rows]
         logits = teacher_forced_seg_logits(
             model, features, tile_embeds, replay.seg_prompt_ids[rows], replay.seg_prompt_attention[rows],
-            [features.image_of(b) for b in owners], self.ctx.seg_answer_ids.to(model.device),
+            [features.image_of(b) for b in owners], host_to_device([self.ctx.seg_answer_ids], model.device),
             self.ctx.seg_answer_index)  # [m, h, w]
         target = resize_gt_masks([features.gt_masks[b][None].to(logits.device) for b in owners],
                                  tuple(logits.shape[-2:]))  # [m, h, w]
@@ -313,7 +314,7 @@ class MaskToCaptionLoop:
             prompts = [proc.caption_prompt(features.n_tiles(features.image_of(b)), features.region_cells[b])
                        for b in range(features.num_samples)]
         ids, attention = proc.tokenize_prompts(prompts)
-        return ids.to(model.device), attention.to(model.device)
+        return host_to_device([ids], model.device), host_to_device([attention], model.device)
 
     def _with_seg_prompts(self, replay: CaptionReplay, features: StepFeatures, captions: Sequence[str],
                           images: Sequence[int]) -> CaptionReplay:
@@ -419,9 +420,9 @@ class CaptionToMaskLoop:
         proc, model, G = self.ctx.processor, self.ctx.model, self.ctx.config.num_generations
         ids, attention = proc.tokenize_prompts(grounding_prompts(proc, features))
         N = features.num_samples * G
-        answer_ids = self.ctx.seg_answer_ids.to(model.device)
-        return MaskReplay(prompt_ids=ids.to(model.device).repeat_interleave(G, 0),
-                          prompt_attention=attention.to(model.device).repeat_interleave(G, 0),
+        answer_ids = host_to_device([self.ctx.seg_answer_ids], model.device)
+        return MaskReplay(prompt_ids=host_to_device([ids], model.device).repeat_interleave(G, 0),
+                          prompt_attention=host_to_device([attention], model.device).repeat_interleave(G, 0),
                           answer_ids=answer_ids[None].expand(N, -1),
                           seg_index=torch.full((N,), self.ctx.seg_answer_index, device=model.device),
                           image_index=features.image_index.repeat_interleave(G), action=torch.empty(N))

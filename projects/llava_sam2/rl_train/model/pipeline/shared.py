@@ -137,7 +137,7 @@ def host_to_device(tensors: Sequence[Tensor], device, *, stack: bool = False) ->
     shape = (len(tensors), *first.shape) if stack else (sum(t.shape[0] for t in tensors), *first.shape[1:])
     joined = torch.empty(shape, dtype=first.dtype, pin_memory=to_cuda)
     join(list(tensors), out=joined)
-    return joined.to(device, non_blocking=to_cuda)
+    return joined.to(device, non_blocking=True)  # pinned on CUDA; on the CPU the same tensor
 
 
 def is_qwen_vl_model(model) -> bool:
@@ -211,9 +211,10 @@ def image_prefix_prompts(model, encoded: EncodedImages, tile_embeds: Tensor, pro
         rests.append(row[cut:])
         rest_fills.append(fills[r][k:])
     device = model.device
-    prefix_ids, prefix_attention = (x.to(device) for x in _left_pad([ids for ids, _ in prefixes], pad_id,
-                                                                    pad_to_multiple_of))  # [U, P]
-    rest_ids, rest_attention = (x.to(device) for x in _left_pad(rests, pad_id, pad_to_multiple_of))  # [n, S]
+    prefix_ids, prefix_attention = (host_to_device([x], device) for x in _left_pad(
+        [ids for ids, _ in prefixes], pad_id, pad_to_multiple_of))  # [U, P]
+    rest_ids, rest_attention = (host_to_device([x], device)
+                                for x in _left_pad(rests, pad_id, pad_to_multiple_of))  # [n, S]
     prefix = SharedPrefix(model.embed_inputs(prefix_ids, [fill for _, fill in prefixes]), prefix_attention,
                           torch.tensor(index, device=device))
     return prefix, model.embed_inputs(rest_ids, rest_fills), rest_attention
