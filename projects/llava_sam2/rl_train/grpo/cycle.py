@@ -57,9 +57,10 @@ from torch import Tensor
 
 from ..model.decoding.grouped_scoring import grouped_completion_logprobs
 from ..model.decoding.text_decoding import (
-    TextDecoding, completion_texts, eval_mode, fed_back_seg_positions, group_chunks, sample_text)
+    TextDecoding, completion_texts, eval_mode, fed_back_seg_positions, group_chunks, host_completions, sample_text)
 from ..model.pipeline.shared import (
-    EncodedImages, forced_answer_masks, forced_answer_seg_prompts, is_qwen_vl_model, prompt_embeds)
+    EncodedImages, forced_answer_masks, forced_answer_seg_prompts, host_to_device, is_qwen_vl_model, prompt_embeds,
+    to_host)
 from ..model.pipeline.qwen_vl_prompts import qwen_vl_prompt_inputs, qwen_vl_sample_text
 from ..model.pipeline.region_chain import MaskChain
 from ..model.pipeline.video import largest_mask_frames, masklet_masks, video_masklet_logits
@@ -236,7 +237,7 @@ class MaskToCaptionLoop:
         owners = [samples[n // G] for n in rows]
         logits = teacher_forced_seg_logits(
             model, features, tile_embeds, replay.seg_prompt_ids[rows], replay.seg_prompt_attention[rows],
-            [features.image_of(b) for b in owners], self.ctx.seg_answer_ids.to(model.device),
+            [features.image_of(b) for b in owners], host_to_device([self.ctx.seg_answer_ids], model.device),
             self.ctx.seg_answer_index)  # [m, h, w]
         target = resize_gt_masks([features.gt_masks[b][None].to(logits.device) for b in owners],
                                  tuple(logits.shape[-2:]))  # [m, h, w]
@@ -257,7 +258,7 @@ class MaskToCaptionLoop:
         if features.video is not None and self.dense_weight > 0:
             raise ValueError(f"{self.name} loop: mask_to_caption_dense_weight={self.dense_weight} is not supported on "
                              f"video steps (e.g. sample {features.sample_ids[0]!r}); set it to 0 for video data.")
-        images = features.image_index.tolist()
+        images = [features.image_of(b) for b in range(B)]
         ids, attention = self.region_prompts(features)  # [B, L]
         with eval_mode(model):
             tiles = model.project_vision(features.vit_tokens)  # [n_tiles, t, D]
@@ -285,7 +286,7 @@ class MaskToCaptionLoop:
             if cfg.beta > 0:
                 with ctx.weights.reference(model):
                     ref_logp = cat_chunks(score(model.project_vision(features.vit_tokens)), B, G, chunk)
-            captions = completion_texts(completions, ctx.decoding)
+            captions = completion_texts(host_completions(completions), ctx.decoding)
             if self.dense_weight > 0:  # the RES prompts of the policy's own captions, for dense_loss
                 replay = self._with_seg_prompts(replay, features, captions, images)
             with ctx.weights.partner(model):
@@ -313,7 +314,7 @@ class MaskToCaptionLoop:
             prompts = [proc.caption_prompt(features.n_tiles(features.image_of(b)), features.region_cells[b])
                        for b in range(features.num_samples)]
         ids, attention = proc.tokenize_prompts(prompts)
-        return ids.to(model.device), attention.to(model.device)
+        return host_to_device([ids], model.device), host_to_device([attention], model.device)
 
     def _with_seg_prompts(self, replay: CaptionReplay, features: StepFeatures, captions: Sequence[str],
                           images: Sequence[int]) -> CaptionReplay:
@@ -419,9 +420,9 @@ class CaptionToMaskLoop:
         proc, model, G = self.ctx.processor, self.ctx.model, self.ctx.config.num_generations
         ids, attention = proc.tokenize_prompts(grounding_prompts(proc, features))
         N = features.num_samples * G
-        answer_ids = self.ctx.seg_answer_ids.to(model.device)
-        return MaskReplay(prompt_ids=ids.to(model.device).repeat_interleave(G, 0),
-                          prompt_attention=attention.to(model.device).repeat_interleave(G, 0),
+        answer_ids = host_to_device([self.ctx.seg_answer_ids], model.device)
+        return MaskReplay(prompt_ids=host_to_device([ids], model.device).repeat_interleave(G, 0),
+                          prompt_attention=host_to_device([attention], model.device).repeat_interleave(G, 0),
                           answer_ids=answer_ids[None].expand(N, -1),
                           seg_index=torch.full((N,), self.ctx.seg_answer_index, device=model.device),
                           image_index=features.image_index.repeat_interleave(G), action=torch.empty(N))
@@ -442,7 +443,7 @@ class CaptionToMaskLoop:
             for b0, b1 in group_chunks(B, G, chunk):
                 head = seg_mask_head(model, features, tiles, slice_rows(replay, b0 * G, b1 * G), range(b0, b1), G)
                 action, logp = policy.sample(head, generator=ctx.generator)
-                draws.append((action, logp, [m.cpu() for m in policy.pred_masks(head, action)]))  # n x bool [H, W]
+                draws.append((action, logp, to_host(policy.pred_masks(head, action))))  # n x bool [H, W]
             actions, logps, masks = zip(*draws)
             action, logp = torch.cat(actions), torch.cat(logps)  # [N, ...], [N, T]
             pred_masks = [m for rows in masks for m in rows]  # N x bool [H, W]
@@ -455,7 +456,7 @@ class CaptionToMaskLoop:
                         model, features, ref_tiles, slice_rows(replay, b0 * G, b1 * G), range(b0, b1), G),
                         action[b0 * G:b1 * G]), B, G, chunk)
             if features.video is None:
-                described, described_rows = features, replay.image_index.tolist()
+                described, described_rows = features, _repeat([features.image_of(b) for b in range(B)], G)
             else:  # the partner sees the key frame as a one-tile image, the policy's mask as its region
                 described = features.video.encoded.frame_images(features.video.clip_index, key_frames)
                 described_rows = _repeat(range(B), G)

@@ -83,6 +83,8 @@ class StepFeatures(EncodedImages):
         references: B lists of reference texts for caption rewards (captions, else expressions).
         video: the clips of a video step (module docstring; ``gt_masks`` then holds masklets ``[T, H, W]`` and
             ``region_cells`` the key-frame regions), None for an image step.
+        image_rows: ``image_index`` on the host, given with it (None: read from it once, on first use); per-sample
+            lookups then never wait for the device.
     """
 
     samples: list
@@ -93,6 +95,7 @@ class StepFeatures(EncodedImages):
     references: list[list[str]]
     video: VideoStep | None = None
     drawn_regions: DrawnRegions | None = None
+    image_rows: tuple[int, ...] | None = None
 
     @property
     def num_samples(self) -> int:
@@ -104,7 +107,9 @@ class StepFeatures(EncodedImages):
         return [s.sample_id for s in self.samples]
 
     def image_of(self, sample: int) -> int:
-        return int(self.image_index[sample])
+        if self.image_rows is None:
+            self.image_rows = tuple(self.image_index.tolist())
+        return self.image_rows[sample]
 
     def select(self, rows: Sequence[int]) -> "StepFeatures":
         """The features of samples ``rows`` only (the encoded images are shared, not copied); self for all rows."""
@@ -112,6 +117,7 @@ class StepFeatures(EncodedImages):
         if rows == list(range(self.num_samples)):
             return self
         return replace(self, samples=[self.samples[r] for r in rows], image_index=self.image_index[rows],
+                       image_rows=tuple(self.image_of(r) for r in rows),
                        gt_masks=[self.gt_masks[r] for r in rows],
                        region_cells=None if self.region_cells is None else self.region_cells[rows],
                        prompt_texts=None if self.prompt_texts is None else [self.prompt_texts[r] for r in rows],
@@ -147,7 +153,8 @@ def loop_features(features: StepFeatures, loop_name: str) -> StepFeatures:
     stills = share.video.encoded.stills
     return replace(share, image_sizes=stills.image_sizes, tile_start=stills.tile_start, grounding=stills.grounding,
                    image_index=torch.tensor(share.video.still_index, dtype=torch.long,
-                                            device=share.image_index.device))
+                                            device=share.image_index.device),
+                   image_rows=tuple(share.video.still_index))
 
 
 def loop_rows(features: StepFeatures, loop_name: str) -> list[int]:
@@ -224,7 +231,8 @@ def encode_video_step(model, processor, batch: Sequence, *, use_region_cells: bo
     prompt_texts = [refs[0] if refs else "" for refs in references] if use_prompt_texts else None
     return StepFeatures(
         **{f.name: getattr(encoded.clips, f.name) for f in fields(EncodedImages)}, samples=list(batch),
-        image_index=torch.tensor(clip_index, dtype=torch.long, device=model.device), gt_masks=masklets,
+        image_index=torch.tensor(clip_index, dtype=torch.long, device=model.device), image_rows=tuple(clip_index),
+        gt_masks=masklets,
         region_cells=region_cells, prompt_texts=prompt_texts, references=references,
         video=VideoStep(encoded=encoded, clip_index=clip_index, key_frames=key_frames, still_index=still_index))
 
@@ -307,6 +315,7 @@ def encode_step(model, processor, batch: Sequence, *, use_region_cells: bool, us
         prompt_texts = [refs[0] if refs else "" for refs in references]
     return StepFeatures(
         **{f.name: getattr(encoded, f.name) for f in fields(EncodedImages)}, samples=list(batch),
-        image_index=torch.tensor(image_index, dtype=torch.long, device=model.device), gt_masks=gt_masks,
+        image_index=torch.tensor(image_index, dtype=torch.long, device=model.device), image_rows=tuple(image_index),
+        gt_masks=gt_masks,
         region_cells=region_cells, prompt_texts=prompt_texts, references=references, drawn_regions=drawn_regions,
     )

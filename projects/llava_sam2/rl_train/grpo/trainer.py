@@ -350,7 +350,8 @@ class CycleGRPO:
         """``num_iterations`` passes over the prompt chunks; each minibatch holds that chunk of every loop."""
         rollouts, features = advantaged.rollouts, advantaged.features
         loop_features = self._split_by_loop(features)
-        local = torch.tensor([[self._active_tokens(r), 1.0] for r in rollouts], dtype=torch.float64)  # [R, 2]
+        active = torch.stack([self._active_tokens(r) for r in rollouts])  # [R] on the device: one host read below
+        local = torch.stack([active, torch.ones_like(active)], dim=1)  # [R, 2]
         counts = self.cross_rank_sum(local).tolist()  # per loop: [global active elements, world size]
         loops = []
         for rollout, (total, world) in zip(rollouts, counts):
@@ -365,11 +366,12 @@ class CycleGRPO:
                          for loop, r, n, share, chunks in loops if k < len(chunks)]
                 yield PolicyMinibatch(features=features, parts=parts, iteration=iteration)
 
-    def _active_tokens(self, rollout: Rollout) -> float:
+    def _active_tokens(self, rollout: Rollout) -> Tensor:
+        """0-dim float64 count of the rollout's active action elements, left on its device."""
         is_active = rollout.action_mask
         if self.config.mask_truncated_completions:
             is_active = is_active & ~rollout.is_truncated[:, None]  # [N, T]
-        return float(is_active.sum())
+        return is_active.sum(dtype=torch.float64)
 
     def policy_loss(self, model, minibatch: PolicyMinibatch) -> dict[str, Tensor]:
         """``{'loss': sum_loop weight * L_loop, '<loop>/<stat>': ...}``; log-probs recomputed with grad.

@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -197,6 +197,16 @@ def clean_text(text: str, stop_words: Sequence[str] = ()) -> str:
     for tag in (*stop_words, IMAGE_PLACEHOLDER, *INTERNVL_SPECIAL_TOKENS, *SA2VA_SPECIAL_TOKENS):
         text = text.replace(tag, " ")
     return " ".join(text.split())
+
+
+def host_completions(completions: Completions) -> Completions:
+    """``completions`` with ``ids``, ``completion_mask`` and ``is_truncated`` copied to the host in one device read
+    (``token_logp`` and ``hidden`` stay where they are); the text helpers below then read no device values."""
+    ids, T = completions.ids, completions.ids.shape[1]
+    packed = torch.cat([ids, completions.completion_mask.to(ids.dtype),
+                        completions.is_truncated.to(ids.dtype)[:, None]], dim=1).cpu()  # [N, 2T + 1]
+    return replace(completions, ids=packed[:, :T], completion_mask=packed[:, T:2 * T].bool(),
+                   is_truncated=packed[:, 2 * T].bool())
 
 
 def completion_texts(completions: Completions, decoding: TextDecoding) -> list[str]:

@@ -197,7 +197,7 @@ class GroundingEncoder(nn.Module):
         image_index = torch.as_tensor(image_index, dtype=torch.long, device=prompt.device).reshape(-1)
         if image_index.numel() != M:
             raise ValueError(f"image_index has {image_index.numel()} entries for {M} prompts")
-        if M and (image_index.min() < 0 or image_index.max() >= features.num_images):
+        if M and bool(((image_index < 0) | (image_index >= features.num_images)).any()):  # one device read
             raise ValueError(f"image_index {image_index.tolist()} out of range for {features.num_images} images")
         if M == 0:  # no [SEG] in any rollout: empty outputs of the right shapes
             return _empty_output(sam, prompt.device)

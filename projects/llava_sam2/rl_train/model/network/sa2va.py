@@ -106,9 +106,11 @@ class Sa2VAModel(SegGroundingMixin, nn.Module):
             g = self.config.region_grid_size
             if cells.ndim != 3 or tuple(cells.shape[1:]) != (g, g):
                 raise ValueError(f"region_cells must be bool [N, {g}, {g}], got {tuple(cells.shape)}")
-            flat = cells.to(device=tile_embeds.device, dtype=torch.bool).reshape(len(cells), g * g)  # [N, t]
+            # the cells' positions where the cells live (the step's are host tensors, so no device read), one
+            # gather on the device: regions in order, each one's cells row-major
+            cell_index = cells.reshape(len(cells), g * g).to(torch.bool).nonzero()[:, 1]  # [Σ k_i]
             thumb = tile_embeds[-1]  # [t, D]
-            parts.extend(thumb[row] for row in flat)  # k_i × [D] each, row-major
+            parts.append(thumb[cell_index.to(thumb.device, non_blocking=True)])  # [Σ k_i, D]
         return torch.cat(parts, dim=0)
 
     def embed_inputs(self, input_ids: torch.Tensor, image_embeds: Sequence[torch.Tensor | None]) -> torch.Tensor:
@@ -134,6 +136,5 @@ class Sa2VAModel(SegGroundingMixin, nn.Module):
                 fills.append(fill.to(embeds.dtype))
         if not fills:
             return embeds
-        embeds = embeds.clone()
-        embeds[is_ctx] = torch.cat(fills, dim=0)  # row-major over (b, position)
-        return embeds
+        # row-major over (b, position); a masked scatter, unlike boolean-mask assignment, needs no device read
+        return embeds.masked_scatter(is_ctx[..., None], torch.cat(fills, dim=0))

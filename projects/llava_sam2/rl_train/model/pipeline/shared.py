@@ -48,7 +48,7 @@ from torch import Tensor
 
 from ..decoding.generation import Completions, SharedPrefix, completion_hidden
 from ..decoding.text_decoding import (
-    TextDecoding, answer_texts, completion_texts, eval_mode, fed_back_seg_positions, sample_text)
+    TextDecoding, answer_texts, completion_texts, eval_mode, fed_back_seg_positions, host_completions, sample_text)
 from ..network.grounding import GroundingFeatures, MaskDecoderOutput
 from ..text.drawn_region import check_region_input
 from ..text.lengths import bucket_length
@@ -137,7 +137,7 @@ def host_to_device(tensors: Sequence[Tensor], device, *, stack: bool = False) ->
     shape = (len(tensors), *first.shape) if stack else (sum(t.shape[0] for t in tensors), *first.shape[1:])
     joined = torch.empty(shape, dtype=first.dtype, pin_memory=to_cuda)
     join(list(tensors), out=joined)
-    return joined.to(device, non_blocking=to_cuda)
+    return joined.to(device, non_blocking=True)  # pinned on CUDA; on the CPU the same tensor
 
 
 def is_qwen_vl_model(model) -> bool:
@@ -211,9 +211,10 @@ def image_prefix_prompts(model, encoded: EncodedImages, tile_embeds: Tensor, pro
         rests.append(row[cut:])
         rest_fills.append(fills[r][k:])
     device = model.device
-    prefix_ids, prefix_attention = (x.to(device) for x in _left_pad([ids for ids, _ in prefixes], pad_id,
-                                                                    pad_to_multiple_of))  # [U, P]
-    rest_ids, rest_attention = (x.to(device) for x in _left_pad(rests, pad_id, pad_to_multiple_of))  # [n, S]
+    prefix_ids, prefix_attention = (host_to_device([x], device) for x in _left_pad(
+        [ids for ids, _ in prefixes], pad_id, pad_to_multiple_of))  # [U, P]
+    rest_ids, rest_attention = (host_to_device([x], device)
+                                for x in _left_pad(rests, pad_id, pad_to_multiple_of))  # [n, S]
     prefix = SharedPrefix(model.embed_inputs(prefix_ids, [fill for _, fill in prefixes]), prefix_attention,
                           torch.tensor(index, device=device))
     return prefix, model.embed_inputs(rest_ids, rest_fills), rest_attention
@@ -285,9 +286,18 @@ def _answer_masks(model, encoded: EncodedImages, images: Sequence[int], embeds: 
     image_index = torch.tensor([images[row] for row in owner], device=seg_prompt.device)  # [M]
     best_logits = model.decode_masks(seg_prompt, encoded.grounding, image_index).best_logits  # [M, h, w]
     sizes = [encoded.image_sizes[images[row]] for row in owner]
-    for row, pred_mask in zip(owner, model.logits_to_masks(best_logits, sizes)):
-        masks[row].append(pred_mask.cpu())
+    for row, pred_mask in zip(owner, to_host(model.logits_to_masks(best_logits, sizes))):
+        masks[row].append(pred_mask)
     return masks, prompts
+
+
+def to_host(tensors: Sequence[Tensor]) -> list[Tensor]:
+    """``[t.cpu() for t in tensors]`` (one dtype) in one device read instead of one per tensor; the results are views
+    of one host buffer."""
+    if not tensors:
+        return []
+    flat = torch.cat([t.reshape(-1) for t in tensors]).cpu()
+    return [part.view(t.shape) for part, t in zip(flat.split([t.numel() for t in tensors]), tensors)]
 
 
 @torch.no_grad()
@@ -363,14 +373,14 @@ def _answers(model, encoded: EncodedImages, images: Sequence[int], embeds: Tenso
              out: Completions, decoding: TextDecoding, seg_masks: str | None, prefix: SharedPrefix | None,
              image_masks: bool) -> list[Answer]:
     """A decoded chunk → its :class:`Answer` rows (texts, fed-back ``[SEG]`` positions, their prompts and masks)."""
-    positions = fed_back_seg_positions(out, model.seg_token_id)
+    host = host_completions(out)  # the texts, lengths and [SEG] positions from one device read
+    positions = fed_back_seg_positions(host, model.seg_token_id)
     masks, prompts = ([[] for _ in images], [[] for _ in images]) if seg_masks is None else \
         _answer_masks(model, encoded, images, embeds, attention, out, positions, seg_masks, prefix, image_masks)
-    lengths = out.completion_mask.sum(-1).tolist()
+    lengths, texts = host.completion_mask.sum(-1).tolist(), completion_texts(host, decoding)
     return [Answer(text, plain, int(n), bool(truncated), len(p), m, q)
-            for text, plain, n, truncated, p, m, q in zip(answer_texts(out, decoding), completion_texts(out, decoding),
-                                                          lengths, out.is_truncated.tolist(), positions, masks,
-                                                          prompts)]
+            for text, plain, n, truncated, p, m, q in zip(answer_texts(host, decoding), texts, lengths,
+                                                          host.is_truncated.tolist(), positions, masks, prompts)]
 
 
 def segment_texts(model, processor, encoded: EncodedImages, texts: Sequence[str | None], images: Sequence[int], *,
