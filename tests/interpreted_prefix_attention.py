@@ -50,6 +50,7 @@ def test_kernels_equal_full_cache_attention(B, G, Hkv, R, L, T, hd):
     blocks_per_split, splits, most = prefix_attention.prompt_splits(L, B * Hkv, query.device)
     assert splits <= most and (splits - 1) * blocks_per_split * prefix_attention.BLOCK_KEYS < L \
         <= splits * blocks_per_split * prefix_attention.BLOCK_KEYS
+    assert blocks_per_split & (blocks_per_split - 1) == 0  # a power of 2: few kernel compiles over a run's lengths
 
 
 def test_split_cache_decodes_the_reference_tokens_through_the_kernels(monkeypatch):

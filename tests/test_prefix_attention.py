@@ -32,3 +32,16 @@ def test_cpu_tensors_outside_the_interpreter_are_refused():
     tail = torch.zeros(2, 2, 4, 16)
     with pytest.raises(ValueError, match="TRITON_INTERPRET"):
         shared_prefix_decode_attention(q, kv, kv, torch.zeros(1, 8), tail, tail, torch.zeros(2, 4), 0.25)
+
+
+def test_prompt_lengths_of_a_run_share_few_kernel_variants():
+    """The kernels are compiled per blocks-per-split (and tail blocks) value: over every bucketed prompt length up to
+    8k tokens there are only a few such values, and the splits always cover the prompt."""
+    from projects.llava_sam2.rl_train.model.decoding.prefix_attention import BLOCK_KEYS, prompt_splits
+
+    seen = set()
+    for L in range(64, 8193, 64):
+        per_split, splits, most = prompt_splits(L, 16, torch.device("cpu"))
+        assert splits <= most and (splits - 1) * per_split * BLOCK_KEYS < L <= splits * per_split * BLOCK_KEYS
+        seen.add(per_split)
+    assert all(p & (p - 1) == 0 for p in seen) and len(seen) <= 8  # 128 lengths, a handful of compiles

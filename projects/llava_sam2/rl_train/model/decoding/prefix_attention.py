@@ -174,12 +174,13 @@ def _multiprocessors(device_index: int) -> int:
 
 def prompt_splits(prompt_len: int, prompt_heads: int, device: torch.device) -> tuple[int, int, int]:
     """``(blocks per split, splits, most splits)`` of the prompt keys: at most ``most`` splits (a fixed number per
-    device and B·Hkv, so that B·Hkv·splits programs fill the GPU) of whole :data:`BLOCK_KEYS` blocks. Kernels are
-    specialised on the blocks per split, which changes only every ``most`` blocks of prompt length."""
+    device and B·Hkv, so that B·Hkv·splits programs fill the GPU) of whole :data:`BLOCK_KEYS` blocks. The kernels are
+    compiled per blocks-per-split value, so it is a power of 2: a run's many prompt lengths give a few compiles (each
+    costs about a second of the step that first meets it), not one per length."""
     sms = _multiprocessors(device.index or 0) if device.type == "cuda" else 4
     most = max(1, -(-PROGRAMS_PER_SM * sms // prompt_heads))
     blocks = -(-prompt_len // BLOCK_KEYS)
-    per_split = -(-blocks // most)
+    per_split = _next_power_of_2(-(-blocks // most))
     return per_split, -(-blocks // per_split), most
 
 
@@ -231,7 +232,7 @@ def shared_prefix_decode_attention(query: Tensor, prefix_key: Tensor, prefix_val
         query.stride(0), query.stride(1), *tail_key.stride()[:3], *tail_value.stride()[:3],
         tail_bias.stride(0), acc.stride(0), acc.stride(1), maxima.stride(0), out.stride(0), out.stride(1),
         T, splits, scale, G=G, R=R, HKV=Hkv, HEAD_DIM=hd, BLOCK_D=block_d, BLOCK_R=max(MIN_DOT_ROWS, _next_power_of_2(R)),
-        BLOCK_M=block_m, BLOCK_N=BLOCK_KEYS, TAIL_BLOCKS=-(-T // BLOCK_KEYS), MAX_SPLITS=most_splits,
+        BLOCK_M=block_m, BLOCK_N=BLOCK_KEYS, TAIL_BLOCKS=_next_power_of_2(-(-T // BLOCK_KEYS)), MAX_SPLITS=most_splits,
         SPLITS_P2=_next_power_of_2(most_splits), num_warps=LAUNCH["tail_warps"], num_stages=LAUNCH["stages"])
     return out
 
