@@ -6,7 +6,7 @@ export PYTHONPATH=/tmp/site:$PWD TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 NCCL_NVLS_EN
 (cd .devrun/nltk_data/corpora && python3 -m zipfile -e wordnet.zip .) ; export NLTK_DATA=$PWD/.devrun/nltk_data
 CLI="python3 -m projects.llava_sam2.rl_train.cli"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-timeout -s INT ${DECODE_S:-170} $CLI bench decode --lm 4b --batch 8 --num-generations 8 --prompt-len 1850 --new-tokens 128 \
+[ "${DECODE_S:-170}" != 0 ] && timeout -s INT ${DECODE_S:-170} $CLI bench decode --lm 4b --batch 8 --num-generations 8 --prompt-len 1850 --new-tokens 128 \
   --repeats 3 --keep-going --check-scope variants --profile-steps 70 --check-tokens 72 \
   --modes ${MODES:-fast+pad+fuse+split+gsample,fast_compiled+pad+fuse+split+gsample,fast_compiled+pad+fuse+split} \
   --json $OUT/decode.json > $OUT/decode.log 2>&1; echo decode rc=$?
@@ -26,7 +26,7 @@ PY
 timeout -s INT ${STEP_S:-380} $CLI bench rl-step --preset 4b --batch 8 --num-generations 8 --max-new-tokens 128 \
   --force-seg --caption-lengths 32,128 --storage cpu --mask-policy region --warmup 1 --iters 3 \
   --baselines generate --baseline-iters 1 ${STEP_EXTRA:-} \
-  --sweep "${SWEEP:-backend=fast_fused_sdpa,loss=eager}" --sweep-warmup 1 --sweep-iters 2 \
+  --sweep "${SWEEP-backend=fast_fused_sdpa,loss=eager}" --sweep-warmup 1 --sweep-iters 2 \
   --json $OUT/step.json > $OUT/step.log 2>&1
 echo step rc=$?
 grep -v "^\s*$" $OUT/step.log | tail -8
@@ -40,3 +40,7 @@ if os.path.exists(p):
     for k, v in sorted(r.get("seconds", {}).items()):
         print(f"   {k:48s} {v:.3f}")
 PY
+if [ -n "$CHECK_SINGLE" ]; then
+  timeout -s INT 200 $CLI check gpu --only single --iters 4 --work-dir /tmp/gcheck > $OUT/check.log 2>&1; echo check rc=$?; cp /tmp/gcheck/check.json $OUT/ 2>/dev/null
+  tail -5 $OUT/check.log
+fi
