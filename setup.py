@@ -36,6 +36,7 @@ setup(
     include_package_data=True,
     install_requires=[
         "torch==2.11.0",
+        "triton; platform_system == 'Linux'",  # the decode's attention kernels (torch's Linux wheels pin it)
         "torchvision==0.26.0",
         "transformers==4.57.6",
         "mmengine==0.10.6",
