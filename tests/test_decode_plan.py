@@ -15,7 +15,7 @@ from projects.llava_sam2.rl_train.model.decoding.fast_generation import (DECODE_
                                                                          fast_sample_completions)
 from projects.llava_sam2.rl_train.model.decoding.generation import sample_completions
 from grpo_tiny import one_thread
-from tiny_lms import embedded_prompts, tiny_causal_lm
+from tiny_lms import embedded_prompts, left_padded_embeds, tiny_causal_lm
 
 VOCAB = 93  # odd, as Sa2VA-4B's 151,679: the padded head has 128 rows
 NEVER = VOCAB + 1  # a stop id no row can emit
@@ -93,13 +93,7 @@ def test_split_prompt_cache_continues_a_shared_prefix_prefill():
     tails = [torch.randint(1, VOCAB, (n,), generator=g) for n in (3, 5, 2)]  # 3 rows' own tokens
     index = torch.tensor([0, 1, 0])
 
-    def left_padded(rows):
-        L = max(map(len, rows))
-        ids, attention = torch.zeros(len(rows), L, dtype=torch.long), torch.zeros(len(rows), L, dtype=torch.long)
-        for r, row in enumerate(rows):
-            ids[r, L - len(row):], attention[r, L - len(row):] = row, 1
-        with torch.no_grad():
-            return lm.get_input_embeddings()(ids), attention
+    left_padded = partial(left_padded_embeds, lm)
 
     whole = left_padded([torch.cat([heads[i], tail]) for i, tail in zip(index.tolist(), tails)])
     kw = dict(max_new_tokens=6, temperature=0.9, stop_token_ids=[NEVER])
@@ -127,13 +121,7 @@ def test_split_prompt_cache_shares_grouped_prefixes_once(monkeypatch, generation
     monkeypatch.setattr(decode_plan.SplitPromptCache, "of", lambda *a, **k: shared_rows.append(
         a[0][0][0].shape[0]) or built(*a, **k))
 
-    def left_padded(rows):
-        L = max(map(len, rows))
-        ids, attention = torch.zeros(len(rows), L, dtype=torch.long), torch.zeros(len(rows), L, dtype=torch.long)
-        for r, row in enumerate(rows):
-            ids[r, L - len(row):], attention[r, L - len(row):] = row, 1
-        with torch.no_grad():
-            return lm.get_input_embeddings()(ids), attention
+    left_padded = partial(left_padded_embeds, lm)
 
     whole = left_padded([torch.cat([heads[i], tail]) for i, tail in zip(index.tolist(), tails)])
     kw = dict(max_new_tokens=max_new_tokens, temperature=0.9, stop_token_ids=[NEVER])

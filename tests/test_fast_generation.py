@@ -3,6 +3,8 @@
 The fast path prefills B prompts once and decodes N = B·G rows with a static cache and a fixed-shape
 step; on CPU that step runs eagerly, so these tests check the math the CUDA graph replays.
 """
+from functools import partial
+
 import pytest
 import torch
 from transformers import TopPLogitsWarper
@@ -13,7 +15,7 @@ from projects.llava_sam2.rl_train.model.decoding.fast_generation import fast_sam
 from projects.llava_sam2.rl_train.model.decoding.generation import (completion_logprobs, position_ids_from_attention,
                                                            sample_completions)
 from grpo_tiny import one_thread
-from tiny_lms import embedded_prompts, tiny_causal_lm
+from tiny_lms import embedded_prompts, left_padded_embeds, tiny_causal_lm
 
 VOCAB, D = 96, 32
 NEVER = VOCAB + 1  # a stop id no row can emit: fixed-length decoding
@@ -343,13 +345,7 @@ def test_shared_prefix_prefill_equals_the_joined_prompts(do_sample):
     tails = [torch.randint(1, VOCAB, (n,), generator=g) for n in (3, 5, 2)]  # n = 3 rows
     index = torch.tensor([0, 1, 0])
 
-    def left_padded(rows):
-        L = max(map(len, rows))
-        ids, attention = torch.zeros(len(rows), L, dtype=torch.long), torch.zeros(len(rows), L, dtype=torch.long)
-        for r, row in enumerate(rows):
-            ids[r, L - len(row):], attention[r, L - len(row):] = row, 1
-        with torch.no_grad():
-            return lm.get_input_embeddings()(ids), attention
+    left_padded = partial(left_padded_embeds, lm)
 
     prefix = SharedPrefix(*left_padded(heads), index)
     rest = left_padded(tails)

@@ -26,3 +26,13 @@ def embedded_prompts(lm, lengths, seed: int = 1):
     with torch.no_grad():
         return lm.get_input_embeddings()(ids), attention
 
+
+
+def left_padded_embeds(lm, rows):
+    """Token rows of different lengths as left-padded input embeddings ``[n, L, D]`` and attention ``[n, L]``."""
+    L = max(map(len, rows))
+    ids, attention = torch.zeros(len(rows), L, dtype=torch.long), torch.zeros(len(rows), L, dtype=torch.long)
+    for r, row in enumerate(rows):
+        ids[r, L - len(row):], attention[r, L - len(row):] = row, 1
+    with torch.no_grad():
+        return lm.get_input_embeddings()(ids), attention
