@@ -1,5 +1,5 @@
 # session 12, issue #28, one H100, one call (< 10 min): the bare 4b decode with the shared-prefix kernels (graph and
-# compiled, with and without the choice inside the graph), then the issue's step command with the bench's CUDA
+# compiled; the measured run also had the since-removed `+gsample` modes), then the issue's step command with the bench's CUDA
 # defaults (= the released-size configs), generate() in the same process, and the previous defaults as a sweep point.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl > /dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=/tmp/ind
@@ -8,7 +8,7 @@ CLI="python3 -m projects.llava_sam2.rl_train.cli"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 [ "${DECODE_S:-170}" != 0 ] && timeout -s INT ${DECODE_S:-170} $CLI bench decode --lm 4b --batch 8 --num-generations 8 --prompt-len 1850 --new-tokens 128 \
   --repeats 3 --keep-going --check-scope variants --profile-steps 70 --check-tokens 72 \
-  --modes ${MODES:-fast+pad+fuse+split+gsample,fast_compiled+pad+fuse+split+gsample,fast_compiled+pad+fuse+split} \
+  --modes ${MODES:-fast+pad+fuse+split,fast_compiled+pad+fuse+split} \
   --json $OUT/decode.json > $OUT/decode.log 2>&1; echo decode rc=$?
 python3 - <<'PY'
 import json, os

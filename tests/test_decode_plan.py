@@ -132,22 +132,6 @@ def test_split_prompt_cache_shares_grouped_prefixes_once(monkeypatch, generation
     assert shared_rows == [2] * len(generations)  # the 2 prefixes, not the 6 rows
 
 
-def test_choice_inside_the_step_decodes_the_reference_tokens(monkeypatch):
-    """sample_in_graph: the draw, choice and stop rule run with the step (CPU: no graph; compiled with the step,
-    here by aot_eager): the reference's greedy and seeded tokens with stops; top-p is refused."""
-    monkeypatch.setattr(fast_decode_step, "COMPILE_BACKEND", "aot_eager")
-    lm = tiny_lm()
-    embeds, attention = prompts(lm, [5, 9, 7])
-    kw = dict(max_new_tokens=9, temperature=0.8, stop_token_ids=[*range(1, 9), NEVER])
-    for compile_step in (False, True):
-        for seed in (None, 4):
-            got = fast(lm, embeds, attention, 2, seed, sample_in_graph=True, compile_step=compile_step,
-                       split_prompt_cache=True, **ALL_SWITCHES, **kw)
-            assert_same_completions(got, reference(lm, embeds, attention, 2, seed, **kw))
-    with pytest.raises(ValueError, match="sample_in_graph"):
-        fast(lm, embeds, attention, 2, 4, sample_in_graph=True, top_p=0.9, **kw)
-
-
 def test_padded_head_columns_are_never_chosen():
     """The padded rows give logit 0; with every real logit near -10 a leaked padded column would win every argmax
     and nearly every draw (ids >= V) and change token_logp's normaliser. Sliced off, the tokens are the reference's."""

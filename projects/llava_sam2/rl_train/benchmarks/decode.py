@@ -21,8 +21,7 @@ outside the vocabulary, so rows never stop and tokens/s are comparable):
 A fast mode may carry ``+`` switches of ``decode_plan`` (docs/speed.md, "Decode-step variants"): ``+pad`` (LM head
 padded to a multiple of 64 rows), ``+fuse`` (joined q|k|v and gate|up GEMMs, fused RMSNorms), ``+sdpa`` / ``+flex``
 (the step's attention: SDPA ``enable_gqa`` / ``flex_attention`` instead of ``gqa_decode_attention``), ``+split``
-(prompt keys/values read once per prompt, not per row; needs ``+fuse``), ``+gsample`` (the token choice inside the
-step's CUDA graph, compiled with the step under ``fast_compiled``); e.g.
+(prompt keys/values read once per prompt, not per row; needs ``+fuse``); e.g.
 ``--modes fast,fast+pad+fuse,fast_compiled+pad+fuse``. ``--check`` then also compares each such mode with ``fast``.
 
 Per mode: median wall time of a full call (after one warm-up call), tokens/s = N·T / wall, the
@@ -99,8 +98,7 @@ def make_prompts(lm, batch: int, prompt_len: int, spread: int, seed: int):
 
 # ``+name`` of a fast mode -> the fast_sample_completions argument it sets
 SWITCHES = {"pad": ("pad_head", True), "fuse": ("fuse_layers", True), "sdpa": ("decode_attention", "sdpa_gqa"),
-            "flex": ("decode_attention", "flex"), "split": ("split_prompt_cache", True),
-            "gsample": ("sample_in_graph", True)}
+            "flex": ("decode_attention", "flex"), "split": ("split_prompt_cache", True)}
 
 
 def parse_mode(mode: str) -> tuple[str, dict]:

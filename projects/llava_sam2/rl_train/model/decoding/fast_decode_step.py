@@ -4,8 +4,7 @@ One step is ``choose(decode_logits())``. :func:`decode_logits` runs the LM for o
 and writing only preallocated tensors (:class:`DecodeState`), so :class:`GraphedCall` captures it once
 into a CUDA graph and replays it. :class:`TokenChooser` then picks the tokens on device (greedy, or
 top-p sampling with ``torch.multinomial``'s exponential race minus its host-side checks) and applies
-the stop rule; its ~20 launches run eagerly, queued behind the graph without any host synchronisation, or
-(``sample_in_graph``, without top-p) inside the same graph.
+the stop rule; its ~20 launches run eagerly, queued behind the graph without any host synchronisation.
 :func:`gqa_decode_attention` is the registered attention implementation the step runs with.
 """
 from __future__ import annotations
@@ -153,45 +152,12 @@ class DecodeState:
     hidden_after_norm: bool = True
 
 
-def pick_tokens(logits: Tensor, noise: Tensor | None, state: DecodeState, stop_ids: Tensor, pad_token_id: int,
-                top_p: TopPLogitsWarper | None = None) -> None:
-    """Fill output column ``state.column`` from logits ``[N, V]`` (float32, / temperature): ``argmax logits``
-    (``noise`` None) or ``argmax_i p_i / E_i`` with ``p = softmax(top_p(logits))`` and ``noise`` E ~ Exp(1) ``[N, V]``;
-    then the stop rule. Device tensors only, no host synchronisation."""
-    probs = None
-    if noise is not None or state.step_probs is not None:
-        probs = (top_p(None, logits) if top_p is not None else logits).softmax(-1)
-    if noise is not None:
-        # E = 0 would make 0/0 = NaN on a filtered token, and argmax picks NaN: keep E > 0
-        token = (probs / noise.clamp_min(torch.finfo(noise.dtype).tiny)).argmax(-1)  # [N]
-    else:
-        token = logits.argmax(-1)  # [N]
-    is_active = ~state.is_finished
-    token = token.masked_fill(~is_active, pad_token_id)
-    token_logp = logits.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)  # [N]
-    state.ids.index_copy_(1, state.column, token[:, None])
-    state.token_logp.index_copy_(1, state.column, token_logp.masked_fill(~is_active, 0.0)[:, None])
-    state.is_active.index_copy_(1, state.column, is_active[:, None])
-    if state.step_probs is not None:
-        state.step_probs.index_copy_(1, state.column, probs[:, None])
-    state.is_finished |= is_active & (token[:, None] == stop_ids).any(-1)
-    state.token.copy_(token)
-    state.column += 1
-
-
-@functools.cache
-def compiled_pick_tokens(backend: str) -> Callable[..., None]:
-    """:func:`pick_tokens` through ``torch.compile``: its ~15 passes over the ``[N, V]`` logits fused into a few."""
-    return torch.compile(pick_tokens, backend=backend, dynamic=True)
-
-
 @dataclass(frozen=True)
 class TokenChooser:
     """Pick one token per row from temperature-scaled logits, on device, and apply the stop rule.
 
     Greedy: ``argmax logits``. Sampling: ``argmax_i p_i / E_i`` with ``p = softmax(top_p(logits))`` and
     ``E ~ Exp(1)`` drawn from ``generator`` (``torch.multinomial``'s draw, without its host-side checks).
-    ``compiled``: the arithmetic after the draw runs as :func:`compiled_pick_tokens` (not with top-p).
     """
 
     do_sample: bool
@@ -199,7 +165,6 @@ class TokenChooser:
     stop_ids: Tensor  # [K] long
     pad_token_id: int
     generator: torch.Generator | None
-    compiled: bool = False
 
     def distribution(self, logits: Tensor) -> Tensor:
         """``softmax(top_p(logits))``, ``[N, V]`` → ``[N, V]`` (logits already divided by temperature)."""
@@ -208,11 +173,24 @@ class TokenChooser:
 
     def __call__(self, logits: Tensor, state: DecodeState) -> None:
         """Fill output column ``state.column`` from logits ``[N, V]`` (float32, / temperature); device only."""
-        noise = torch.empty_like(logits).exponential_(generator=self.generator) if self.do_sample else None  # Exp(1)
-        if self.compiled and self.top_p is None:
-            compiled_pick_tokens(COMPILE_BACKEND)(logits, noise, state, self.stop_ids, self.pad_token_id)
+        probs = self.distribution(logits) if self.do_sample or state.step_probs is not None else None
+        if self.do_sample:
+            noise = torch.empty_like(probs).exponential_(generator=self.generator)  # [N, V] ~ Exp(1)
+            # E = 0 would make 0/0 = NaN on a filtered token, and argmax picks NaN: keep E > 0
+            token = (probs / noise.clamp_min(torch.finfo(noise.dtype).tiny)).argmax(-1)  # [N]
         else:
-            pick_tokens(logits, noise, state, self.stop_ids, self.pad_token_id, self.top_p)
+            token = logits.argmax(-1)  # [N]
+        is_active = ~state.is_finished
+        token = token.masked_fill(~is_active, self.pad_token_id)
+        token_logp = logits.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)  # [N]
+        state.ids.index_copy_(1, state.column, token[:, None])
+        state.token_logp.index_copy_(1, state.column, token_logp.masked_fill(~is_active, 0.0)[:, None])
+        state.is_active.index_copy_(1, state.column, is_active[:, None])
+        if state.step_probs is not None:
+            state.step_probs.index_copy_(1, state.column, probs[:, None])
+        state.is_finished |= is_active & (token[:, None] == self.stop_ids).any(-1)
+        state.token.copy_(token)
+        state.column += 1
 
 
 def decode_logits(parts: DecoderParts, cache: Cache, state: DecodeState, temperature: float,
@@ -298,21 +276,19 @@ class GraphedCall:
     """Run ``fn`` eagerly on a side stream for the first ``warmup`` calls, then capture it once into a
     ``torch.cuda.CUDAGraph`` and replay it on every later call (the capture call replays it too).
 
-    Every call does the real work (warm-up calls are real decode steps) and returns ``fn``'s output (a tensor or
-    None); after capture that is the graph's static output tensor, overwritten by the next replay. The capture uses
+    Every call does the real work (warm-up calls are real decode steps) and returns ``fn``'s output; after
+    capture that is the graph's static output tensor, overwritten by the next replay. The capture uses
     ``capture_error_mode='thread_local'`` so that other threads of a training process (data loader pinning,
-    async reward clients) may keep using CUDA meanwhile. ``generator``: a CUDA generator ``fn`` draws from, registered
-    with the graph so that every replay draws new numbers (the default generator is registered by torch itself).
+    async reward clients) may keep using CUDA meanwhile.
     """
 
-    def __init__(self, fn: Callable[[], Tensor | None], device: torch.device, warmup: int = GRAPH_WARMUP_STEPS,
-                 generator: torch.Generator | None = None):
-        self.fn, self.device, self.warmup, self.generator = fn, device, warmup, generator
+    def __init__(self, fn: Callable[[], Tensor], device: torch.device, warmup: int = GRAPH_WARMUP_STEPS):
+        self.fn, self.device, self.warmup = fn, device, warmup
         self.calls = 0
         self.graph: torch.cuda.CUDAGraph | None = None
         self.output: Tensor | None = None
 
-    def __call__(self) -> Tensor | None:
+    def __call__(self) -> Tensor:
         self.calls += 1
         with torch.cuda.device(self.device):
             if self.graph is None and self.calls <= self.warmup:
@@ -321,13 +297,10 @@ class GraphedCall:
                 with torch.cuda.stream(side):
                     output = self.fn()
                 main.wait_stream(side)
-                if output is not None:
-                    output.record_stream(main)  # read on the main stream after the side stream lets go of it
+                output.record_stream(main)  # read on the main stream after the side stream lets go of it
                 return output
             if self.graph is None:
                 self.graph = torch.cuda.CUDAGraph()
-                if self.generator is not None:
-                    self.graph.register_generator_state(self.generator)
                 with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
                     self.output = self.fn()  # recorded, not executed
             self.graph.replay()

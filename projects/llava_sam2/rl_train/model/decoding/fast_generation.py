@@ -219,7 +219,6 @@ def fast_sample_completions(
     pad_head: bool = False,
     decode_attention: str = "grouped",
     split_prompt_cache: bool = False,
-    sample_in_graph: bool = False,
     prompt_positions: Tensor | None = None,
     prefill_kwargs: dict | None = None,
     hidden_after_norm: bool = True,
@@ -255,10 +254,6 @@ def fast_sample_completions(
             with a ``prefix`` whose rows come in groups (:func:`grouped_prefix_rows`) each prefix once for all its
             rows. On CUDA the attention runs ``prefix_attention``'s Triton kernels. Needs ``fuse_layers`` on an LM
             whose every decoder layer fuses (it replaces ``decode_attention``).
-        sample_in_graph: the noise draw, the choice and the stop rule of every step run inside the step's CUDA graph
-            (with ``compile_step`` also through ``torch.compile``: their passes over ``[N, V]`` fused), instead of ~20
-            eager launches behind each replay; needs ``top_p`` = 1 and no ``return_step_probs``. The noise comes from
-            the same generator (registered with the graph), so the draws follow the same distribution.
         prompt_positions: the prompts' own positions, Qwen-VL's M-RoPE ``[3, B, L]`` (``lm`` a Qwen-VL model): the
             prefill takes them; each generated token goes on from its row's largest + 1, equal on the three axes
             (``generation.continuation_positions``), which is 1-D RoPE from a per-row offset. Not with ``prefix``.
@@ -311,33 +306,19 @@ def fast_sample_completions(
     choose = TokenChooser(
         do_sample=do_sample, top_p=TopPLogitsWarper(top_p) if top_p < 1.0 else None,
         stop_ids=torch.as_tensor(list(stop_token_ids), device=device), pad_token_id=pad_token_id,
-        generator=generator, compiled=compile_step and sample_in_graph,
+        generator=generator,
     )
     choose(first_logits.repeat_interleave(G, 0), state)  # column 0 from the shared prefill, [N, V]
 
     step = compiled_decode_logits(fast_decode_step.COMPILE_BACKEND) if compile_step else decode_logits
     forward = partial(step, parts, cache, state, temperature, plan)
     use_graph = device.type == "cuda" if use_cuda_graph is None else use_cuda_graph
-    if sample_in_graph and (top_p < 1.0 or return_step_probs):
-        raise ValueError("fast_sample_completions: sample_in_graph=True needs top_p=1 (the nucleus sort stays out of "
-                         "the graph) and return_step_probs=False.")
-
-    def step_and_choose() -> None:
-        choose(forward(), state)
-
-    if sample_in_graph:  # one replay per token: model step, noise draw, choice and stop rule
-        next_token = GraphedCall(step_and_choose, device, generator=generator) if use_graph else step_and_choose
-    else:
-        next_logits = GraphedCall(forward, device) if use_graph else forward
-
-        def next_token() -> None:
-            choose(next_logits(), state)
-
+    next_logits = GraphedCall(forward, device) if use_graph else forward
     with using_attention(parts.body.config, plan.attention):
         for t in range(1, T):
             if t % stop_check_interval == 0 and bool(state.is_finished.all()):  # host sync every k steps
                 break
-            next_token()  # column t
+            choose(next_logits(), state)  # column t
     return _completions(state, return_step_probs)
 
 

@@ -163,10 +163,6 @@ def interpreted() -> bool:
     return triton is not None and bool(triton.knobs.runtime.interpret)
 
 
-def _next_power_of_2(x: int) -> int:
-    return 1 << (x - 1).bit_length()
-
-
 @functools.cache
 def _multiprocessors(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -180,7 +176,7 @@ def prompt_splits(prompt_len: int, prompt_heads: int, device: torch.device) -> t
     sms = _multiprocessors(device.index or 0) if device.type == "cuda" else 4
     most = max(1, -(-PROGRAMS_PER_SM * sms // prompt_heads))
     blocks = -(-prompt_len // BLOCK_KEYS)
-    per_split = _next_power_of_2(-(-blocks // most))
+    per_split = triton.next_power_of_2(-(-blocks // most))
     return per_split, -(-blocks // per_split), most
 
 
@@ -214,9 +210,9 @@ def shared_prefix_decode_attention(query: Tensor, prefix_key: Tensor, prefix_val
         raise ValueError("shared_prefix_decode_attention: CPU tensors need Triton's interpreter (TRITON_INTERPRET=1 "
                          "in the environment before Triton is imported); on CPU use the torch path.")
     prefix_kernel, tail_kernel = _kernels()
-    block_m = max(MIN_DOT_ROWS, _next_power_of_2(G * R))
+    block_m = max(MIN_DOT_ROWS, triton.next_power_of_2(G * R))
     blocks_per_split, splits, most_splits = prompt_splits(L, B * Hkv, query.device)
-    block_d = max(MIN_DOT_ROWS, _next_power_of_2(hd))
+    block_d = max(MIN_DOT_ROWS, triton.next_power_of_2(hd))
     acc = torch.empty(B * Hkv, splits, block_m, block_d, dtype=torch.float32, device=query.device)
     maxima = torch.empty(B * Hkv, splits * block_m, dtype=torch.float32, device=query.device)
     sums = torch.empty_like(maxima)
@@ -231,9 +227,10 @@ def shared_prefix_decode_attention(query: Tensor, prefix_key: Tensor, prefix_val
         query, tail_key, tail_value, tail_bias, acc, maxima, sums, out,
         query.stride(0), query.stride(1), *tail_key.stride()[:3], *tail_value.stride()[:3],
         tail_bias.stride(0), acc.stride(0), acc.stride(1), maxima.stride(0), out.stride(0), out.stride(1),
-        T, splits, scale, G=G, R=R, HKV=Hkv, HEAD_DIM=hd, BLOCK_D=block_d, BLOCK_R=max(MIN_DOT_ROWS, _next_power_of_2(R)),
-        BLOCK_M=block_m, BLOCK_N=BLOCK_KEYS, TAIL_BLOCKS=_next_power_of_2(-(-T // BLOCK_KEYS)), MAX_SPLITS=most_splits,
-        SPLITS_P2=_next_power_of_2(most_splits), num_warps=LAUNCH["tail_warps"], num_stages=LAUNCH["stages"])
+        T, splits, scale, G=G, R=R, HKV=Hkv, HEAD_DIM=hd, BLOCK_D=block_d,
+        BLOCK_R=max(MIN_DOT_ROWS, triton.next_power_of_2(R)), BLOCK_M=block_m, BLOCK_N=BLOCK_KEYS,
+        TAIL_BLOCKS=triton.next_power_of_2(-(-T // BLOCK_KEYS)), MAX_SPLITS=most_splits,
+        SPLITS_P2=triton.next_power_of_2(most_splits), num_warps=LAUNCH["tail_warps"], num_stages=LAUNCH["stages"])
     return out
 
 
