@@ -272,6 +272,14 @@ def compiled_decode_logits(backend: str) -> Callable[..., Tensor]:
     return step
 
 
+@functools.cache
+def _graph_memory(device_index: int) -> tuple[torch.cuda.Stream, torch.cuda.MemPool]:
+    """The device's side stream for warm-up and capture, and the one memory pool every decode graph of the process is
+    captured into (held here, so it outlives each call's graph and its blocks are reused by the next capture)."""
+    with torch.cuda.device(device_index):
+        return torch.cuda.Stream(), torch.cuda.MemPool()
+
+
 class GraphedCall:
     """Run ``fn`` eagerly on a side stream for the first ``warmup`` calls, then capture it once into a
     ``torch.cuda.CUDAGraph`` and replay it on every later call (the capture call replays it too).
@@ -280,6 +288,15 @@ class GraphedCall:
     capture that is the graph's static output tensor, overwritten by the next replay. The capture uses
     ``capture_error_mode='thread_local'`` so that other threads of a training process (data loader pinning,
     async reward clients) may keep using CUDA meanwhile.
+
+    The capture calls ``CUDAGraph.capture_begin``/``capture_end`` itself instead of entering ``torch.cuda.graph``,
+    whose entry synchronises the device and empties both caching allocators (device and pinned host) before every
+    capture: with one capture per decode call, each later allocation of the step (the loss pass's activations, the
+    next call's cache, pinned staging buffers) went back to ``cudaMalloc``/``cudaHostAlloc``, and every ``cudaFree``
+    of the emptying blocks the host until the device is idle. Recording launches nothing, so it needs no
+    synchronisation: the warm-up step may still be running while the step is recorded. The graphs of one device share
+    one memory pool (:func:`_graph_memory`); they run one at a time (one decode call after another), as a shared pool
+    requires.
     """
 
     def __init__(self, fn: Callable[[], Tensor], device: torch.device, warmup: int = GRAPH_WARMUP_STEPS):
@@ -291,17 +308,24 @@ class GraphedCall:
     def __call__(self) -> Tensor:
         self.calls += 1
         with torch.cuda.device(self.device):
-            if self.graph is None and self.calls <= self.warmup:
-                main, side = torch.cuda.current_stream(), torch.cuda.Stream()
+            if self.graph is None:
+                side, pool = _graph_memory(torch.cuda.current_device())
+                main = torch.cuda.current_stream()
                 side.wait_stream(main)
                 with torch.cuda.stream(side):
-                    output = self.fn()
+                    if self.calls <= self.warmup:
+                        output = self.fn()
+                    else:
+                        graph = torch.cuda.CUDAGraph()
+                        graph.capture_begin(pool=pool.id, capture_error_mode="thread_local")
+                        try:
+                            self.output = self.fn()  # recorded, not executed
+                        finally:
+                            graph.capture_end()
+                        self.graph = graph
                 main.wait_stream(side)
-                output.record_stream(main)  # read on the main stream after the side stream lets go of it
-                return output
-            if self.graph is None:
-                self.graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
-                    self.output = self.fn()  # recorded, not executed
+                if self.graph is None:
+                    output.record_stream(main)  # read on the main stream after the side stream lets go of it
+                    return output
             self.graph.replay()
             return self.output
