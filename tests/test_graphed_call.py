@@ -20,21 +20,26 @@ class _Stream:
 
 
 class _Graph:
+    made = 0
+
     def __init__(self, log):
         self.log = log
+        _Graph.made += 1
+        self.id = ("pool", _Graph.made)
 
     def capture_begin(self, pool=None, capture_error_mode="global"):
         self.log.append(("capture_begin", pool, capture_error_mode))
+        if pool is not None:
+            self.id = pool
+
+    def pool(self):
+        return self.id
 
     def capture_end(self):
         self.log.append(("capture_end",))
 
     def replay(self):
         self.log.append(("replay",))
-
-
-class _Pool:
-    id = (7, 0)
 
 
 class _Output:
@@ -62,12 +67,11 @@ def cuda_log(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: main)
     monkeypatch.setattr(torch.cuda, "Stream", lambda *a, **k: _Stream(log, "side"))
     monkeypatch.setattr(torch.cuda, "stream", lambda stream: nullcontext())
-    monkeypatch.setattr(torch.cuda, "MemPool", lambda *a, **k: _Pool())
     monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda *a, **k: _Graph(log))
     for name in ("synchronize", "empty_cache"):
         monkeypatch.setattr(torch.cuda, name, _forbidden(f"torch.cuda.{name}"))
     monkeypatch.setattr(torch._C, "_host_emptyCache", _forbidden("torch._C._host_emptyCache"))
-    clear = getattr(fast_decode_step, "_graph_memory", None)
+    clear = getattr(fast_decode_step, "_device_graphs", None)
     if clear is not None:
         clear.cache_clear()
     yield log
@@ -90,7 +94,7 @@ def test_graphed_call_captures_without_synchronising_or_emptying_caches(cuda_log
     assert len(calls) == 2
     assert captured is again and captured.value == 2
     assert [e for e in cuda_log if e[0] != "wait"] == [
-        ("record_stream", "main"), ("capture_begin", _Pool.id, "thread_local"), ("capture_end",), ("replay",),
+        ("record_stream", "main"), ("capture_begin", None, "thread_local"), ("capture_end",), ("replay",),
         ("replay",)]
     # each eager/capture call orders the side stream after the main stream's work and the main stream after it
     assert cuda_log.count(("wait", "side", "main")) == 2 and cuda_log.count(("wait", "main", "side")) == 2
@@ -98,11 +102,16 @@ def test_graphed_call_captures_without_synchronising_or_emptying_caches(cuda_log
 
 def test_graphed_calls_of_one_device_share_one_pool_and_stream(cuda_log):
     first = GraphedCall(lambda: _Output(cuda_log, 0), torch.device("cuda", 0), warmup=0)
+    first()
+    del first  # a decode call's graph is gone when the next call captures; the device keeps it for its pool
     second = GraphedCall(lambda: _Output(cuda_log, 1), torch.device("cuda", 0), warmup=0)
-    first(), second()
+    second()
+    third = GraphedCall(lambda: _Output(cuda_log, 2), torch.device("cuda", 0), warmup=0)
+    third()
     pools = [e[1] for e in cuda_log if e[0] == "capture_begin"]
-    assert pools == [_Pool.id, _Pool.id]
-    assert fast_decode_step._graph_memory.cache_info().currsize == 1
+    assert pools[0] is None and pools[1] == pools[2] is not None  # the first capture makes the pool, later ones join
+    assert fast_decode_step._device_graphs(0).last is third.graph
+    assert fast_decode_step._device_graphs.cache_info().currsize == 1
 
 
 def test_capture_ends_when_the_step_raises(cuda_log):

@@ -272,12 +272,20 @@ def compiled_decode_logits(backend: str) -> Callable[..., Tensor]:
     return step
 
 
+class _DeviceGraphs:
+    """Per device: the side stream of warm-up and capture, and the last graph captured, whose memory pool the next
+    capture shares. Holding the last graph keeps that pool (device and pinned-host parts) alive between decode calls,
+    so each call's graph reuses the blocks of the one before instead of taking new memory."""
+
+    def __init__(self):
+        self.stream = torch.cuda.Stream()
+        self.last: torch.cuda.CUDAGraph | None = None
+
+
 @functools.cache
-def _graph_memory(device_index: int) -> tuple[torch.cuda.Stream, torch.cuda.MemPool]:
-    """The device's side stream for warm-up and capture, and the one memory pool every decode graph of the process is
-    captured into (held here, so it outlives each call's graph and its blocks are reused by the next capture)."""
+def _device_graphs(device_index: int) -> _DeviceGraphs:
     with torch.cuda.device(device_index):
-        return torch.cuda.Stream(), torch.cuda.MemPool()
+        return _DeviceGraphs()
 
 
 class GraphedCall:
@@ -295,8 +303,8 @@ class GraphedCall:
     next call's cache, pinned staging buffers) went back to ``cudaMalloc``/``cudaHostAlloc``, and every ``cudaFree``
     of the emptying blocks the host until the device is idle. Recording launches nothing, so it needs no
     synchronisation: the warm-up step may still be running while the step is recorded. The graphs of one device share
-    one memory pool (:func:`_graph_memory`); they run one at a time (one decode call after another), as a shared pool
-    requires.
+    one memory pool (each capture joins the pool of the device's last graph, :class:`_DeviceGraphs`); they run one at a
+    time (one decode call after another), as a shared pool requires.
     """
 
     def __init__(self, fn: Callable[[], Tensor], device: torch.device, warmup: int = GRAPH_WARMUP_STEPS):
@@ -309,20 +317,21 @@ class GraphedCall:
         self.calls += 1
         with torch.cuda.device(self.device):
             if self.graph is None:
-                side, pool = _graph_memory(torch.cuda.current_device())
-                main = torch.cuda.current_stream()
+                graphs = _device_graphs(torch.cuda.current_device())
+                main, side = torch.cuda.current_stream(), graphs.stream
                 side.wait_stream(main)
                 with torch.cuda.stream(side):
                     if self.calls <= self.warmup:
                         output = self.fn()
                     else:
                         graph = torch.cuda.CUDAGraph()
-                        graph.capture_begin(pool=pool.id, capture_error_mode="thread_local")
+                        graph.capture_begin(pool=None if graphs.last is None else graphs.last.pool(),
+                                            capture_error_mode="thread_local")
                         try:
                             self.output = self.fn()  # recorded, not executed
                         finally:
                             graph.capture_end()
-                        self.graph = graph
+                        self.graph = graphs.last = graph
                 main.wait_stream(side)
                 if self.graph is None:
                     output.record_stream(main)  # read on the main stream after the side stream lets go of it
