@@ -23,7 +23,7 @@ def main():
     pb[:, :40] = neg
     tb = torch.full((N, T), neg, device=dev, dtype=dt)
     tb[:, :64] = 0
-    args = (q, pk, pv, pb, tk, tv, tb, hd ** -0.5)
+    args = (q, pk, pv, pb, tk, tv, tb, torch.tensor([64], device=dev), hd ** -0.5)
     keys = torch.cat([pk.repeat_interleave(G, 0), tk], 2)
     values = torch.cat([pv.repeat_interleave(G, 0), tv], 2)
     bias = torch.cat([pb.repeat_interleave(G, 0), tb], 1)[:, None, None]

@@ -31,7 +31,19 @@ def test_cpu_tensors_outside_the_interpreter_are_refused():
     kv = torch.zeros(1, 2, 8, 16)
     tail = torch.zeros(2, 2, 4, 16)
     with pytest.raises(ValueError, match="TRITON_INTERPRET"):
-        shared_prefix_decode_attention(q, kv, kv, torch.zeros(1, 8), tail, tail, torch.zeros(2, 4), 0.25)
+        shared_prefix_decode_attention(q, kv, kv, torch.zeros(1, 8), tail, tail, torch.zeros(2, 4),
+                                       torch.tensor([4]), 0.25)
+
+
+@pytest.mark.parametrize("visible_tail", [torch.tensor([4.0]), torch.tensor([2, 4])])
+def test_a_tail_bound_that_is_not_one_integer_on_the_device_is_refused(visible_tail):
+    """The kernel reads the bound as one integer: a float or several values would be read wrongly, so the op refuses
+    them before any launch."""
+    q = torch.zeros(2, 4, 16)
+    kv = torch.zeros(1, 2, 8, 16)
+    tail = torch.zeros(2, 2, 4, 16)
+    with pytest.raises(ValueError, match="visible_tail must be one integer"):
+        shared_prefix_decode_attention(q, kv, kv, torch.zeros(1, 8), tail, tail, torch.zeros(2, 4), visible_tail, 0.25)
 
 
 def test_prompt_lengths_of_a_run_share_few_kernel_variants():

@@ -225,7 +225,7 @@ class SplitPromptCache:
         if self.kernel:
             out = shared_prefix_decode_attention(query[:, :, 0], prefix_key, prefix_value,
                                                  attention_bias[::G, 0, 0, :L], tail_key, tail_value,
-                                                 attention_bias[:, 0, 0, L:], scaling)  # [N, H, hd]
+                                                 attention_bias[:, 0, 0, L:], slot + 1, scaling)  # [N, H, hd]
             return out.reshape(N, 1, H, hd)
 
         def to_rows(x: Tensor) -> Tensor:  # [B, Hkv, G·r, c] -> [N, Hkv, r, c]

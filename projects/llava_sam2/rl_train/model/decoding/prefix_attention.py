@@ -11,7 +11,7 @@ prompt's slots are read once for its G rows:
   ``a_s = Σ e^{x - m_s} v`` (flash-decoding's split-K over the prompt: B·Hkv programs alone would leave most of the GPU
   idle).
 * ``tail_and_merge`` — program (row n, KV head h): its r queries against the row's own slots (the tokens generated so
-  far), then the prompt splits of its rows folded in:
+  far; blocks past the step's last written slot are skipped), then the prompt splits of its rows folded in:
   ``m = max(m_tail, m_s)``, ``out = (a_tail e^{m_tail - m} + Σ_s a_s e^{m_s - m}) / (l_tail e^{m_tail - m} + Σ_s l_s
   e^{m_s - m})``, the same softmax as one pass over all S slots.
 
@@ -93,7 +93,7 @@ def _prefix_partials(query, keys, values, bias, out_acc, out_max, out_sum,
 def _tail_and_merge(query, keys, values, bias, part_acc, part_max, part_sum, out,
                     stride_qn, stride_qh, stride_kn, stride_kh, stride_kl, stride_vn, stride_vh, stride_vl,
                     stride_bias_n, stride_an, stride_am, stride_mn, stride_on, stride_oh,
-                    tail_len, num_splits, scale,
+                    tail_len, visible_tail, num_splits, scale,
                     G: tl.constexpr, R: tl.constexpr, HKV: tl.constexpr, HEAD_DIM: tl.constexpr,
                     BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     TAIL_BLOCKS: tl.constexpr, MAX_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
@@ -109,22 +109,26 @@ def _tail_and_merge(query, keys, values, bias, part_acc, part_max, part_sum, out
     run_max = tl.full([BLOCK_R], -1.0e30, tl.float32)
     run_sum = tl.zeros([BLOCK_R], tl.float32)
     acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+    # blocks from the visible bound on hold only unwritten slots: they are skipped, not read and masked (a fixed loop
+    # with a runtime test, not a runtime trip count: the CPU interpreter cannot run the latter)
+    visible = tl.load(visible_tail)
     for block in range(TAIL_BLOCKS):
-        j = block * BLOCK_N + tl.arange(0, BLOCK_N)
-        j_valid = j < tail_len
-        k = tl.load(keys + n * stride_kn + h * stride_kh + j[:, None] * stride_kl + d[None, :],
-                    mask=j_valid[:, None] & d_valid[None, :], other=0.0)
-        scores = tl.dot(q, tl.trans(k)) * scale
-        key_bias = tl.load(bias + n * stride_bias_n + j, mask=j_valid, other=0.0).to(tl.float32)
-        scores = tl.where(j_valid[None, :], scores + key_bias[None, :], float("-inf"))
-        new_max = tl.maximum(run_max, tl.max(scores, 1))
-        weights = tl.exp(scores - new_max[:, None])
-        rescale = tl.exp(run_max - new_max)
-        v = tl.load(values + n * stride_vn + h * stride_vh + j[:, None] * stride_vl + d[None, :],
-                    mask=j_valid[:, None] & d_valid[None, :], other=0.0)
-        run_sum = run_sum * rescale + tl.sum(weights, 1)
-        acc = acc * rescale[:, None] + tl.dot(weights.to(v.dtype), v)
-        run_max = new_max
+        if block * BLOCK_N < visible:
+            j = block * BLOCK_N + tl.arange(0, BLOCK_N)
+            j_valid = j < tail_len
+            k = tl.load(keys + n * stride_kn + h * stride_kh + j[:, None] * stride_kl + d[None, :],
+                        mask=j_valid[:, None] & d_valid[None, :], other=0.0)
+            scores = tl.dot(q, tl.trans(k)) * scale
+            key_bias = tl.load(bias + n * stride_bias_n + j, mask=j_valid, other=0.0).to(tl.float32)
+            scores = tl.where(j_valid[None, :], scores + key_bias[None, :], float("-inf"))
+            new_max = tl.maximum(run_max, tl.max(scores, 1))
+            weights = tl.exp(scores - new_max[:, None])
+            rescale = tl.exp(run_max - new_max)
+            v = tl.load(values + n * stride_vn + h * stride_vh + j[:, None] * stride_vl + d[None, :],
+                        mask=j_valid[:, None] & d_valid[None, :], other=0.0)
+            run_sum = run_sum * rescale + tl.sum(weights, 1)
+            acc = acc * rescale[:, None] + tl.dot(weights.to(v.dtype), v)
+            run_max = new_max
     prompt_head = (n // G) * HKV + h
     m = (n % G) * R + i  # this row's queries in its prompt's partials
     # fold the prompt splits in: first their common maximum (one [splits, r] load), then every split scaled to it;
@@ -182,7 +186,8 @@ def prompt_splits(prompt_len: int, prompt_heads: int, device: torch.device) -> t
 
 @torch.library.custom_op("sa2va_rl::shared_prefix_decode_attention", mutates_args=())
 def shared_prefix_decode_attention(query: Tensor, prefix_key: Tensor, prefix_value: Tensor, prefix_bias: Tensor,
-                                   tail_key: Tensor, tail_value: Tensor, tail_bias: Tensor, scale: float) -> Tensor:
+                                   tail_key: Tensor, tail_value: Tensor, tail_bias: Tensor, visible_tail: Tensor,
+                                   scale: float) -> Tensor:
     """Softmax attention of one new query per row over its prompt's slots and its own slots (a torch custom op, so a
     compiled decode step calls the kernels as one opaque op instead of tracing their launch).
 
@@ -190,6 +195,9 @@ def shared_prefix_decode_attention(query: Tensor, prefix_key: Tensor, prefix_val
         query: ``[N, H, hd]`` (any strides with a contiguous last dim), N = B·G rows, row ``b·G + g`` on prompt b.
         prefix_key, prefix_value: ``[B, Hkv, L, hd]`` the prompts' cache; prefix_bias: ``[B, L]`` additive (0: visible).
         tail_key, tail_value: ``[N, Hkv, T, hd]`` each row's own slots; tail_bias: ``[N, T]`` additive.
+        visible_tail: one integer on the query's device, the tail slots that may be visible (the slots written so far):
+            tail_bias must hide every slot from it on; their blocks of :data:`BLOCK_KEYS` slots are not read. A tensor
+            read by the kernel, so a CUDA graph of decode steps replays with each step's value.
         scale: the score scale (``head_dim ** -0.5`` for these LMs).
 
     Returns:
@@ -206,6 +214,9 @@ def shared_prefix_decode_attention(query: Tensor, prefix_key: Tensor, prefix_val
                     ("tail_bias", tail_bias)):
         if t.stride(-1) != 1:
             raise ValueError(f"shared_prefix_decode_attention: {name} needs a contiguous last dimension")
+    if visible_tail.numel() != 1 or visible_tail.is_floating_point() or visible_tail.device != query.device:
+        raise ValueError(f"shared_prefix_decode_attention: visible_tail must be one integer on {query.device}, not "
+                         f"{visible_tail.dtype} {tuple(visible_tail.shape)} on {visible_tail.device}")
     if query.device.type != "cuda" and not interpreted():
         raise ValueError("shared_prefix_decode_attention: CPU tensors need Triton's interpreter (TRITON_INTERPRET=1 "
                          "in the environment before Triton is imported); on CPU use the torch path.")
@@ -227,7 +238,7 @@ def shared_prefix_decode_attention(query: Tensor, prefix_key: Tensor, prefix_val
         query, tail_key, tail_value, tail_bias, acc, maxima, sums, out,
         query.stride(0), query.stride(1), *tail_key.stride()[:3], *tail_value.stride()[:3],
         tail_bias.stride(0), acc.stride(0), acc.stride(1), maxima.stride(0), out.stride(0), out.stride(1),
-        T, splits, scale, G=G, R=R, HKV=Hkv, HEAD_DIM=hd, BLOCK_D=block_d,
+        T, visible_tail, splits, scale, G=G, R=R, HKV=Hkv, HEAD_DIM=hd, BLOCK_D=block_d,
         BLOCK_R=max(MIN_DOT_ROWS, triton.next_power_of_2(R)), BLOCK_M=block_m, BLOCK_N=BLOCK_KEYS,
         TAIL_BLOCKS=triton.next_power_of_2(-(-T // BLOCK_KEYS)), MAX_SPLITS=most_splits,
         SPLITS_P2=triton.next_power_of_2(most_splits), num_warps=LAUNCH["tail_warps"], num_stages=LAUNCH["stages"])
@@ -235,5 +246,5 @@ def shared_prefix_decode_attention(query: Tensor, prefix_key: Tensor, prefix_val
 
 
 @shared_prefix_decode_attention.register_fake
-def _(query, prefix_key, prefix_value, prefix_bias, tail_key, tail_value, tail_bias, scale):
+def _(query, prefix_key, prefix_value, prefix_bias, tail_key, tail_value, tail_bias, visible_tail, scale):
     return query.new_empty(query.shape)
