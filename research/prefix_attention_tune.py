@@ -1,6 +1,7 @@
-"""Time prefix_attention's kernels on one GPU at the 4b decode shape (B=8, G=8, Hkv=2, r=8, hd=128, L=1850, tail 134)
-for a few launch settings, against SDPA on the full rows (the fast_fused_sdpa step's attention). One line per setting:
-microseconds per call (36 calls in a CUDA graph, as a step's layers, replayed 20 times) and the largest difference to SDPA.
+"""Time prefix_attention's kernels on one GPU at the 4b decode shape (B=8, G=8, Hkv=2, r=8, hd=128, L=1850, tail 134
+of which 64 slots are visible, so the tail blocks past them are skipped) for a few launch settings, against SDPA on the
+full rows (the fast_fused_sdpa step's attention). One line per setting: microseconds per call (36 calls in a CUDA
+graph, as a step's layers, replayed 20 times) and the largest difference to SDPA.
   python3 research/prefix_attention_tune.py"""
 import itertools
 

@@ -57,3 +57,15 @@ def test_prompt_lengths_of_a_run_share_few_kernel_variants():
         assert splits <= most and (splits - 1) * per_split * BLOCK_KEYS < L <= splits * per_split * BLOCK_KEYS
         seen.add(per_split)
     assert all(p & (p - 1) == 0 for p in seen) and len(seen) <= 8  # 128 lengths, a handful of compiles
+
+
+def test_the_shape_only_implementation_takes_the_same_arguments():
+    """A compiled decode step traces the op through its shape-only implementation (meta tensors here): it takes the
+    bound like the kernels and gives the query's shape."""
+    meta = dict(device="meta")
+    q = torch.empty(4, 6, 16, **meta)
+    kv = torch.empty(2, 3, 8, 16, **meta)
+    tail = torch.empty(4, 3, 5, 16, **meta)
+    out = shared_prefix_decode_attention(q, kv, kv, torch.empty(2, 8, **meta), tail, tail, torch.empty(4, 5, **meta),
+                                         torch.empty(1, dtype=torch.long, **meta), 0.25)
+    assert out.shape == q.shape and out.device.type == "meta"
