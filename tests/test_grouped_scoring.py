@@ -177,3 +177,66 @@ def test_loop1_loss_pass_on_tiny_sa2va_equals_the_repeated_prompt_pass():
     for name, grad in new_grads.items():
         assert grad.abs().sum() > 0, f"{name} got no gradient"
         torch.testing.assert_close(grad, old_grads[name], **TOL, msg=name)
+
+
+@pytest.mark.parametrize("use_checkpointing", [False, True])
+def test_grouped_completion_hidden_equals_the_one_pass_with_gradients(use_checkpointing):
+    """The [SEG] passes' states (one teacher-forced answer per prompt) through the grouped layer calls: equal to
+    completion_hidden's one transformers forward, and so is the gradient of the prompt and of every LoRA tensor."""
+    from projects.llava_sam2.rl_train.model.decoding.generation import completion_hidden
+    from projects.llava_sam2.rl_train.model.decoding.grouped_scoring import grouped_completion_hidden
+    lm = lora_lm()
+    if use_checkpointing:
+        lm.gradient_checkpointing_enable()
+    lm.train()
+    ids, attention, answers, _ = group_batch(G=1, T=4)
+    answer_mask = torch.ones_like(answers, dtype=torch.bool)
+    with torch.no_grad():
+        embeds = lm.get_input_embeddings()(ids)
+    weights = torch.linspace(-1.0, 1.0, 3 * 4 * SIZES["hidden_size"]).reshape(3, 4, -1) / SIZES["hidden_size"]
+
+    def states_and_grads(fn):
+        lm.zero_grad(set_to_none=True)
+        x = embeds.detach().clone().requires_grad_(True)
+        states = fn(lm, x, attention, answers, answer_mask)
+        (weights * states).sum().backward()
+        return states.detach(), x.grad, {n: p.grad.clone() for n, p in lm.named_parameters() if p.requires_grad}
+
+    calls = []
+    layer0 = lm.get_decoder().layers[0]
+    hook = layer0.register_forward_pre_hook(lambda module, args: calls.append(tuple(args[0].shape[:2])))
+    grouped = states_and_grads(grouped_completion_hidden)
+    hook.remove()
+    assert calls == [(3, 7), (3, 4)] * (2 if use_checkpointing else 1)  # prompts, then answers (recomputed)
+    one_pass = states_and_grads(completion_hidden)
+    torch.testing.assert_close(grouped[0], one_pass[0], **TOL)
+    torch.testing.assert_close(grouped[1], one_pass[1], **TOL)
+    for name, grad in grouped[2].items():
+        assert grad.abs().sum() > 0, f"{name} got no gradient"
+        torch.testing.assert_close(grad, one_pass[2][name], **TOL, msg=name)
+
+
+def test_seg_prompts_of_forced_answers_run_the_grouped_layer_calls(monkeypatch):
+    """forced_seg_prompts (loop 2's policy, reference and loss passes) goes through grouped_hidden, so the loss pass's
+    compiled layers and partial checkpointing apply to it; the values equal transformers' one forward."""
+    from projects.llava_sam2.rl_train.model.decoding import grouped_scoring
+    from projects.llava_sam2.rl_train.model.decoding.generation import completion_hidden
+    from projects.llava_sam2.rl_train.model.pipeline import shared
+    model, _ = build_tiny()
+    model.eval()
+    lm = model.language_model
+    ids, attention, answers, _ = group_batch(G=1, T=3)
+    ids = ids % lm.get_input_embeddings().num_embeddings
+    answers = answers % lm.get_input_embeddings().num_embeddings
+    seg_index = torch.tensor([1, 2, 0])
+    with torch.no_grad():
+        embeds = lm.get_input_embeddings()(ids)
+        seen = []
+        grouped_hidden = grouped_scoring.grouped_hidden
+        monkeypatch.setattr(grouped_scoring, "grouped_hidden",
+                            lambda *a, **k: seen.append(a[4].shape) or grouped_hidden(*a, **k))
+        prompts = shared.forced_seg_prompts(model, embeds, attention, answers, seg_index)
+        assert seen == [answers.shape]
+        states = completion_hidden(lm, embeds, attention, answers, torch.ones_like(answers, dtype=torch.bool))
+        expected = model.seg_hidden_to_prompt(states[torch.arange(3), seg_index])
+    torch.testing.assert_close(prompts, expected, **TOL)

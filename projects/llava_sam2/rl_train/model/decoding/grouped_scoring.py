@@ -47,8 +47,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from .generation import MAX_LOGIT_BYTES, completion_logprobs, continuation_positions, decoder_and_head, \
-    logprob_head_function, position_ids_from_attention
+from .generation import MAX_LOGIT_BYTES, _check_completion, completion_hidden, completion_logprobs, \
+    continuation_positions, decoder_and_head, logprob_head_function, position_ids_from_attention
 from ..network.transformers_seams import attention_implementation, run_decoder_layer
 
 SUPPORTED_ATTENTION = ("sdpa", "eager")  # implementations that take a 4-D additive mask
@@ -223,6 +223,23 @@ def grouped_hidden(lm: nn.Module, prompt_embeds: Tensor, prompt_attention: Tenso
     if not final_norm:
         return h_prefix[:, -1], h_continuation
     return body.norm(h_prefix[:, -1]), body.norm(h_continuation)  # [B, D], [N, T', D]
+
+
+def grouped_completion_hidden(lm: nn.Module, prompt_embeds: Tensor, prompt_attention: Tensor, completion_ids: Tensor,
+                              completion_mask: Tensor) -> Tensor:
+    """:func:`generation.completion_hidden` (final-norm states at the inputs ``c_0 .. c_{T-1}``, ``[N, T, D]``) of one
+    completion per prompt, through the layer calls of :func:`grouped_hidden` with each prompt its own group (G = 1).
+
+    Same values up to float order, but the layers run as the loss pass's do: compiled when the body's layers are
+    (:func:`compile_group_layers`), checkpointed per layer with the last ``uncheckpointed_layers`` kept. This is the
+    ``[SEG]`` passes' route (teacher-forced answers): with transformers' own forward they ran every layer eagerly
+    under its checkpointing. LMs the grouped path does not support take :func:`generation.completion_hidden`.
+    """
+    _check_completion(prompt_embeds, prompt_attention, completion_ids, completion_mask, "grouped_completion_hidden")
+    if not supports_grouping(lm, prompt_attention.shape[1] + completion_ids.shape[1]):
+        return completion_hidden(lm, prompt_embeds, prompt_attention, completion_ids, completion_mask)
+    _, states = grouped_hidden(lm, prompt_embeds, prompt_attention, completion_ids, completion_mask, 1)
+    return states  # [N, T, D]
 
 
 def grouped_completion_logprobs(
