@@ -14,7 +14,8 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from projects.llava_sam2.rl_train.grpo.trainer import DROPOUT_TYPES, zero_dropout
 from projects.llava_sam2.rl_train.model.network.sam2_seams import (
     ENCODE_MEMORY_METHOD, MEMORY_CONDITIONED_METHOD, SAM2_VERSION, encode_memory, memory_conditioned_embed)
-from projects.llava_sam2.rl_train.model.network.torch_seams import foreach_copy_, foreach_lerp_, mark_sizes_symbolic
+from projects.llava_sam2.rl_train.model.network.torch_seams import foreach_copy_, foreach_lerp_, mark_sizes_symbolic, \
+    without_ddp_graph_splits
 from projects.llava_sam2.rl_train.model.network.transformers_seams import (attention_implementation, cache_tensors,
                                                                    full_static_cache,
                                                                    has_input_require_grads_hook, run_decoder_layer,
@@ -190,6 +191,15 @@ def test_marked_sizes_are_separate_symbols_of_the_first_trace():
     torch.compiler.reset()
     assert compiled_graphs(mark=False) == 2, f"{TORCH}: an unmarked size change no longer recompiles"
     torch.compiler.reset()
+
+
+def test_ddp_graph_splitting_is_switched_off_inside_the_block_only():
+    before = torch._dynamo.config.optimize_ddp
+    with without_ddp_graph_splits():
+        assert torch._dynamo.config.optimize_ddp is False, (
+            f"{TORCH}: torch._dynamo.config.optimize_ddp no longer switches Dynamo's DDP optimizer "
+            "(torch_seams.without_ddp_graph_splits)")
+    assert torch._dynamo.config.optimize_ddp == before
 
 
 def test_dropout_types_are_every_dropout_module_of_torch_nn():

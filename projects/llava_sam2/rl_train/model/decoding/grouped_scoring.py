@@ -49,6 +49,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .generation import MAX_LOGIT_BYTES, _check_completion, completion_hidden, completion_logprobs, \
     continuation_positions, decoder_and_head, logprob_head_function, position_ids_from_attention
+from ..network.torch_seams import without_ddp_graph_splits
 from ..network.transformers_seams import attention_implementation, run_decoder_layer
 
 SUPPORTED_ATTENTION = ("sdpa", "eager")  # implementations that take a 4-D additive mask
@@ -73,9 +74,16 @@ class GroupKV:
         if self.prefix is None:
             self.prefix = (key, value)
             return key, value
-        G = self.num_generations
-        prefix_key, prefix_value = (x.repeat_interleave(G, 0) for x in self.prefix)  # [N, Hkv, L, hd]
-        return torch.cat([prefix_key, key], dim=2), torch.cat([prefix_value, value], dim=2)  # [N, Hkv, L + T', hd]
+        return self._join(self.prefix[0], key), self._join(self.prefix[1], value)  # [N, Hkv, L + T', hd]
+
+    def _join(self, prefix: Tensor, own: Tensor) -> Tensor:
+        """``[B, Hkv, L, hd]`` and ``[N, Hkv, T', hd]`` → ``[N, Hkv, L + T', hd]``, prompt b's slots before each of its G
+        rows' own: one copy (the broadcast prompt and the rows' slots written side by side). An expand, not
+        ``repeat_interleave(G)``: a compiled layer whose G is a symbolic size traces it as a view."""
+        B, G = prefix.shape[0], self.num_generations
+        joined = torch.cat([prefix[:, None].expand(B, G, *prefix.shape[1:]),
+                            own.reshape(B, G, *own.shape[1:])], dim=3)  # [B, G, Hkv, L + T', hd]
+        return joined.reshape(B * G, *joined.shape[2:])
 
 
 def additive_bias(is_visible: Tensor, dtype: torch.dtype) -> Tensor:
@@ -151,7 +159,13 @@ def _layer_call(body: nn.Module) -> Callable:
     if backend is None:
         return _layer_on_group
     if backend not in _COMPILED_LAYER_CALLS:
-        _COMPILED_LAYER_CALLS[backend] = torch.compile(_layer_on_group, backend=backend, dynamic=True)
+        compiled = torch.compile(_layer_on_group, backend=backend, dynamic=True)
+
+        def call(*args, **kwargs):  # one layer per graph: nothing for DDP's graph splitting to overlap
+            with without_ddp_graph_splits():
+                return compiled(*args, **kwargs)
+
+        _COMPILED_LAYER_CALLS[backend] = call
     return _COMPILED_LAYER_CALLS[backend]
 
 
