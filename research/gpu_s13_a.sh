@@ -15,22 +15,5 @@ TORCH_LOGS=recompiles timeout -s INT ${STEP_S:-380} $CLI bench rl-step --preset 
   --baselines '' ${STEP_EXTRA:-} --sweep "${SWEEP-backend=fast_fused_split_compiled keep=8}" --sweep-warmup 1 \
   --sweep-iters 3 --json $OUT/step.json > $OUT/step.log 2>&1
 echo step rc=$?
-python3 - <<'PY'
-import json, os
-o = os.environ["OUT"]
-p = os.path.join(o, "decode.json")
-if os.path.exists(p):
-    r = json.load(open(p))
-    for m, v in r["modes"].items():
-        pr = r.get("profile", {}).get(m, {})
-        print(f"{m:32s} {v['tokens_per_s']:8.0f} tok/s wall {v['wall_s']:.3f} step {v['decode_step_ms']:.2f} ms "
-              f"prefill {v['prefill_s']:.3f} first {v['first_call_s']:.1f} dev {pr.get('device_ms_per_step', 0):.2f}")
-p = os.path.join(o, "step.json")
-if os.path.exists(p):
-    r = json.load(open(p))
-    pts = [("main", r)] + list(r.get("sweep", {}).items())
-    for lab, s in pts:
-        print(lab, s.get("seconds_per_iteration"), s.get("rollouts_per_s"), s.get("iteration_step_s"), "peak", s.get("peak_gib"))
-        print("   ", {k.replace("rollout/", ""): round(v, 3) for k, v in sorted(s.get("seconds", {}).items())})
-PY
+python3 research/gpu_summary.py $OUT
 grep -iE "recompil|error|Traceback" $OUT/step.log | head -20

@@ -15,21 +15,5 @@ done
   --lm 4b --batch 8 --num-generations 8 --prompt-len 1850 --new-tokens 128 --repeats 3 --keep-going \
   --check-scope variants --profile-steps 70 --check-tokens 72 --modes ${MODES:-fast_compiled+pad+fuse+split} \
   --json $OUT/decode.json > $OUT/decode.log 2>&1; echo decode rc=$?
-python3 - <<'PY'
-import glob, json, os
-o = os.environ["OUT"]
-p = os.path.join(o, "decode.json")
-if os.path.exists(p):
-    r = json.load(open(p))
-    for m, v in r["modes"].items():
-        pr = r.get("profile", {}).get(m, {})
-        print(f"{m:32s} {v['tokens_per_s']:8.0f} tok/s wall {v['wall_s']:.3f} step {v['decode_step_ms']:.2f} ms "
-              f"prefill {v['prefill_s']:.3f} first {v['first_call_s']:.1f} dev {pr.get('device_ms_per_step', 0):.2f}")
-        for k in pr.get("top", [])[:6]: print(f"     {k['us']:8.0f} us {k['launches']:5.0f} {k['name'][:80]}")
-for p in sorted(glob.glob(os.path.join(o, "step_*.json"))):
-    s = json.load(open(p))
-    print(os.path.basename(p), s.get("seconds_per_iteration"), s.get("rollouts_per_s"), s.get("iteration_step_s"),
-          "peak", s.get("peak_gib"))
-    print("   ", {k.replace("rollout/", ""): round(v, 3) for k, v in sorted(s.get("seconds", {}).items())})
-PY
+python3 research/gpu_summary.py $OUT
 for arm in ${ARMS:-torch pooled}; do grep -E "Error|Traceback" $OUT/step_$arm.log | head -3; done
