@@ -33,7 +33,8 @@ ALL_CONFIGS = sorted(CONFIG_ROOT.rglob("*.py"))
 RUNNABLE = [p for p in ALL_CONFIGS if "_base_" not in p.parts and "upstream_sft" not in p.parts]
 # sa2va_<preset>_*.py: released sizes (1b, 4b, 8b) and the InternVL3 family (in3_2b, in3_8b)
 SIZED = {p: m.group(1) for p in RUNNABLE if (m := re.fullmatch(r"sa2va_((?:in3_)?\d+b)_.*\.py", p.name))}
-GPU_SMOKE = {p: m.group(1) for p in RUNNABLE if (m := re.fullmatch(r"gpu_smoke_(\d+b)\.py", p.name))}
+# gpu_smoke_<preset>[_<variant>].py: `sa2va-rl check gpu`'s configs (a variant switches one setting of its preset's)
+GPU_SMOKE = {p: m.group(1) for p in RUNNABLE if (m := re.fullmatch(r"gpu_smoke_(\d+b)(?:_[a-z_]+)?\.py", p.name))}
 # check_tiny_cpu.py is tiny_grpo_cycle_cpu.py plus one reward; tests/test_check_gpu.py trains it end to end
 CPU = [p for p in RUNNABLE if p not in SIZED and p not in GPU_SMOKE and p.name != "check_tiny_cpu.py"]
 # GRPO hooks by their default_hooks name; registered in this order (class priority, then config order), the order

@@ -216,9 +216,10 @@ def test_grouped_completion_hidden_equals_the_one_pass_with_gradients(use_checkp
         torch.testing.assert_close(grad, one_pass[2][name], **TOL, msg=name)
 
 
-def test_seg_prompts_of_forced_answers_run_the_grouped_layer_calls(monkeypatch):
-    """forced_seg_prompts (loop 2's policy, reference and loss passes) goes through grouped_hidden, so the loss pass's
-    compiled layers and partial checkpointing apply to it; the values equal transformers' one forward."""
+def test_seg_prompts_of_forced_answers_run_the_compiled_layer_calls(monkeypatch):
+    """forced_seg_prompts (loop 2's policy, reference and loss passes) goes through grouped_hidden when the LM's layers
+    are compiled for the loss pass, so those graphs serve it; eager, through transformers' one forward; the values
+    are the same."""
     from projects.llava_sam2.rl_train.model.decoding import grouped_scoring
     from projects.llava_sam2.rl_train.model.decoding.generation import completion_hidden
     from projects.llava_sam2.rl_train.model.pipeline import shared
@@ -235,8 +236,16 @@ def test_seg_prompts_of_forced_answers_run_the_grouped_layer_calls(monkeypatch):
         grouped_hidden = grouped_scoring.grouped_hidden
         monkeypatch.setattr(grouped_scoring, "grouped_hidden",
                             lambda *a, **k: seen.append(a[4].shape) or grouped_hidden(*a, **k))
-        prompts = shared.forced_seg_prompts(model, embeds, attention, answers, seg_index)
+        eager = shared.forced_seg_prompts(model, embeds, attention, answers, seg_index)
+        assert seen == []
+        grouped_scoring.compile_group_layers(lm, "eager")  # dynamo's capture alone: the cheapest backend on CPU
+        try:
+            compiled = shared.forced_seg_prompts(model, embeds, attention, answers, seg_index)
+        finally:
+            grouped_scoring.compile_group_layers(lm, None)
+            torch.compiler.reset()
         assert seen == [answers.shape]
         states = completion_hidden(lm, embeds, attention, answers, torch.ones_like(answers, dtype=torch.bool))
         expected = model.seg_hidden_to_prompt(states[torch.arange(3), seg_index])
-    torch.testing.assert_close(prompts, expected, **TOL)
+    torch.testing.assert_close(eager, expected, **TOL)
+    torch.testing.assert_close(compiled, expected, **TOL)

@@ -245,9 +245,10 @@ def grouped_completion_hidden(lm: nn.Module, prompt_embeds: Tensor, prompt_atten
     completion per prompt, through the layer calls of :func:`grouped_hidden` with each prompt its own group (G = 1).
 
     Same values up to float order, but the layers run as the loss pass's do: compiled when the body's layers are
-    (:func:`compile_group_layers`), checkpointed per layer with the last ``uncheckpointed_layers`` kept. This is the
-    ``[SEG]`` passes' route (teacher-forced answers): with transformers' own forward they ran every layer eagerly
-    under its checkpointing. LMs the grouped path does not support take :func:`generation.completion_hidden`.
+    (:func:`compile_group_layers`), checkpointed per layer with the last ``uncheckpointed_layers`` kept. The
+    ``[SEG]`` passes (teacher-forced answers) take it when the layers are compiled (``pipeline.shared``); eager, two
+    layer calls per layer cost more host time than transformers' one. LMs the grouped path does not support take
+    :func:`generation.completion_hidden`.
     """
     _check_completion(prompt_embeds, prompt_attention, completion_ids, completion_mask, "grouped_completion_hidden")
     if not supports_grouping(lm, prompt_attention.shape[1] + completion_ids.shape[1]):
