@@ -100,7 +100,8 @@ class GRPOConfig:
     (Inductor): fused elementwise work, no per-operation Python dispatch; one graph serves all layers. Compiles on the
     first step (per grad/train mode, autocast and adapter state; lengths are symbolic); equal to the eager pass up to float order
     (model/decoding/grouped_scoring.py, docs/speed.md). old_logp is then scored with grad on by the loss's own graph,
-    so the first ratio stays exactly 1."""
+    so the first ratio stays exactly 1. Trained on one GPU; under DDP and DeepSpeed ZeRO-2 the fixes of the failures
+    met on GPUs are not yet run there (configs/rl/gpu_smoke_1b_compiled_loss.py is the `check gpu` config for it)."""
     uncheckpointed_layers: int = 0
     """With activation checkpointing on: the last k decoder layers of the grouped log-prob passes keep their
     activations for backward instead of recomputing them (k layer forwards fewer per backward, k layers' activations
