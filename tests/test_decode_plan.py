@@ -192,9 +192,10 @@ def test_attention_kinds_equal_repeat_kv_sdpa(attention_fn):
     torch.testing.assert_close(out, expected, atol=1e-6, rtol=0)
 
 
-def test_compiled_fused_step_equals_the_reference_and_a_second_call_compiles_nothing(monkeypatch):
-    """compile_step with every switch: the first call traces the step, a second call of the same shapes reuses it
-    (new state, cache and scratch weights are inputs of the graph, not constants)."""
+@pytest.fixture
+def step_graphs(monkeypatch):
+    """The graphs the compiled decode step traces, in order (its backend swapped for one that counts them); the test
+    starts and ends with no compiled code."""
     graphs = []
 
     def counting_backend(graph_module, example_inputs):
@@ -203,38 +204,36 @@ def test_compiled_fused_step_equals_the_reference_and_a_second_call_compiles_not
 
     monkeypatch.setattr(fast_decode_step, "COMPILE_BACKEND", counting_backend)
     torch.compiler.reset()
+    yield graphs
+    torch.compiler.reset()
+
+
+def test_compiled_fused_step_equals_the_reference_and_a_second_call_compiles_nothing(step_graphs):
+    """compile_step with every switch: the first call traces the step, a second call of the same shapes reuses it
+    (new state, cache and scratch weights are inputs of the graph, not constants)."""
     lm = tiny_lm()
     embeds, attention = prompts(lm, [5, 9, 7])
     kw = dict(max_new_tokens=6, temperature=0.8, top_p=0.9, stop_token_ids=[NEVER])
     ref = reference(lm, embeds, attention, 2, 4, **kw)
     switches = dict(**ALL_SWITCHES, split_prompt_cache=True)
     first = fast(lm, embeds, attention, 2, 4, compile_step=True, **switches, **kw)
-    compiled = len(graphs)
+    compiled = len(step_graphs)
     assert compiled >= 1
     second = fast(lm, embeds, attention, 2, 4, compile_step=True, **switches, **kw)
-    assert len(graphs) == compiled
+    assert len(step_graphs) == compiled
     assert_same_completions(first, ref)
     assert_same_completions(second, ref)
     fast(lm, embeds, attention, 2, 4, compile_step=True, **switches, **{**kw, "temperature": 0.7})
-    assert len(graphs) > compiled  # a new temperature (a constant of the step) does compile: the count sees it
-    torch.compiler.reset()
+    assert len(step_graphs) > compiled  # a new temperature (a constant of the step) does compile: the count sees it
 
 
 @pytest.mark.parametrize("backend", ["fast_compiled", "fast_fused_sdpa_compiled", "fast_fused_split_compiled"])
-def test_compiled_step_compiles_once_for_calls_of_every_shape(backend, monkeypatch):
+def test_compiled_step_compiles_once_for_calls_of_every_shape(backend, step_graphs):
     """The decode backend's compiled step traces one graph on its first call and runs calls of other prompt counts,
     prompt lengths, group sizes and lengths (N rows, S slots, T columns, L) on it (with the split cache: of other
     prompt lengths and lengths): the RL step's length buckets and call sites compile once per process. The first call
     has N = T = 6 (the kept states are [6, 6, D]): equal sizes are still separate symbols. Each call gives the
     uncompiled step's tokens, token_logp and kept states."""
-    graphs = []
-
-    def counting_backend(graph_module, example_inputs):
-        graphs.append(graph_module)
-        return graph_module.forward
-
-    monkeypatch.setattr(fast_decode_step, "COMPILE_BACKEND", counting_backend)
-    torch.compiler.reset()
     switches = {k: v for k, v in DECODE_BACKENDS[backend].keywords.items() if k != "compile_step"}
     assert DECODE_BACKENDS[backend].keywords["compile_step"]
     lm = tiny_lm()
@@ -248,8 +247,7 @@ def test_compiled_step_compiles_once_for_calls_of_every_shape(backend, monkeypat
         eager = fast(lm, embeds, attention, G, 4, **switches, **kw)
         assert_same_completions(got, eager)
         torch.testing.assert_close(got.hidden, eager.hidden, atol=1e-5, rtol=0)
-        assert len(graphs) == 1, f"{backend}: call {lengths, G, T} compiled graph {len(graphs)}"
-    torch.compiler.reset()
+        assert len(step_graphs) == 1, f"{backend}: call {lengths, G, T} compiled graph {len(step_graphs)}"
 
 
 def test_bench_decode_runs_the_switched_modes_on_cpu():
