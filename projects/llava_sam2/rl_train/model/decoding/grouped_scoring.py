@@ -250,9 +250,9 @@ def grouped_completion_hidden(lm: nn.Module, prompt_embeds: Tensor, prompt_atten
     layer calls per layer cost more host time than transformers' one. LMs the grouped path does not support take
     :func:`generation.completion_hidden`.
     """
-    _check_completion(prompt_embeds, prompt_attention, completion_ids, completion_mask, "grouped_completion_hidden")
     if not supports_grouping(lm, prompt_attention.shape[1] + completion_ids.shape[1]):
-        return completion_hidden(lm, prompt_embeds, prompt_attention, completion_ids, completion_mask)
+        return completion_hidden(lm, prompt_embeds, prompt_attention, completion_ids, completion_mask)  # checks too
+    _check_completion(prompt_embeds, prompt_attention, completion_ids, completion_mask, "grouped_completion_hidden")
     _, states = grouped_hidden(lm, prompt_embeds, prompt_attention, completion_ids, completion_mask, 1)
     return states  # [N, T, D]
 
