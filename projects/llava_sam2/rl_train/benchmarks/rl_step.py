@@ -310,6 +310,10 @@ def parse_args(argv=None):
                         help="ours: each decoder layer of the grouped log-prob passes through torch.compile "
                              "(GRPOConfig.compile_loss_layers); default: STEP_DEFAULTS of the device; sweep key "
                              "loss=compiled|eager")
+    parser.add_argument("--graph-loss-layers", action=argparse.BooleanOptionalAction, default=None,
+                        help="ours: replay the decoder-layer loop of the grouped log-prob passes from CUDA graphs "
+                             "(GRPOConfig.graph_loss_layers); default: STEP_DEFAULTS of the device; sweep key "
+                             "graphs=on|off")
     parser.add_argument("--uncheckpointed-layers", type=int, default=0,
                         help="ours: the last k decoder layers of the grouped log-prob passes keep their activations "
                              "instead of being checkpointed (GRPOConfig.uncheckpointed_layers); sweep key keep=k")
@@ -409,9 +413,10 @@ def refuse_for_qwen_vl(parser, args) -> None:
 # sweep keys -> argument names; tiles -> image (width, height) on the 448 px presets (1..12 tiles + thumbnail)
 SWEEP_KEYS = {"G": "num_generations", "T": "max_new_tokens", "B": "batch", "backend": "decode_backend",
               "tiles": "tiles", "amp": "amp_dtype", "logprob": "logprob_head", "ema": "ema_update",
-              "loss": "compile_loss_layers", "keep": "uncheckpointed_layers"}
-TEXT_KEYS = ("backend", "amp", "logprob", "ema", "loss")
+              "loss": "compile_loss_layers", "keep": "uncheckpointed_layers", "graphs": "graph_loss_layers"}
+TEXT_KEYS = ("backend", "amp", "logprob", "ema", "loss", "graphs")
 LOSS_LAYERS = {"compiled": True, "eager": False}  # sweep loss= value -> compile_loss_layers
+LAYER_GRAPHS = {"on": True, "off": False}  # sweep graphs= value -> graph_loss_layers
 TILE_IMAGES = {1: (448, 448), 5: (896, 896), 10: (1344, 1344), 13: (1792, 1344)}
 
 
@@ -433,6 +438,10 @@ def sweep_point(text: str) -> dict:
         if point["compile_loss_layers"] not in LOSS_LAYERS:
             raise ValueError(f"--sweep: loss={point['compile_loss_layers']}; use one of {sorted(LOSS_LAYERS)}")
         point["compile_loss_layers"] = LOSS_LAYERS[point["compile_loss_layers"]]
+    if "graph_loss_layers" in point:
+        if point["graph_loss_layers"] not in LAYER_GRAPHS:
+            raise ValueError(f"--sweep: graphs={point['graph_loss_layers']}; use one of {sorted(LAYER_GRAPHS)}")
+        point["graph_loss_layers"] = LAYER_GRAPHS[point["graph_loss_layers"]]
     if point.get("uncheckpointed_layers", 0) < 0:
         raise ValueError(f"--sweep: keep={point['uncheckpointed_layers']}; use a layer count >= 0")
     if point.get("tiles", 5) not in TILE_IMAGES:
@@ -485,7 +494,8 @@ def make_algo(model, processor, weights, args, decode_backend: str) -> CycleGRPO
     config = dict(num_generations=args.num_generations, max_completion_length=args.max_new_tokens, beta=args.beta,
                   mask_policy=args.mask_policy, generation_chunk_size=args.generation_chunk_size,
                   decode_backend=decode_backend, logprob_head=args.logprob_head, video_mllm_frames=args.mllm_frames,
-                  compile_loss_layers=args.compile_loss_layers, uncheckpointed_layers=args.uncheckpointed_layers,
+                  compile_loss_layers=args.compile_loss_layers, graph_loss_layers=args.graph_loss_layers,
+                  uncheckpointed_layers=args.uncheckpointed_layers,
                   prompt_length_multiple=args.prompt_length_multiple,
                   completion_length_multiple=args.completion_length_multiple)
     for name in LOOP_NAMES:  # a loop with weight 0 is not run
@@ -532,9 +542,9 @@ def forced_answers(args, processor, model, clock) -> ForcedAnswers | None:
 # a GPU user trains with; on CPU GRPOConfig's defaults (the CPU configs' exact path).
 STEP_DEFAULTS = {
     "cuda": dict(decode_backend="fast_fused_split", logprob_head="fused", prompt_length_multiple=64,
-                 completion_length_multiple=32, compile_loss_layers=False),
+                 completion_length_multiple=32, compile_loss_layers=False, graph_loss_layers=True),
     "cpu": dict(decode_backend="fast", logprob_head="reference", prompt_length_multiple=None,
-                completion_length_multiple=None, compile_loss_layers=False),
+                completion_length_multiple=None, compile_loss_layers=False, graph_loss_layers=False),
 }
 
 
@@ -674,6 +684,7 @@ def run_sweep(args, model, processor, weights, optimizer, params, clock, out: di
                           "max_new_tokens": settings.max_new_tokens, "decode_backend": settings.decode_backend,
                           "logprob_head": settings.logprob_head,
                           "compile_loss_layers": settings.compile_loss_layers,
+                          "graph_loss_layers": settings.graph_loss_layers,
                           "uncheckpointed_layers": settings.uncheckpointed_layers,
                           "ema_update": "async" if weights.async_update else "sync",
                           "amp_dtype": str(point_amp).removeprefix("torch.") if point_amp else "none",
