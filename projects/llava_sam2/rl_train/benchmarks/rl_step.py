@@ -100,7 +100,8 @@ from projects.llava_sam2.rl_train.grpo.trainer import CycleGRPO
 from projects.llava_sam2.rl_train.grpo.weights import WeightSets
 from projects.llava_sam2.rl_train.model.checkpoints.dtypes import as_torch_dtype
 from projects.llava_sam2.rl_train.model.decoding.fast_generation import DECODE_BACKENDS
-from projects.llava_sam2.rl_train.model.decoding.generation import LOGPROB_HEADS
+from projects.llava_sam2.rl_train.model.decoding.generation import LOGPROB_HEADS, decoder_and_head
+from projects.llava_sam2.rl_train.model.decoding.layer_graphs import GRAPH_ATTRIBUTE
 from projects.llava_sam2.rl_train.model.network.lora import adapter_compute_dtype, apply_lora, configure_trainable
 from projects.llava_sam2.rl_train.model.network.presets import PRESETS, QWEN_VL_PRESETS, build_preset
 from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
@@ -253,10 +254,12 @@ def run_variant(algo, model, optimizer, params, batch, clock, warmup: int, iters
     iteration's step seconds and the cold / warm split (:func:`cold_and_warm`)."""
     counts, totals, steps = defaultdict(float), defaultdict(float), []
     clock.take()
+    graphs_before = None
     for iteration in range(warmup + iters):
         clock.active = iteration >= warmup
         if iteration == warmup:
             reset_peak(clock.device)
+            graphs_before = layer_graph_counts(model)
         for key, value in run_iteration(algo, model, optimizer, params, batch, clock, amp).items():
             if clock.active:
                 counts[key] += value
@@ -268,7 +271,17 @@ def run_variant(algo, model, optimizer, params, batch, clock, warmup: int, iters
     seconds = {k: v / iters for k, v in totals.items()}
     N = len(batch) * algo.config.num_generations * len(algo.loops)
     summary = summarize(seconds, {k: v / iters for k, v in counts.items()}, N, peak_gib(clock.device))
-    return {**summary, "iteration_step_s": steps, **cold_and_warm(steps, warmup, N)}
+    graphs_after = layer_graph_counts(model)
+    graphs = None if graphs_after is None else {k: v - (graphs_before or {}).get(k, 0) for k, v in graphs_after.items()}
+    return {**summary, "iteration_step_s": steps, **cold_and_warm(steps, warmup, N), "layer_graphs": graphs}
+
+
+def layer_graph_counts(model) -> dict | None:
+    """The scoring LM's layer-graph counters (``LayerGraphs.counts``: eager first calls, captures, replays, eager
+    calls while the graph was busy or after a failed capture), None when its layers run without graphs."""
+    lm = getattr(model, "hf_model", None) or getattr(model, "language_model", None)
+    graphs = None if lm is None else getattr(decoder_and_head(lm)[0], GRAPH_ATTRIBUTE, None)
+    return None if graphs is None else dict(graphs.counts)
 
 
 def cold_and_warm(steps: list[float], warmup: int, num_rollouts: int) -> dict:
