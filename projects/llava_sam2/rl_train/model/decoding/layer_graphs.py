@@ -23,10 +23,14 @@ to ``make_graphed_callables``:
   layers are toggled together). Values are read at replay, so the EMA partner's and the reference's values, which
   ``grpo.weights.WeightSets`` copies into the live parameters, are what a replay computes with. A parameter that
   moved (``.to()``, a state dict loaded by assignment) drops every graph of the body.
-* **The first call of a key runs eagerly** and returns its own result; the graphs are then recorded for the later
-  calls, after one throw-away warm-up run on the capture stream (lazy cuBLAS / cuDNN state, and a compiled layer's
-  first-call work, must not happen inside a capture). A key whose capture fails runs eagerly from then on (one
-  warning).
+* **The first call of a key runs eagerly** and returns its own result (cuDNN plans, a compiled layer's first-call
+  work and allocator growth happen there, not inside a capture); the graphs are then recorded for the later calls.
+  The first capture with and without gradients is preceded by one throw-away run on the capture stream (its lazy
+  cuBLAS state). A key whose capture fails runs eagerly from then on (one warning).
+* **Gradients of aliases**: the recorded loop reads detached aliases of the trainable parameters (the same storage,
+  new leaves; ``torch_seams.parameters_replaced``), made inside the capture. The live parameters' gradient
+  accumulators were made on the training stream, and a backward recorded through them fails
+  (``cudaErrorStreamCaptureImplicit``: the legacy stream would wait on the capture).
 * **One forward in flight per graph**: the forward graph's memory holds the checkpointed activations until its
   backward replays; a second forward of the same key before that (two minibatches' forwards before one backward)
   would overwrite them, so it runs eagerly instead (counted). The graph is free again once its backward ran or its
@@ -53,6 +57,8 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
+
+from ..network.torch_seams import parameters_replaced
 
 logger = logging.getLogger(__name__)
 
@@ -200,6 +206,7 @@ class LayerGraphs:
         self.failed: set[tuple] = set()
         self.weights: tuple[int, ...] | None = None
         self._shared_pool = None
+        self._warmed: set[bool] = set()
         self.counts = {"eager_first": 0, "captured": 0, "replayed": 0, "eager_busy": 0, "eager_failed": 0}
 
     def run(self, stack: Callable[..., Outputs], inputs: Inputs, layers: Iterable[nn.Module], setting: tuple) -> Outputs:
@@ -222,7 +229,7 @@ class LayerGraphs:
             self.counts[counted] += 1
             outputs = stack(*inputs)
             if key not in self.failed:
-                self._capture(key, stack, inputs, trainable, with_grad)
+                self._capture(key, stack, inputs, layers, with_grad)
             return outputs
         self.entries.move_to_end(key)
         if entry.is_busy():
@@ -235,25 +242,34 @@ class LayerGraphs:
             return tuple(out.clone() for out in entry.outputs)
         return _ReplayedLayers.apply(entry, len(inputs), *inputs, *trainable)
 
-    def _capture(self, key: tuple, stack: Callable[..., Outputs], inputs: Inputs, trainable: list[Tensor],
+    def _capture(self, key: tuple, stack: Callable[..., Outputs], inputs: Inputs, layers: list[nn.Module],
                  with_grad: bool) -> None:
         recorder = self.recorder = self.recorder or CudaGraphRecorder()
         static = [None if t is None else t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
-        wrt = [t for t in static if t is not None and t.requires_grad] + trainable
+        # the recorded loop reads detached aliases of the trainable parameters (same storage, new leaves): the live
+        # parameters' gradient accumulators belong to the training stream, which a capture must not reach
+        container = nn.ModuleList(layers)
+        aliases = {name: p.detach().requires_grad_(True)
+                   for name, p in container.named_parameters() if p.requires_grad and with_grad}
+        wrt = [t for t in static if t is not None and t.requires_grad] + list(aliases.values())
         grad_outputs: list[Tensor] = []  # allocated by the first backward (the warm-up), then the graph's input
 
         def forward() -> Outputs:
-            return stack(*static)
+            with parameters_replaced(container, aliases):
+                return stack(*static)
 
         def backward(outputs: Outputs) -> Outputs:
             differentiable = [out for out in outputs if out.requires_grad]
             if not grad_outputs:
                 grad_outputs.extend(torch.empty_like(out) for out in differentiable)
-            return torch.autograd.grad(differentiable, wrt, grad_outputs, allow_unused=True)
+            with parameters_replaced(container, aliases):  # checkpointed layers run again in here
+                return torch.autograd.grad(differentiable, wrt, grad_outputs, allow_unused=True)
 
         try:
             with _autocast_cache_off():
-                recorder.warm_up(lambda: backward(forward()) if with_grad else forward())
+                if with_grad not in self._warmed:  # lazy per-stream state: once per kind of pass
+                    recorder.warm_up(lambda: backward(forward()) if with_grad else forward())
+                    self._warmed.add(with_grad)
                 if with_grad:
                     pool = recorder.new_pool()
                 else:
