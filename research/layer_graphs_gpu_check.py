@@ -78,6 +78,68 @@ def run(lm, data, G, mode: str):
     return logp, {}
 
 
+def train_steps(lm, args, steps: int) -> list[dict]:
+    """``steps`` SGD steps, each: a G-row loss pass and a one-row ([SEG]-like) pass, both forwards before one
+    backward, as the trainer's two loops; returns each step's loss and gradients (the parameters change in place
+    between the steps, as the optimizer changes them)."""
+    G = args.num_generations
+    first, second = batch(args, 3), batch(args, 4)
+    B = args.batch
+    one = [first[0], first[1], second[2][:B, : max(1, args.completion_len // 4)],
+           second[3][:B, : max(1, args.completion_len // 4)]]
+    params = [p for p in lm.parameters() if p.requires_grad]
+    optimizer = torch.optim.SGD(params, lr=1e-3)
+    lm.train()
+    out = []
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        total = 0
+        for data, g in ((first, G), (one, 1)):
+            ids, attention, completion_ids, completion_mask = data
+            with torch.no_grad():
+                embeds = lm.get_input_embeddings()(ids)
+            x = embeds.detach().clone().requires_grad_(True)
+            with adapter_compute_dtype(lm, torch.bfloat16):
+                logp = grouped_completion_logprobs(lm, x, attention, completion_ids, completion_mask,
+                                                   num_generations=g, logprob_head="fused")
+            weights = torch.linspace(-1.0, 1.0, logp.numel(), device=logp.device).reshape(logp.shape)
+            total = total + (weights * logp).sum()
+        total.backward()
+        grads = {n: p.grad.detach().clone() for n, p in lm.named_parameters() if p.requires_grad}
+        out.append({"loss": total.item(), "grads": grads})
+        optimizer.step()
+    return out
+
+
+class NeverWarm(set):
+    """``LayerGraphs._warmed`` that makes every capture run its own warm-up first (a diagnosis switch)."""
+
+    def __contains__(self, item) -> bool:
+        return False
+
+
+def train_comparison(lm, args) -> dict:
+    start = {n: p.detach().clone() for n, p in lm.named_parameters() if p.requires_grad}
+    graph_group_layers(lm, False)
+    eager = train_steps(lm, args, args.train_steps)
+    with torch.no_grad():
+        for n, p in lm.named_parameters():
+            if p.requires_grad:
+                p.copy_(start[n])
+    graph_group_layers(lm, True)
+    if args.warm_every_key:
+        getattr(decoder_and_head(lm)[0], GRAPH_ATTRIBUTE)._warmed = NeverWarm()
+    graphed = train_steps(lm, args, args.train_steps)
+    rows = []
+    for e, g in zip(eager, graphed):
+        rows.append({"loss": [e["loss"], g["loss"]],
+                     "nonfinite_grads": sum(int(not torch.isfinite(v).all()) for v in g["grads"].values()),
+                     "largest_grad_diff": max((e["grads"][n] - g["grads"][n]).abs().max().item() for n in e["grads"]),
+                     "largest_grad": max(v.abs().max().item() for v in e["grads"].values())})
+    counts = dict(getattr(decoder_and_head(lm)[0], GRAPH_ATTRIBUTE).counts)
+    return {"pass": "train", "steps": rows, "counts": counts}
+
+
 def largest_differences(a, b) -> dict:
     logp = (a[0] - b[0]).abs().max().item()
     grads = max([(a[1][n].float() - b[1][n].float()).abs().max().item() for n in a[1]], default=0.0)
@@ -108,10 +170,17 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--completion-len", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--train-steps", type=int, default=4, help="steps of the two-loop training comparison")
+    parser.add_argument("--warm-every-key", action="store_true", help="a warm-up run before every capture")
+    parser.add_argument("--only-train", action="store_true", help="the training comparison alone")
     parser.add_argument("--device", default="cuda", help="cpu: a smoke run of this script (no graphs on CPU)")
     parser.add_argument("--compile", action="store_true", help="compiled layers (compile_loss_layers) too")
     args = parser.parse_args()
     lm = build(args)
+    if args.train_steps:
+        print(json.dumps(train_comparison(lm, args)), flush=True)
+    if args.only_train:
+        return
     G = args.num_generations
     first, second = batch(args, 1), batch(args, 2)
     for mode in ("loss", "score", "reference"):
