@@ -25,7 +25,7 @@ from projects.llava_sam2.rl_train.model.network.lora import adapter_compute_dtyp
 def build(args) -> torch.nn.Module:
     torch.manual_seed(0)
     config = Qwen2Config(vocab_size=4096, hidden_size=args.hidden, intermediate_size=args.hidden * 4,
-                         num_hidden_layers=args.layers, num_attention_heads=args.hidden // 128,
+                         num_hidden_layers=args.layers, num_attention_heads=args.hidden // args.head_dim,
                          num_key_value_heads=2, max_position_embeddings=4096, attn_implementation="sdpa")
     lm = Qwen2ForCausalLM(config).to(args.device, torch.bfloat16)
     lm = apply_lora(lm, r=64, lora_alpha=128, lora_dropout=0.0)
@@ -170,12 +170,20 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--completion-len", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--head-dim", type=int, default=128, help="64: the 1b preset's (hidden 896, 14 heads)")
+    parser.add_argument("--sdpa", default=None, help="comma-separated SDPA backends to allow (e.g. efficient,math)")
     parser.add_argument("--train-steps", type=int, default=4, help="steps of the two-loop training comparison")
     parser.add_argument("--warm-every-key", action="store_true", help="a warm-up run before every capture")
     parser.add_argument("--only-train", action="store_true", help="the training comparison alone")
     parser.add_argument("--device", default="cuda", help="cpu: a smoke run of this script (no graphs on CPU)")
     parser.add_argument("--compile", action="store_true", help="compiled layers (compile_loss_layers) too")
     args = parser.parse_args()
+    if args.sdpa:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        names = {"efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION,
+                 "cudnn": SDPBackend.CUDNN_ATTENTION}
+        sdpa_kernel([names[n] for n in args.sdpa.split(",")]).__enter__()
     lm = build(args)
     if args.train_steps:
         print(json.dumps(train_comparison(lm, args)), flush=True)

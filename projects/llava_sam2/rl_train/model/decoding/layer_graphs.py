@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -65,6 +66,8 @@ logger = logging.getLogger(__name__)
 GRAPH_ATTRIBUTE = "grouped_layer_graphs"  # on the decoder body: its LayerGraphs, or absent (eager)
 MAX_KEYS = 8
 CAPTURE_ERROR_MODE = "thread_local"  # other threads (data loading, reward clients) may use CUDA during a capture
+# diagnosis: every replay is also run eagerly and the largest differences are logged (slow; off unless set to 1)
+CHECK_REPLAYS = os.environ.get("SA2VA_CHECK_LAYER_GRAPHS") == "1"
 
 Inputs = Sequence[Tensor | None]
 Outputs = tuple[Tensor, ...]
@@ -135,6 +138,7 @@ class _Entry:
     grads: Outputs | None = None  # one per input that requires grad, then one per trainable parameter (None: unused)
     replay_backward: Callable[[], None] | None = None
     pending: Callable[[], object] | None = None  # weakref to the autograd node of the forward awaiting its backward
+    stack: Callable[..., Outputs] | None = None  # the eager loop (for CHECK_REPLAYS)
 
     def load(self, inputs: Inputs) -> None:
         for static, value in zip(self.inputs, inputs):
@@ -156,6 +160,10 @@ class _ReplayedLayers(torch.autograd.Function):
         ctx.entry, ctx.num_inputs = entry, num_inputs
         ctx.input_needs_grad = [t is not None and t.requires_grad for t in tensors[:num_inputs]]
         ctx.num_parameters = len(tensors) - num_inputs
+        if CHECK_REPLAYS:
+            ctx.inputs, ctx.parameters = tensors[:num_inputs], tensors[num_inputs:]
+            with torch.no_grad():
+                _log_differences("forward", entry.outputs, entry.stack(*ctx.inputs))
         return tuple(out.clone() for out in entry.outputs)
 
     @staticmethod
@@ -170,7 +178,27 @@ class _ReplayedLayers(torch.autograd.Function):
         # grads come in the order of the inputs that required grad at capture, then the parameters
         for_inputs = [_clone(next(grads)) if needs else None for needs in ctx.input_needs_grad]
         for_parameters = [_clone(next(grads)) for _ in range(ctx.num_parameters)]
+        if CHECK_REPLAYS:
+            with torch.enable_grad():
+                inputs = [None if t is None else t.detach().requires_grad_(needs)
+                          for t, needs in zip(ctx.inputs, ctx.input_needs_grad)]
+                outputs = entry.stack(*inputs)
+                wrt = [t for t, needs in zip(inputs, ctx.input_needs_grad) if needs] + list(ctx.parameters)
+                eager = torch.autograd.grad([o for o, d in zip(outputs, entry.differentiable) if d], wrt,
+                                            differentiable, allow_unused=True)
+            _log_differences("backward", [g for g in (*for_inputs, *for_parameters) if g is not None],
+                             [g for g in eager if g is not None])
         return None, None, *for_inputs, *for_parameters
+
+
+def _log_differences(where: str, replayed: Sequence[Tensor], eager: Sequence[Tensor]) -> None:
+    """CHECK_REPLAYS: the largest difference of a replay from the eager loop, and its non-finite tensors."""
+    largest = max(((r.float() - e.float()).abs().max().item() for r, e in zip(replayed, eager)), default=0.0)
+    scale = max((e.float().abs().max().item() for e in eager), default=0.0)
+    bad = sum(int(not bool(torch.isfinite(r).all())) for r in replayed)
+    logger.warning("layer graphs check, %s: %d tensors, largest difference %.3g (eager's largest %.3g), %d non-finite "
+                   "(eager: %d)", where, len(replayed), largest, scale, bad,
+                   sum(int(not bool(torch.isfinite(e).all())) for e in eager))
 
 
 def _clone(grad: Tensor | None) -> Tensor | None:
@@ -239,6 +267,8 @@ class LayerGraphs:
         if not with_grad:
             entry.load(inputs)
             entry.replay_forward()
+            if CHECK_REPLAYS:
+                _log_differences("no-grad forward", entry.outputs, stack(*inputs))
             return tuple(out.clone() for out in entry.outputs)
         return _ReplayedLayers.apply(entry, len(inputs), *inputs, *trainable)
 
@@ -283,7 +313,8 @@ class LayerGraphs:
             return
         self.counts["captured"] += 1
         self.entries[key] = _Entry(static, tuple(out.detach() for out in outputs), replay_forward,
-                                   tuple(out.requires_grad for out in outputs), grad_outputs, grads, replay_backward)
+                                   tuple(out.requires_grad for out in outputs), grad_outputs, grads, replay_backward,
+                                   stack=stack)
         while len(self.entries) > self.max_keys:
             self.entries.popitem(last=False)
 
