@@ -162,6 +162,7 @@ class _ReplayedLayers(torch.autograd.Function):
         ctx.num_parameters = len(tensors) - num_inputs
         if CHECK_REPLAYS:
             ctx.inputs, ctx.parameters = tensors[:num_inputs], tensors[num_inputs:]
+            ctx.autocast = torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")
             with torch.no_grad():
                 _log_differences("forward", entry.outputs, entry.stack(*ctx.inputs))
         return tuple(out.clone() for out in entry.outputs)
@@ -179,7 +180,7 @@ class _ReplayedLayers(torch.autograd.Function):
         for_inputs = [_clone(next(grads)) if needs else None for needs in ctx.input_needs_grad]
         for_parameters = [_clone(next(grads)) for _ in range(ctx.num_parameters)]
         if CHECK_REPLAYS:
-            with torch.enable_grad():
+            with torch.enable_grad(), torch.autocast("cuda", dtype=ctx.autocast[1], enabled=ctx.autocast[0]):
                 inputs = [None if t is None else t.detach().requires_grad_(needs)
                           for t, needs in zip(ctx.inputs, ctx.input_needs_grad)]
                 outputs = entry.stack(*inputs)
