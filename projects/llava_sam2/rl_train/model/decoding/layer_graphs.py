@@ -67,7 +67,8 @@ GRAPH_ATTRIBUTE = "grouped_layer_graphs"  # on the decoder body: its LayerGraphs
 MAX_KEYS = 8
 CAPTURE_ERROR_MODE = "thread_local"  # other threads (data loading, reward clients) may use CUDA during a capture
 # diagnosis: every replay is also run eagerly and the largest differences are logged (slow; off unless set to 1)
-CHECK_REPLAYS = os.environ.get("SA2VA_CHECK_LAYER_GRAPHS") == "1"
+CHECK_REPLAYS = os.environ.get("SA2VA_CHECK_LAYER_GRAPHS") in ("1", "refresh")
+REFRESH_BEFORE_BACKWARD = os.environ.get("SA2VA_CHECK_LAYER_GRAPHS") == "refresh"  # diagnosis: forward replayed again
 
 Inputs = Sequence[Tensor | None]
 Outputs = tuple[Tensor, ...]
@@ -170,6 +171,8 @@ class _ReplayedLayers(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grad_outputs: Tensor):
         entry = ctx.entry
+        if REFRESH_BEFORE_BACKWARD:
+            entry.replay_forward()
         differentiable = [grad for grad, needed in zip(grad_outputs, entry.differentiable) if needed]
         for static, grad in zip(entry.grad_outputs, differentiable):
             static.copy_(grad)
