@@ -25,8 +25,7 @@ def decode_rows(report: dict) -> None:
 def step_rows(report: dict) -> None:
     points = [("main", report)] + list(report.get("sweep", {}).items())
     for label, s in points:
-        print(label, s.get("decode_backend"), s.get("compile_loss_layers"), s.get("graph_loss_layers"),
-              s.get("layer_graphs"), s.get("seconds_per_iteration"),
+        print(label, s.get("decode_backend"), s.get("compile_loss_layers"), s.get("seconds_per_iteration"),
               s.get("rollouts_per_s"), s.get("iteration_step_s"), "peak", s.get("peak_gib"))
         for key, value in sorted(s.get("seconds", {}).items()):
             print(f"   {key:48s} {value:.3f}")

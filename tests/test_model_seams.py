@@ -15,7 +15,7 @@ from projects.llava_sam2.rl_train.grpo.trainer import DROPOUT_TYPES, zero_dropou
 from projects.llava_sam2.rl_train.model.network.sam2_seams import (
     ENCODE_MEMORY_METHOD, MEMORY_CONDITIONED_METHOD, SAM2_VERSION, encode_memory, memory_conditioned_embed)
 from projects.llava_sam2.rl_train.model.network.torch_seams import foreach_copy_, foreach_lerp_, mark_sizes_symbolic, \
-    parameters_replaced, without_ddp_graph_splits
+    without_ddp_graph_splits
 from projects.llava_sam2.rl_train.model.network.transformers_seams import (attention_implementation, cache_tensors,
                                                                    full_static_cache,
                                                                    has_input_require_grads_hook, run_decoder_layer,
@@ -200,20 +200,6 @@ def test_ddp_graph_splitting_is_switched_off_inside_the_block_only():
             f"{TORCH}: torch._dynamo.config.optimize_ddp no longer switches Dynamo's DDP optimizer "
             "(torch_seams.without_ddp_graph_splits)")
     assert torch._dynamo.config.optimize_ddp == before
-
-
-def test_replaced_parameters_take_the_gradient_inside_the_block_and_the_originals_come_back():
-    torch.manual_seed(0)
-    outer = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 1))
-    original = outer[0].weight
-    alias = original.detach().requires_grad_(True)  # same storage, a new leaf
-    x = torch.randn(4, 3)
-    with parameters_replaced(outer, {"0.weight": alias}):
-        assert outer[0].weight is alias, f"{TORCH}: torch.nn.utils.stateless._reparametrize_module no longer swaps"
-        outer(x).sum().backward()
-    assert outer[0].weight is original and isinstance(outer[0].weight, nn.Parameter)
-    assert original.grad is None and alias.grad is not None and alias.grad.abs().sum() > 0
-    assert outer[1].weight.grad is not None  # the parameters left out stay and train
 
 
 def test_dropout_types_are_every_dropout_module_of_torch_nn():

@@ -100,8 +100,7 @@ from projects.llava_sam2.rl_train.grpo.trainer import CycleGRPO
 from projects.llava_sam2.rl_train.grpo.weights import WeightSets
 from projects.llava_sam2.rl_train.model.checkpoints.dtypes import as_torch_dtype
 from projects.llava_sam2.rl_train.model.decoding.fast_generation import DECODE_BACKENDS
-from projects.llava_sam2.rl_train.model.decoding.generation import LOGPROB_HEADS, decoder_and_head
-from projects.llava_sam2.rl_train.model.decoding.layer_graphs import GRAPH_ATTRIBUTE
+from projects.llava_sam2.rl_train.model.decoding.generation import LOGPROB_HEADS
 from projects.llava_sam2.rl_train.model.network.lora import adapter_compute_dtype, apply_lora, configure_trainable
 from projects.llava_sam2.rl_train.model.network.presets import PRESETS, QWEN_VL_PRESETS, build_preset
 from projects.llava_sam2.rl_train.model.network.sa2va import Sa2VAModel
@@ -254,12 +253,10 @@ def run_variant(algo, model, optimizer, params, batch, clock, warmup: int, iters
     iteration's step seconds and the cold / warm split (:func:`cold_and_warm`)."""
     counts, totals, steps = defaultdict(float), defaultdict(float), []
     clock.take()
-    graphs_before = None
     for iteration in range(warmup + iters):
         clock.active = iteration >= warmup
         if iteration == warmup:
             reset_peak(clock.device)
-            graphs_before = layer_graph_counts(model)
         for key, value in run_iteration(algo, model, optimizer, params, batch, clock, amp).items():
             if clock.active:
                 counts[key] += value
@@ -271,17 +268,7 @@ def run_variant(algo, model, optimizer, params, batch, clock, warmup: int, iters
     seconds = {k: v / iters for k, v in totals.items()}
     N = len(batch) * algo.config.num_generations * len(algo.loops)
     summary = summarize(seconds, {k: v / iters for k, v in counts.items()}, N, peak_gib(clock.device))
-    graphs_after = layer_graph_counts(model)
-    graphs = None if graphs_after is None else {k: v - (graphs_before or {}).get(k, 0) for k, v in graphs_after.items()}
-    return {**summary, "iteration_step_s": steps, **cold_and_warm(steps, warmup, N), "layer_graphs": graphs}
-
-
-def layer_graph_counts(model) -> dict | None:
-    """The scoring LM's layer-graph counters (``LayerGraphs.counts``: eager first calls, captures, replays, eager
-    calls while the graph was busy or after a failed capture), None when its layers run without graphs."""
-    lm = getattr(model, "hf_model", None) or getattr(model, "language_model", None)
-    graphs = None if lm is None else getattr(decoder_and_head(lm)[0], GRAPH_ATTRIBUTE, None)
-    return None if graphs is None else dict(graphs.counts)
+    return {**summary, "iteration_step_s": steps, **cold_and_warm(steps, warmup, N)}
 
 
 def cold_and_warm(steps: list[float], warmup: int, num_rollouts: int) -> dict:
@@ -323,10 +310,6 @@ def parse_args(argv=None):
                         help="ours: each decoder layer of the grouped log-prob passes through torch.compile "
                              "(GRPOConfig.compile_loss_layers); default: STEP_DEFAULTS of the device; sweep key "
                              "loss=compiled|eager")
-    parser.add_argument("--graph-loss-layers", action=argparse.BooleanOptionalAction, default=None,
-                        help="ours: replay the decoder-layer loop of the grouped log-prob passes from CUDA graphs "
-                             "(GRPOConfig.graph_loss_layers); default: STEP_DEFAULTS of the device; sweep key "
-                             "graphs=on|off")
     parser.add_argument("--uncheckpointed-layers", type=int, default=0,
                         help="ours: the last k decoder layers of the grouped log-prob passes keep their activations "
                              "instead of being checkpointed (GRPOConfig.uncheckpointed_layers); sweep key keep=k")
@@ -426,10 +409,9 @@ def refuse_for_qwen_vl(parser, args) -> None:
 # sweep keys -> argument names; tiles -> image (width, height) on the 448 px presets (1..12 tiles + thumbnail)
 SWEEP_KEYS = {"G": "num_generations", "T": "max_new_tokens", "B": "batch", "backend": "decode_backend",
               "tiles": "tiles", "amp": "amp_dtype", "logprob": "logprob_head", "ema": "ema_update",
-              "loss": "compile_loss_layers", "keep": "uncheckpointed_layers", "graphs": "graph_loss_layers"}
-TEXT_KEYS = ("backend", "amp", "logprob", "ema", "loss", "graphs")
+              "loss": "compile_loss_layers", "keep": "uncheckpointed_layers"}
+TEXT_KEYS = ("backend", "amp", "logprob", "ema", "loss")
 LOSS_LAYERS = {"compiled": True, "eager": False}  # sweep loss= value -> compile_loss_layers
-LAYER_GRAPHS = {"on": True, "off": False}  # sweep graphs= value -> graph_loss_layers
 TILE_IMAGES = {1: (448, 448), 5: (896, 896), 10: (1344, 1344), 13: (1792, 1344)}
 
 
@@ -451,10 +433,6 @@ def sweep_point(text: str) -> dict:
         if point["compile_loss_layers"] not in LOSS_LAYERS:
             raise ValueError(f"--sweep: loss={point['compile_loss_layers']}; use one of {sorted(LOSS_LAYERS)}")
         point["compile_loss_layers"] = LOSS_LAYERS[point["compile_loss_layers"]]
-    if "graph_loss_layers" in point:
-        if point["graph_loss_layers"] not in LAYER_GRAPHS:
-            raise ValueError(f"--sweep: graphs={point['graph_loss_layers']}; use one of {sorted(LAYER_GRAPHS)}")
-        point["graph_loss_layers"] = LAYER_GRAPHS[point["graph_loss_layers"]]
     if point.get("uncheckpointed_layers", 0) < 0:
         raise ValueError(f"--sweep: keep={point['uncheckpointed_layers']}; use a layer count >= 0")
     if point.get("tiles", 5) not in TILE_IMAGES:
@@ -507,8 +485,7 @@ def make_algo(model, processor, weights, args, decode_backend: str) -> CycleGRPO
     config = dict(num_generations=args.num_generations, max_completion_length=args.max_new_tokens, beta=args.beta,
                   mask_policy=args.mask_policy, generation_chunk_size=args.generation_chunk_size,
                   decode_backend=decode_backend, logprob_head=args.logprob_head, video_mllm_frames=args.mllm_frames,
-                  compile_loss_layers=args.compile_loss_layers, graph_loss_layers=args.graph_loss_layers,
-                  uncheckpointed_layers=args.uncheckpointed_layers,
+                  compile_loss_layers=args.compile_loss_layers, uncheckpointed_layers=args.uncheckpointed_layers,
                   prompt_length_multiple=args.prompt_length_multiple,
                   completion_length_multiple=args.completion_length_multiple)
     for name in LOOP_NAMES:  # a loop with weight 0 is not run
@@ -555,9 +532,9 @@ def forced_answers(args, processor, model, clock) -> ForcedAnswers | None:
 # a GPU user trains with; on CPU GRPOConfig's defaults (the CPU configs' exact path).
 STEP_DEFAULTS = {
     "cuda": dict(decode_backend="fast_fused_split", logprob_head="fused", prompt_length_multiple=64,
-                 completion_length_multiple=32, compile_loss_layers=False, graph_loss_layers=False),
+                 completion_length_multiple=32, compile_loss_layers=False),
     "cpu": dict(decode_backend="fast", logprob_head="reference", prompt_length_multiple=None,
-                completion_length_multiple=None, compile_loss_layers=False, graph_loss_layers=False),
+                completion_length_multiple=None, compile_loss_layers=False),
 }
 
 
@@ -697,7 +674,6 @@ def run_sweep(args, model, processor, weights, optimizer, params, clock, out: di
                           "max_new_tokens": settings.max_new_tokens, "decode_backend": settings.decode_backend,
                           "logprob_head": settings.logprob_head,
                           "compile_loss_layers": settings.compile_loss_layers,
-                          "graph_loss_layers": settings.graph_loss_layers,
                           "uncheckpointed_layers": settings.uncheckpointed_layers,
                           "ema_update": "async" if weights.async_update else "sync",
                           "amp_dtype": str(point_amp).removeprefix("torch.") if point_amp else "none",

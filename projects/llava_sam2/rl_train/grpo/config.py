@@ -102,11 +102,6 @@ class GRPOConfig:
     (model/decoding/grouped_scoring.py, docs/speed.md). old_logp is then scored with grad on by the loss's own graph,
     so the first ratio stays exactly 1. Trained on one GPU; under DDP and DeepSpeed ZeRO-2 the fixes of the failures
     met on GPUs are not yet run there (configs/rl/gpu_smoke_1b_compiled_loss.py is the `check gpu` config for it)."""
-    graph_loss_layers: bool = False
-    """Replay the decoder-layer loop of the grouped log-prob passes (old_logp, ref_logp, the loss; its backward too)
-    from CUDA graphs recorded once per shape, so the host launches one graph instead of ~10^5 kernels
-    (model/decoding/layer_graphs.py, docs/speed.md). CUDA only (ignored on CPU); not while a dropout is active. The
-    first pass of each shape runs eagerly and records; memory: each shape's graphs keep their pass's activations."""
     uncheckpointed_layers: int = 0
     """With activation checkpointing on: the last k decoder layers of the grouped log-prob passes keep their
     activations for backward instead of recomputing them (k layer forwards fewer per backward, k layers' activations

@@ -54,7 +54,6 @@ import torch
 from torch import Tensor, nn
 
 from ..model.decoding.grouped_scoring import compile_group_layers, keep_last_layers_activations, uses_compiled_layers
-from ..model.decoding.layer_graphs import graph_group_layers
 from ..model.decoding.text_decoding import TextDecoding, group_chunks
 from ..model.network.lora import check_compute_dtype
 from ..model.pipeline.shared import SEG_ANSWER, seg_answer_ids
@@ -165,12 +164,11 @@ def _scoring_lm(model: nn.Module) -> nn.Module | None:
 
 
 def _configure_scoring_lm(model: nn.Module, config: GRPOConfig) -> None:
-    """``GRPOConfig.compile_loss_layers``, ``graph_loss_layers`` and ``uncheckpointed_layers`` on the scoring LM, set
-    either way so a model reused by a new trainer follows that trainer's config."""
+    """``GRPOConfig.compile_loss_layers`` and ``uncheckpointed_layers`` on the scoring LM, set either way so a model
+    reused by a new trainer follows that trainer's config."""
     scoring_lm = _scoring_lm(model)
     if scoring_lm is not None:
         compile_group_layers(scoring_lm, "inductor" if config.compile_loss_layers else None)
-        graph_group_layers(scoring_lm, config.graph_loss_layers)
         keep_last_layers_activations(scoring_lm, config.uncheckpointed_layers)
 
 

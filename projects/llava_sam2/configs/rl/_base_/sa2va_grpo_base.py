@@ -35,7 +35,6 @@ train_cfg = dict(
             num_iterations=1,  # optimisation passes over each batch of rollouts
             logprob_head="reference",  # LM-head log-probs: reference | fused (real tokens only, docs/speed.md)
             compile_loss_layers=False,  # torch.compile each decoder layer of the log-prob passes (docs/speed.md)
-            graph_loss_layers=False,  # replay the log-prob passes' layer loop from CUDA graphs (docs/speed.md)
             uncheckpointed_layers=0,  # last decoder layers kept out of activation checkpointing (docs/speed.md)
             # rewards
             scale_rewards="group",  # group | batch | none

@@ -34,9 +34,6 @@ train_cfg["algorithm"]["config"]["decode_backend"] = "fast_fused_split"  # noqa:
 # they trained on one GPU, but DDP and DeepSpeed ZeRO-2 failed at the first compile on 2 H100s (docs/benchmarks.md,
 # Round 5); the fixes since are not yet run on GPUs
 train_cfg["algorithm"]["config"]["compile_loss_layers"] = False  # noqa: F405
-# the log-prob passes' layer loop runs eagerly: replayed from CUDA graphs (graph_loss_layers=True) the 4b step was no
-# faster on one H100 (its scoring passes are bound by the GPU at this size) and held ~2.3 GiB more (docs/speed.md)
-train_cfg["algorithm"]["config"]["graph_loss_layers"] = False  # noqa: F405
 warmup_iters = int(0.05 * max_iters)
 param_scheduler = [
     dict(type=LinearLR, start_factor=1e-5, by_epoch=False, begin=0, end=warmup_iters),  # noqa: F405

@@ -41,7 +41,7 @@ that passes torch's recompile limit runs further graphs eagerly (same values).
 from __future__ import annotations
 
 from functools import partial
-from collections.abc import Callable, Sequence
+from typing import Callable
 
 import torch
 from torch import Tensor, nn
@@ -49,7 +49,6 @@ from torch.utils.checkpoint import checkpoint
 
 from .generation import MAX_LOGIT_BYTES, _check_completion, completion_hidden, completion_logprobs, \
     continuation_positions, decoder_and_head, logprob_head_function, position_ids_from_attention
-from .layer_graphs import GRAPH_ATTRIBUTE, layer_graphs_of
 from ..network.torch_seams import without_ddp_graph_splits
 from ..network.transformers_seams import attention_implementation, run_decoder_layer
 
@@ -151,13 +150,6 @@ def uses_compiled_layers(lm: nn.Module) -> bool:
     return getattr(body, COMPILE_ATTRIBUTE, None) is not None
 
 
-def prefers_grouped_passes(lm: nn.Module) -> bool:
-    """True when ``lm``'s grouped layer calls are compiled or replayed from CUDA graphs: then one prompt per group
-    (:func:`grouped_completion_hidden`) beats transformers' one forward, whose host work neither reaches."""
-    body, _ = decoder_and_head(lm)
-    return uses_compiled_layers(lm) or getattr(body, GRAPH_ATTRIBUTE, None) is not None
-
-
 _COMPILED_LAYER_CALLS: dict[str, Callable] = {}  # backend -> the compiled layer call (one per process)
 
 
@@ -191,51 +183,6 @@ def supports_grouping(lm: nn.Module, length: int) -> bool:
 def _text_axis(positions: Tensor) -> Tensor:
     """``[n, t]`` positions as they are; M-RoPE ``[3, n, t]``: the first axis (what a layer's own position_ids are)."""
     return positions if positions.dim() == 2 else positions[0]
-
-
-def _kwargs_layout(kwargs: dict) -> tuple:
-    """``(name, n)`` per keyword: n tensors in a tuple (rotary's cos, sin), or -1 for a tensor itself."""
-    return tuple((name, len(value) if isinstance(value, tuple) else -1) for name, value in kwargs.items())
-
-
-def _kwargs_tensors(kwargs: dict) -> list[Tensor]:
-    return [t for value in kwargs.values() for t in (value if isinstance(value, tuple) else (value,))]
-
-
-def _kwargs_from(layout: tuple, tensors: Sequence[Tensor]) -> dict:
-    kwargs, at = {}, 0
-    for name, count in layout:
-        kwargs[name] = tensors[at] if count < 0 else tuple(tensors[at:at + count])
-        at += 1 if count < 0 else count
-    return kwargs
-
-
-def _run_layers(layers: Sequence[nn.Module], layer_call: Callable, num_generations: int, use_checkpoint: bool,
-                first_kept: int, draws_random: bool, prefix_layout: tuple, continuation_layout: tuple, num_additions: int,
-                h_prefix: Tensor, h_continuation: Tensor, *tensors: Tensor) -> tuple[Tensor, Tensor]:
-    """The decoder layers on (prefix, continuation), from flat tensors (``LayerGraphs`` records this loop):
-    ``tensors`` = the per-layer prompt additions, then the prefix's and the continuation's keyword tensors."""
-    additions = tensors[:num_additions]
-    split = num_additions + sum(1 if count < 0 else count for _, count in prefix_layout)
-    prefix_kwargs = _kwargs_from(prefix_layout, tensors[num_additions:split])
-    continuation_kwargs = _kwargs_from(continuation_layout, tensors[split:])
-    for index, layer in enumerate(layers):
-        step = partial(layer_call, layer, num_generations, prefix_kwargs, continuation_kwargs,
-                       prefix_addition=additions[index] if index < num_additions else None)
-        if use_checkpoint and index < first_kept:
-            # the recompute needs the forward's RNG state only where a dropout draws (graphs run only where none does)
-            h_prefix, h_continuation = checkpoint(step, h_prefix, h_continuation, use_reentrant=False,
-                                                  preserve_rng_state=draws_random)
-        else:
-            h_prefix, h_continuation = step(h_prefix, h_continuation)
-    return h_prefix, h_continuation
-
-
-def _has_active_dropout(layer: nn.Module, config) -> bool:
-    """True when the layer draws random numbers now (a dropout in train mode with p > 0)."""
-    if layer.training and float(getattr(config, "attention_dropout", 0.0) or 0.0) > 0:
-        return True
-    return any(isinstance(m, nn.Dropout) and m.training and m.p > 0 for m in layer.modules())
 
 
 def grouped_hidden(lm: nn.Module, prompt_embeds: Tensor, prompt_attention: Tensor, continuation_ids: Tensor,
@@ -278,20 +225,15 @@ def grouped_hidden(lm: nn.Module, prompt_embeds: Tensor, prompt_attention: Tenso
     num_layers = body.config.num_hidden_layers
     # the last layers are the first backward reaches: their kept activations are freed before any recompute allocates
     first_kept = num_layers - getattr(body, UNCHECKPOINTED_ATTRIBUTE, 0)
-    layers = body.layers[:num_layers]
-    additions = list(prefix_additions or [])[:num_layers]
-    draws_random = _has_active_dropout(layers[0], body.config)
-    layouts = _kwargs_layout(prefix_kwargs), _kwargs_layout(continuation_kwargs)
-    setting = (G, use_checkpoint, first_kept, getattr(body, COMPILE_ATTRIBUTE, None), len(additions), layouts)
-    stack = partial(_run_layers, layers, _layer_call(body), G, use_checkpoint, first_kept, draws_random, *layouts,
-                    len(additions))
-    inputs = [h_prefix, h_continuation, *additions, *_kwargs_tensors(prefix_kwargs),
-              *_kwargs_tensors(continuation_kwargs)]
-    graphs = layer_graphs_of(body, prompt_embeds.is_cuda)
-    if graphs is not None and not draws_random:
-        h_prefix, h_continuation = graphs.run(stack, inputs, layers, setting)
-    else:
-        h_prefix, h_continuation = stack(*inputs)
+    additions = list(prefix_additions or [])
+    layer_call = _layer_call(body)
+    for index, layer in enumerate(body.layers[:num_layers]):
+        step = partial(layer_call, layer, G, prefix_kwargs, continuation_kwargs,
+                       prefix_addition=additions[index] if index < len(additions) else None)
+        if use_checkpoint and index < first_kept:
+            h_prefix, h_continuation = checkpoint(step, h_prefix, h_continuation, use_reentrant=False)
+        else:
+            h_prefix, h_continuation = step(h_prefix, h_continuation)
     if not final_norm:
         return h_prefix[:, -1], h_continuation
     return body.norm(h_prefix[:, -1]), body.norm(h_continuation)  # [B, D], [N, T', D]

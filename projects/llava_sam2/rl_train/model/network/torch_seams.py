@@ -17,11 +17,6 @@ an upgrade breaks the assumption.
   the loss pass (``grouped_scoring``) is one layer per graph, so there is nothing to overlap, and on 2 H100s the
   splitting failed inside AOTAutograd (``'float' object has no attribute 'meta'``). DDP's own gradient hooks reduce
   the gradients as for any eager layer.
-* ``parameters_replaced``: inside the block the named parameters of a module are the given tensors
-  (``torch.nn.utils.stateless._reparametrize_module``, what ``torch.func.functional_call`` runs on), restored after.
-  The recorded layer graphs (``model/decoding/layer_graphs.py``) take gradients of detached aliases of the trainable
-  parameters made inside the capture: the live parameters' gradient accumulators belong to the training stream, and
-  a capture that reaches them fails (``cudaErrorStreamCaptureImplicit``).
 """
 from __future__ import annotations
 
@@ -47,14 +42,6 @@ def mark_sizes_symbolic(tensor: Tensor, dims: Sequence[int]) -> None:
     """A compiled function traced with ``tensor`` as an input takes sizes ``dims`` of it as symbols, not constants."""
     torch._dynamo.maybe_mark_dynamic(tensor, list(dims))
 
-
-
-def parameters_replaced(module: torch.nn.Module, tensors: dict[str, Tensor]) -> AbstractContextManager:
-    """A context in which ``module``'s parameters named in ``tensors`` (names relative to ``module``) are those
-    tensors; the others stay."""
-    from torch.nn.utils.stateless import _reparametrize_module
-
-    return _reparametrize_module(module, tensors)
 
 
 def without_ddp_graph_splits() -> AbstractContextManager:

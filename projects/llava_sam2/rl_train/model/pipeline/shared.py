@@ -47,7 +47,7 @@ import torch
 from torch import Tensor
 
 from ..decoding.generation import Completions, SharedPrefix, completion_hidden
-from ..decoding.grouped_scoring import grouped_completion_hidden, prefers_grouped_passes
+from ..decoding.grouped_scoring import grouped_completion_hidden, uses_compiled_layers
 from ..decoding.text_decoding import (
     TextDecoding, answer_texts, completion_texts, eval_mode, fed_back_seg_positions, host_completions, sample_text)
 from ..network.grounding import GroundingFeatures, MaskDecoderOutput
@@ -472,17 +472,17 @@ def forced_seg_prompts(model, embeds: Tensor, attention: Tensor, answer_ids: Ten
     """SAM2 prompts ``[n, C_sam]`` of teacher-forced answers: ``text_hidden_fcs(h[n, seg_index[n]])``.
 
     One teacher-forced pass over ``[prompt | answer]``; carries grad outside ``no_grad``. When the LM's layers are
-    compiled or replayed from CUDA graphs for the loss pass (``grouped_scoring.prefers_grouped_passes``) the pass runs
-    through those layer calls (``grouped_completion_hidden``: the prompt, then the answer), so the compiled or recorded
-    graphs and partial checkpointing serve it; otherwise one transformers forward over the joined sequence
-    (``completion_hidden``) launches half the layer calls.
+    compiled for the loss pass (``grouped_scoring.compile_group_layers``) the pass runs through those layer calls
+    (``grouped_completion_hidden``: the prompt, then the answer), so the compiled graphs and partial checkpointing
+    serve it; eager, one transformers forward over the joined sequence (``completion_hidden``) launches half the
+    layer calls.
 
     Args:
         embeds: ``[n, L, D]`` prompt embeddings (:func:`prompt_embeds`); attention: ``[n, L]`` left padded.
         answer_ids: ``[n, A]`` long; seg_index: ``[n]`` long, the ``[SEG]`` position of each answer.
     """
     lm = model.language_model
-    states = grouped_completion_hidden if prefers_grouped_passes(lm) else completion_hidden
+    states = grouped_completion_hidden if uses_compiled_layers(lm) else completion_hidden
     hidden = states(lm, embeds, attention, answer_ids, torch.ones_like(answer_ids, dtype=torch.bool))  # [n, A, D]
     rows = torch.arange(len(seg_index), device=hidden.device)  # [n]
     return model.seg_hidden_to_prompt(hidden[rows, seg_index])  # [n, C_sam]
