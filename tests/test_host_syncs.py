@@ -152,11 +152,12 @@ ROLLOUT_WAITS = {
     "sa2va.py embed_inputs",  # the image-token count check
     "generation.py _check_prompt", "masking_utils.py _ignore_causal_mask_sdpa",  # left-padding checks
     "grounding.py decode",  # the SAM2 row range check
-    "cycle.py seg_mask_head",  # the rows' image sizes for the mask chain
+    "cycle.py grouped_mask_head",  # the rows' image sizes for the mask chain
     "text_decoding.py host_completions", "shared.py to_host",  # sampled ids and masks to the host, one read each
     "fast_generation.py fast_sample_completions", "fast_generation.py _completions",  # the stop check, the length
     "shared.py image_prefix_prompts",  # a small tensor made on the device
     "cache_utils.py lazy_initialization",  # empty tensors: no copy
+    "trainer.py _with_caption_prefix",  # both loops' prompt ids, once, for the joint scoring pass
 }
 
 

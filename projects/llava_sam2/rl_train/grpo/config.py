@@ -102,6 +102,12 @@ class GRPOConfig:
     (model/decoding/grouped_scoring.py, docs/speed.md). old_logp is then scored with grad on by the loss's own graph,
     so the first ratio stays exactly 1. Trained on one GPU; under DDP and DeepSpeed ZeRO-2 the fixes of the failures
     met on GPUs are not yet run there (configs/rl/gpu_smoke_1b_compiled_loss.py is the `check gpu` config for it)."""
+    joint_loop_scoring: bool = True
+    """When both loops run on the same image samples (paired data, a stochastic mask policy, Sa2VA's InternVL
+    family), score them in one pass per chunk: each sample's image block runs once, and loop 2's RES prompt (its
+    tokens after the image, then the forced answer) reads it as loop 1's captions do. Used for ref_logp, a
+    re-scored old_logp and the loss; equal to the separate passes up to float order (cycle.joint_action_logps). False:
+    each loop runs its own prompts."""
     uncheckpointed_layers: int = 0
     """With activation checkpointing on: the last k decoder layers of the grouped log-prob passes keep their
     activations for backward instead of recomputing them (k layer forwards fewer per backward, k layers' activations

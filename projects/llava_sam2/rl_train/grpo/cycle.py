@@ -55,7 +55,8 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
-from ..model.decoding.grouped_scoring import grouped_completion_logprobs
+from ..model.decoding.grouped_scoring import (
+    Branch, branched_hidden, completion_branch, completion_logprobs_from_states, grouped_completion_logprobs)
 from ..model.decoding.text_decoding import (
     TextDecoding, completion_texts, eval_mode, fed_back_seg_positions, group_chunks, host_completions, sample_text)
 from ..model.pipeline.shared import (
@@ -204,10 +205,13 @@ class MaskToCaptionLoop:
                             rollout.group_size, self.ctx.config.temperature, self.ctx.config.logprob_head)
 
     def loss_terms(self, model, features: StepFeatures, tile_embeds: Tensor, rollout: Rollout,
-                   samples: Sequence[int], num_active_tokens: float | None) -> tuple[Tensor, dict[str, Tensor]]:
+                   samples: Sequence[int], num_active_tokens: float | None,
+                   logp: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         """The loop's loss with grad: the clipped policy gradient on the caption tokens, plus
-        ``mask_to_caption_dense_weight`` times :meth:`dense_loss` when that weight is > 0."""
-        logp = self.action_logp(model, features, tile_embeds, rollout, samples)  # [n, T]
+        ``mask_to_caption_dense_weight`` times :meth:`dense_loss` when that weight is > 0. ``logp``: the action's
+        log-probs with grad when the caller scored them already (:func:`joint_action_logps`)."""
+        if logp is None:
+            logp = self.action_logp(model, features, tile_embeds, rollout, samples)  # [n, T]
         loss, stats = self.loss_fn(logp, rollout, num_active_tokens=num_active_tokens)
         if self.dense_weight > 0:
             dense, dense_stats = self.dense_loss(model, features, tile_embeds, rollout, samples)
@@ -250,9 +254,10 @@ class MaskToCaptionLoop:
         return dense, stats
 
     @torch.no_grad()
-    def rollout(self, features: StepFeatures, *, needs_old_logp: bool) -> LoopRollout:
-        """G sampled captions per gt region (policy), their ``old_logp`` (if needed) and ``ref_logp`` (if beta > 0),
-        and the partner's mask' for each; rewards are left NaN for ``CycleGRPO.score``."""
+    def rollout(self, features: StepFeatures, *, needs_old_logp: bool, needs_ref_logp: bool = True) -> LoopRollout:
+        """G sampled captions per gt region (policy), their ``old_logp`` (if needed) and ``ref_logp`` (if beta > 0 and
+        ``needs_ref_logp``: the trainer may score it itself), and the partner's mask' for each; rewards are left NaN
+        for ``CycleGRPO.score``."""
         ctx, model, proc, cfg = self.ctx, self.ctx.model, self.ctx.processor, self.ctx.config
         B, G, chunk = features.num_samples, cfg.num_generations, cfg.generation_chunk_size
         if features.video is not None and self.dense_weight > 0:
@@ -283,7 +288,7 @@ class MaskToCaptionLoop:
             # old_logp must equal the loss pass's values bit for bit (ratio 1): the loss scores through caption_logp too
             old_logp = cat_chunks(score(tiles), B, G, chunk) if needs_old_logp else None
             ref_logp = None
-            if cfg.beta > 0:
+            if cfg.beta > 0 and needs_ref_logp:
                 with ctx.weights.reference(model):
                     ref_logp = cat_chunks(score(model.project_vision(features.vit_tokens)), B, G, chunk)
             captions = completion_texts(host_completions(completions), ctx.decoding)
@@ -377,6 +382,13 @@ def seg_mask_head(model, features: StepFeatures, tile_embeds: Tensor, replay: Ma
     group_prompt = forced_answer_seg_prompts(model, features, tile_embeds, replay.prompt_ids[::G],
                                              replay.prompt_attention[::G], [features.image_of(s) for s in samples],
                                              replay.answer_ids[::G], replay.seg_index[::G])  # [b, C]
+    return grouped_mask_head(model, features, replay, group_prompt, G)
+
+
+def grouped_mask_head(model, features: StepFeatures, replay: MaskReplay, group_prompt: Tensor,
+                      group_size: int) -> GroupedMaskHead:
+    """The ``GroupedMaskHead`` of n = b * G rows from the b groups' seg prompts ``[b, C]``."""
+    G = group_size
     image_index = replay.image_index  # [n]
     chain = MaskChain(sizes=tuple(tuple(features.image_sizes[i]) for i in image_index.tolist()),
                       sam_image_size=int(model.config.sam_image_size),
@@ -410,9 +422,12 @@ class CaptionToMaskLoop:
         return self.ctx.mask_policy.log_prob(head, rollout.replay.action)
 
     def loss_terms(self, model, features: StepFeatures, tile_embeds: Tensor, rollout: Rollout,
-                   samples: Sequence[int], num_active_tokens: float | None) -> tuple[Tensor, dict[str, Tensor]]:
-        """The loop's loss with grad: the clipped policy gradient on the sampled mask action."""
-        logp = self.action_logp(model, features, tile_embeds, rollout, samples)
+                   samples: Sequence[int], num_active_tokens: float | None,
+                   logp: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        """The loop's loss with grad: the clipped policy gradient on the sampled mask action (``logp`` as
+        ``MaskToCaptionLoop.loss_terms``)."""
+        if logp is None:
+            logp = self.action_logp(model, features, tile_embeds, rollout, samples)
         return self.loss_fn(logp, rollout, num_active_tokens=num_active_tokens)
 
     def _replay(self, features: StepFeatures) -> MaskReplay:
@@ -428,9 +443,10 @@ class CaptionToMaskLoop:
                           image_index=features.image_index.repeat_interleave(G), action=torch.empty(N))
 
     @torch.no_grad()
-    def rollout(self, features: StepFeatures, *, needs_old_logp: bool) -> LoopRollout:
+    def rollout(self, features: StepFeatures, *, needs_old_logp: bool, needs_ref_logp: bool = True) -> LoopRollout:
         """G sampled masks per gt caption (policy head on B rows, mask policy on N), their log-probs (kept as
-        ``old_logp`` if needed), ``ref_logp`` (if beta > 0), and the partner's caption' of each mask."""
+        ``old_logp`` if needed), ``ref_logp`` (if beta > 0 and ``needs_ref_logp``), and the partner's caption' of
+        each mask."""
         ctx, model, cfg, policy = self.ctx, self.ctx.model, self.ctx.config, self.ctx.mask_policy
         B, G, chunk = features.num_samples, cfg.num_generations, cfg.generation_chunk_size
         replay = self._replay(features)
@@ -449,7 +465,7 @@ class CaptionToMaskLoop:
             pred_masks = [m for rows in masks for m in rows]  # N x bool [H, W]
             replay = replace(replay, action=action)
             ref_logp = None
-            if cfg.beta > 0:
+            if cfg.beta > 0 and needs_ref_logp:
                 with ctx.weights.reference(model):
                     ref_tiles = model.project_vision(features.vit_tokens)
                     ref_logp = cat_chunks(lambda b0, b1: policy.log_prob(seg_mask_head(
@@ -512,6 +528,81 @@ def grounding_prompts(processor, features: StepFeatures) -> list[str]:
                 for b, text in enumerate(features.prompt_texts)]
     return [processor.video_segment_prompt(features.n_tiles(features.image_of(b)), text)
             for b, text in enumerate(features.prompt_texts)]
+
+
+# ---- both loops over one image prefix ---------------------------------------------------------------------------
+
+
+def caption_prefix_lengths(region_ids: Tensor, region_attention: Tensor, grounding_ids: Tensor,
+                           grounding_attention: Tensor) -> Tensor:
+    """``MaskReplay.caption_prefix`` of B samples: ``[B, 2]`` long (P, S) from their loop-1 region prompts ``[B, L1]``
+    and loop-2 RES prompts ``[B, L2]`` (host tensors, left padded). P is the length of the two prompts' common start
+    over their real tokens, S the RES prompt's real tokens after it.
+
+    Equal token ids at equal positions have equal states: image tokens take their image's tile embeddings in order in
+    both prompts (the RES prompt holds no other image token, so a region token is never in the common start), and
+    causal attention keeps later tokens from changing them."""
+    lengths = []
+    for region, region_real, grounding, grounding_real in zip(region_ids, region_attention, grounding_ids,
+                                                              grounding_attention):
+        region, grounding = region[region_real.bool()], grounding[grounding_real.bool()]
+        n = min(len(region), len(grounding))
+        differs = (region[:n] != grounding[:n]).nonzero().flatten()
+        common = int(differs[0]) if len(differs) else n
+        lengths.append((common, len(grounding) - common))
+    return torch.tensor(lengths, dtype=torch.long).reshape(-1, 2)
+
+
+def _grounding_branch(model, features: StepFeatures, tile_embeds: Tensor, replay: MaskReplay,
+                      region_attention: Tensor, images: Sequence[int], group_size: int) -> tuple[Branch, Tensor]:
+    """Loop 2's b groups as a branch over loop 1's b region prompts (``region_attention [b, L1]``): per sample, its
+    RES prompt's S tokens after the common start, then the forced answer, at positions P, P + 1, ..; the rows read
+    the first P real keys of the region prompt. Returns the branch and each row's ``[SEG]`` column ``[b]``."""
+    G, device = group_size, region_attention.device
+    common, own = replay.caption_prefix[::G].unbind(1)  # [b] each, host
+    ids, answers = replay.prompt_ids[::G], replay.answer_ids[::G]  # [b, L2], [b, A]
+    L2, A = ids.shape[1], answers.shape[1]
+    prompt = prompt_embeds(model, features, tile_embeds, ids, images)  # [b, L2, D]
+    embeds = torch.cat([prompt, model.language_model.get_input_embeddings()(answers).to(prompt.dtype)], 1)
+    offsets = torch.arange(int(own.max()) + A)  # [T] host
+    is_real = offsets[None] < (own + A)[:, None]  # [b, T]
+    columns = torch.where(is_real, L2 - own[:, None] + offsets[None], 0)  # [b, T] into [prompt | answer]
+    columns, is_real, positions, common, own = (host_to_device([t], device) for t in (
+        columns, is_real, common[:, None] + offsets[None], common, own))
+    branch_embeds = embeds.gather(1, columns[..., None].expand(-1, -1, embeds.shape[-1]))  # [b, T, D]
+    visible = region_attention.bool() & (region_attention.long().cumsum(1) <= common[:, None])  # [b, L1]
+    branch = Branch(embeds=branch_embeds, mask=is_real, rows_per_prefix=1, positions=positions,
+                    prefix_visible=visible)
+    return branch, own + replay.seg_index[::G]
+
+
+def joint_action_logps(ctx: CycleContext, model, features: StepFeatures, tile_embeds: Tensor, captions: Rollout,
+                       masks: Rollout, samples: Sequence[int]) -> tuple[Tensor, Tensor]:
+    """Both loops' action log-probs of the same b samples from one pass (``GRPOConfig.joint_loop_scoring``): loop 1's
+    caption tokens ``[n, T1]`` (as :func:`caption_logp`) and loop 2's mask action ``[n, T2]`` (as
+    ``CaptionToMaskLoop.action_logp``), under the weights in effect, with grad outside ``no_grad``.
+
+    The b region prompts run once as the prefix; two branches read it (``grouped_scoring.branched_hidden``): the n
+    captions (all of their prompt's keys) and the b RES prompts from the end of their image block on (the first
+    ``caption_prefix`` P keys), answered with the forced answer. A sample's image block, ~1,300 tokens at 896 px,
+    so runs once for both loops instead of once per loop; the values equal the separate passes up to float order.
+    Needs ``masks.replay.caption_prefix``."""
+    cfg, G, lm = ctx.config, captions.group_size, model.language_model
+    regions, grounding = captions.replay, masks.replay
+    images = [features.image_of(s) for s in samples]
+    embeds = prompt_embeds(model, features, tile_embeds, regions.prompt_ids[::G], images,
+                           list(features.region_cells[list(samples)]))  # [b, L1, D]
+    attention = regions.prompt_attention[::G]  # [b, L1]
+    completion_ids, completion_mask = regions.completion_ids, captions.action_mask  # [n, T1]
+    caption_branch = completion_branch(lm, embeds, attention, completion_ids[:, :-1], completion_mask, G)
+    seg_branch, seg_columns = _grounding_branch(model, features, tile_embeds, grounding, attention, images, G)
+    last, (caption_states, seg_states) = branched_hidden(lm, embeds, attention, [caption_branch, seg_branch])
+    caption_logp = completion_logprobs_from_states(lm, last, caption_states, completion_ids, completion_mask, G,
+                                                   temperature=cfg.temperature, logprob_head=cfg.logprob_head)
+    rows = torch.arange(len(images), device=seg_states.device)
+    group_prompt = model.seg_hidden_to_prompt(seg_states[rows, seg_columns])  # [b, C]
+    head = grouped_mask_head(model, features, grounding, group_prompt, G)
+    return caption_logp, ctx.mask_policy.log_prob(head, grounding.action)
 
 
 # ---- loop 2, deterministic mask: the answer-text action ------------------------------------------------------
@@ -616,9 +707,9 @@ class AnswerToMaskLoop:
         return ids.to(model.device), attention.to(model.device)  # [B, L]
 
     @torch.no_grad()
-    def rollout(self, features: StepFeatures, *, needs_old_logp: bool) -> LoopRollout:
+    def rollout(self, features: StepFeatures, *, needs_old_logp: bool, needs_ref_logp: bool = True) -> LoopRollout:
         """G sampled answers per gt caption (policy), their greedy ``[SEG]`` masks, ``old_logp`` (if needed),
-        ``ref_logp`` (if beta > 0), and the partner's caption' of each mask."""
+        ``ref_logp`` (if beta > 0 and ``needs_ref_logp``), and the partner's caption' of each mask."""
         ctx, model, cfg = self.ctx, self.ctx.model, self.ctx.config
         B, G, chunk = features.num_samples, cfg.num_generations, cfg.generation_chunk_size
         if features.video is not None:
@@ -661,7 +752,7 @@ class AnswerToMaskLoop:
             logp = torch.cat(logps)  # [N, T]
             replay = replace(replay, seg_mask=torch.cat(seg_masks))  # [N, h, w]
             ref_logp = None
-            if cfg.beta > 0:
+            if cfg.beta > 0 and needs_ref_logp:
                 with ctx.weights.reference(model):
                     ref_tiles = model.project_vision(features.vit_tokens)
                     ref_logp = cat_chunks(lambda b0, b1: terms(ref_tiles, b0, b1)[0], B, G, chunk)

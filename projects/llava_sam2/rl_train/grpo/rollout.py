@@ -92,6 +92,10 @@ class MaskReplay:
             fp32 for ``gaussian_seg``, ``[N]`` long for ``multimask``).
         grounding_index: ``[N]`` long, the SAM2 row the mask is decoded on when it is not ``image_index``: a video
             step's key frame (a frame row of the clips' features, chosen at rollout time); None for an image step.
+        caption_prefix: ``[N, 2]`` long on the host, (P, S) per row: the first P real tokens of its prompt equal
+            those of loop 1's region prompt of the same sample (template header and image block), S real tokens
+            follow. Set by ``CycleGRPO`` when both loops run on the same image samples, so that one pass scores both
+            loops over one image prefix (``cycle.joint_action_logps``); None: the loop is scored alone.
     """
 
     prompt_ids: Tensor
@@ -101,6 +105,7 @@ class MaskReplay:
     image_index: Tensor
     action: Tensor
     grounding_index: Tensor | None = None
+    caption_prefix: Tensor | None = None
 
 
 @dataclass(frozen=True)

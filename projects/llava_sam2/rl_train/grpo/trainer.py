@@ -46,6 +46,7 @@ around the forward because checkpointed layers re-run their forward during ``bac
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -53,14 +54,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..model.decoding.grouped_scoring import compile_group_layers, keep_last_layers_activations, uses_compiled_layers
-from ..model.decoding.text_decoding import TextDecoding, group_chunks
+from ..model.decoding.grouped_scoring import (
+    compile_group_layers, keep_last_layers_activations, supports_grouping, uses_compiled_layers)
+from ..model.decoding.text_decoding import TextDecoding, eval_mode, group_chunks
 from ..model.network.lora import check_compute_dtype
-from ..model.pipeline.shared import SEG_ANSWER, seg_answer_ids
+from ..model.pipeline.shared import SEG_ANSWER, is_qwen_vl_model, seg_answer_ids
 from ..rewards import RewardComposer
 from .advantages import group_advantages, reward_moments, std_from_moments
 from .config import GRPOConfig
-from .cycle import AnswerToMaskLoop, CaptionToMaskLoop, CycleContext, MaskToCaptionLoop
+from .cycle import (
+    AnswerToMaskLoop, CaptionToMaskLoop, CycleContext, MaskToCaptionLoop, caption_prefix_lengths, joint_action_logps)
 from .features import StepFeatures, encode_step, loop_features
 from .mask_policy import DETERMINISTIC_MASK, build_mask_policy
 from .passes import slice_rows
@@ -277,14 +280,81 @@ class CycleGRPO:
         loop_features = self._split_by_loop(features)
         needs_old_logp = self.config.num_iterations > 1 or any(
             self._num_chunks(f) > 1 for f in loop_features.values())
-        rescores = needs_old_logp and self._scores_old_logp_with_the_loss_graph()
-        outs = [loop.rollout(loop_features[loop.name], needs_old_logp=needs_old_logp and not rescores)
-                for loop in self.loops]
+        joins = self._joins_loops(features, loop_features)
+        rescores = needs_old_logp and (joins or self._scores_old_logp_with_the_loss_graph())
+        outs = [loop.rollout(loop_features[loop.name], needs_old_logp=needs_old_logp and not rescores,
+                             needs_ref_logp=not joins) for loop in self.loops]
         rollouts = tuple(out.rollout for out in outs)
+        if joins:
+            rollouts = self._with_caption_prefix(rollouts)
+            if self.config.beta > 0:
+                rollouts = self._joint_reference(loop_features[MaskToCaptionLoop.name], rollouts)
         if rescores:
             rollouts = self._old_logp_from_the_loss_graph(features, rollouts)
         return SampledStep(features=features, rollouts=rollouts, reward_inputs=tuple(out.reward_inputs for out in outs),
                            rollout_stats=tuple(out.stats for out in outs))
+
+    def _joins_loops(self, features: StepFeatures, shares: dict[str, StepFeatures]) -> bool:
+        """True when one pass scores both loops (``GRPOConfig.joint_loop_scoring``, ``cycle.joint_action_logps``): loop
+        1 and the stochastic-mask loop 2 are both on, over the same image samples of an InternVL-family Sa2VA whose
+        LM the grouped passes support."""
+        names = {type(loop) for loop in self.loops}
+        if not self.config.joint_loop_scoring or names != {MaskToCaptionLoop, CaptionToMaskLoop}:
+            return False
+        if features.video is not None or features.drawn_regions is not None or is_qwen_vl_model(self.model):
+            return False
+        captions, masks = shares[MaskToCaptionLoop.name], shares[CaptionToMaskLoop.name]
+        # any sliding window in use refuses: the prompt lengths are not known before the rollout
+        return captions.sample_ids == masks.sample_ids and supports_grouping(self.model.language_model, sys.maxsize)
+
+    def _with_caption_prefix(self, rollouts: tuple[Rollout, ...]) -> tuple[Rollout, ...]:
+        """The rollouts with loop 2's ``MaskReplay.caption_prefix`` set against loop 1's region prompts."""
+        captions, masks = (self._rollout_of(rollouts, name) for name in (MaskToCaptionLoop.name, CaptionToMaskLoop.name))
+        G = self.config.num_generations
+        regions, grounding = captions.replay, masks.replay
+        L1, L2 = regions.prompt_ids.shape[1], grounding.prompt_ids.shape[1]
+        prompts = torch.cat([t[::G].long() for t in (regions.prompt_ids, regions.prompt_attention, grounding.prompt_ids,
+                                                      grounding.prompt_attention)], 1).cpu()  # one read
+        lengths = caption_prefix_lengths(*prompts.split([L1, L1, L2, L2], 1))  # [B, 2]
+        masks = replace(masks, replay=replace(grounding, caption_prefix=lengths.repeat_interleave(G, 0)))
+        return tuple(masks if r.loop == masks.loop else r for r in rollouts)
+
+    @staticmethod
+    def _rollout_of(rollouts: Sequence[Rollout], name: str) -> Rollout:
+        return next(r for r in rollouts if r.loop == name)
+
+    def _joint_logps(self, model, features: StepFeatures, tile_embeds: Tensor, captions: Rollout, masks: Rollout,
+                     samples: Sequence[int]) -> dict[str, Tensor]:
+        """``{loop name: action log-probs}`` of both loops' groups ``samples`` from one pass."""
+        caption_logp, mask_logp = joint_action_logps(self.context, model, features, tile_embeds, captions, masks,
+                                                     samples)
+        return {MaskToCaptionLoop.name: caption_logp, CaptionToMaskLoop.name: mask_logp}
+
+    @torch.no_grad()
+    def _joint_reference(self, features: StepFeatures, rollouts: tuple[Rollout, ...]) -> tuple[Rollout, ...]:
+        """Copies of ``rollouts`` with ``ref_logp`` of both loops scored together under the reference weights, in
+        chunks of ``generation_chunk_size`` groups (the loops' own reference passes are skipped); ``features``: the
+        loops' (common) share of the step."""
+        model, G = self.model, self.config.num_generations
+        captions, masks = (self._rollout_of(rollouts, name) for name in (MaskToCaptionLoop.name, CaptionToMaskLoop.name))
+        parts: dict[str, list[Tensor]] = {MaskToCaptionLoop.name: [], CaptionToMaskLoop.name: []}
+        with eval_mode(model), self.weights.reference(model):
+            tile_embeds = model.project_vision(features.vit_tokens)
+            for b0, b1 in group_chunks(features.num_samples, G, self.config.generation_chunk_size):
+                logps = self._joint_logps(model, features, tile_embeds, slice_groups(captions, b0, b1),
+                                          slice_groups(masks, b0, b1), range(b0, b1))
+                for name, logp in logps.items():
+                    parts[name].append(logp)
+        return tuple(replace(r, ref_logp=torch.cat(parts[r.loop])) if r.loop in parts else r for r in rollouts)
+
+    def _joint_parts(self, parts: Sequence[LoopBatch]) -> tuple[LoopBatch, LoopBatch] | None:
+        """The (loop 1, loop 2) parts of a minibatch when one pass scores them (:meth:`_joins_loops` held at rollout
+        time and both cover the same groups), else None."""
+        by_type = {type(part.loop): part for part in parts}
+        captions, masks = by_type.get(MaskToCaptionLoop), by_type.get(CaptionToMaskLoop)
+        if len(parts) != 2 or captions is None or masks is None or masks.rollout.replay.caption_prefix is None:
+            return None
+        return (captions, masks) if captions.samples == masks.samples else None
 
     def _scores_old_logp_with_the_loss_graph(self) -> bool:
         """True when ``old_logp`` comes from :meth:`_old_logp_from_the_loss_graph`: the scoring LM's layers are compiled
@@ -311,6 +381,17 @@ class CycleGRPO:
         rescored = []
         with torch.enable_grad():
             tile_embeds = model.project_vision(features.vit_tokens)  # as policy_loss: with grad through mlp1
+            masks = next((r for r in rollouts if r.loop == CaptionToMaskLoop.name), None)
+            if getattr(masks and masks.replay, "caption_prefix", None) is not None:  # both loops in one pass, as the loss
+                captions = self._rollout_of(rollouts, MaskToCaptionLoop.name)
+                share = shares[captions.loop]
+                parts: dict[str, list[Tensor]] = {captions.loop: [], masks.loop: []}
+                for b0, b1 in group_chunks(share.num_samples, G, self.minibatch_size):
+                    logps = self._joint_logps(model, share, tile_embeds, slice_groups(captions, b0, b1),
+                                              slice_groups(masks, b0, b1), range(b0, b1))
+                    for name, logp in logps.items():
+                        parts[name].append(logp.detach())
+                return tuple(replace(r, old_logp=torch.cat(parts[r.loop])) for r in rollouts)
             for rollout in rollouts:
                 loop, share = self._loop_of(rollout), shares[rollout.loop]
                 chunks = group_chunks(share.num_samples, G, self.minibatch_size)
@@ -382,9 +463,15 @@ class CycleGRPO:
         features = minibatch.features
         total, stats = None, {}
         tile_embeds = model.project_vision(features.vit_tokens)  # [n_tiles, t, D], with grad through mlp1
+        joint, logps = self._joint_parts(minibatch.parts), {}
+        if joint is not None:  # both loops' action log-probs from one pass over the image prefixes
+            captions, masks = joint
+            logps = self._joint_logps(model, captions.features or features, tile_embeds, captions.rollout,
+                                      masks.rollout, captions.samples)
         for part in minibatch.parts:  # the loop's policy gradient (+ its dense mask loss when configured)
+            scored = {"logp": logps[part.loop.name]} if part.loop.name in logps else {}
             loss, loop_stats = part.loop.loss_terms(model, part.features or features, tile_embeds, part.rollout,
-                                                    part.samples, part.num_active_tokens)
+                                                    part.samples, part.num_active_tokens, **scored)
             total = part.loop.weight * loss if total is None else total + part.loop.weight * loss
             stats.update({f"{part.loop.name}/{key}": value for key, value in loop_stats.items()})
         return {"loss": total, **stats}

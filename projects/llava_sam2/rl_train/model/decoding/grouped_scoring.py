@@ -40,6 +40,7 @@ that passes torch's recompile limit runs further graphs eagerly (same values).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 from typing import Callable
 
@@ -58,32 +59,52 @@ UNCHECKPOINTED_ATTRIBUTE = "grouped_uncheckpointed_layers"  # on the decoder bod
 
 
 class GroupKV:
-    """The key/value store of ONE layer call on (prefix, continuation), in place of a transformers ``Cache``.
+    """The key/value store of ONE layer call on (prefix, branches), in place of a transformers ``Cache``.
 
     The attention calls ``update(key, value, ...)`` once per block: the first call (prefix, ``[B, Hkv, L, hd]``) is
-    kept and returned as is; the second (continuation, ``[N, Hkv, T', hd]``) returns the prefix repeated to the N rows
-    (row ``b·G + g`` ← prompt b) followed by the continuation's own: ``[N, Hkv, L + T', hd]``. Built inside the
-    (checkpointed) layer function, so a recompute starts from an empty store.
+    kept and returned as is; each later call (a branch, ``[R, Hkv, T', hd]``, ``group_size`` rows per prompt, set
+    before the call) returns the prefix repeated to its R rows (row ``b·G + g`` ← prompt b) followed by the branch's
+    own: ``[R, Hkv, L + T', hd]``. Built inside the (checkpointed) layer function, so a recompute starts from an empty
+    store.
     """
 
-    def __init__(self, num_generations: int):
-        self.num_generations = num_generations
+    def __init__(self, group_size: int):
+        self.group_size = group_size
         self.prefix: tuple[Tensor, Tensor] | None = None
 
     def update(self, key: Tensor, value: Tensor, layer_idx: int, cache_kwargs=None) -> tuple[Tensor, Tensor]:
         if self.prefix is None:
             self.prefix = (key, value)
             return key, value
-        return self._join(self.prefix[0], key), self._join(self.prefix[1], value)  # [N, Hkv, L + T', hd]
+        return self._join(self.prefix[0], key), self._join(self.prefix[1], value)  # [R, Hkv, L + T', hd]
 
     def _join(self, prefix: Tensor, own: Tensor) -> Tensor:
-        """``[B, Hkv, L, hd]`` and ``[N, Hkv, T', hd]`` → ``[N, Hkv, L + T', hd]``, prompt b's slots before each of its G
+        """``[B, Hkv, L, hd]`` and ``[R, Hkv, T', hd]`` → ``[R, Hkv, L + T', hd]``, prompt b's slots before each of its G
         rows' own: one copy (the broadcast prompt and the rows' slots written side by side). An expand, not
         ``repeat_interleave(G)``: a compiled layer whose G is a symbolic size traces it as a view."""
-        B, G = prefix.shape[0], self.num_generations
+        B, G = prefix.shape[0], self.group_size
         joined = torch.cat([prefix[:, None].expand(B, G, *prefix.shape[1:]),
                             own.reshape(B, G, *own.shape[1:])], dim=3)  # [B, G, Hkv, L + T', hd]
         return joined.reshape(B * G, *joined.shape[2:])
+
+
+@dataclass
+class Branch:
+    """Rows that read a shared prefix: row r attends to prefix row ``r // rows_per_prefix`` (the prefix keys that
+    ``prefix_visible`` shows) and causally to its own tokens.
+
+    Attributes:
+        embeds: ``[R, T, D]`` input embeddings, right padded; mask: ``[R, T]`` bool, the row's real tokens.
+        rows_per_prefix: G, with R = B·G.
+        positions: ``[R, T]`` long (M-RoPE: ``[3, R, T]``), the rows' positions.
+        prefix_visible: ``[B, L]`` bool, the prefix keys the rows of prompt b read; None: all its real tokens.
+    """
+
+    embeds: Tensor
+    mask: Tensor
+    rows_per_prefix: int
+    positions: Tensor
+    prefix_visible: Tensor | None = None
 
 
 def additive_bias(is_visible: Tensor, dtype: torch.dtype) -> Tensor:
@@ -94,35 +115,41 @@ def additive_bias(is_visible: Tensor, dtype: torch.dtype) -> Tensor:
     return bias.masked_fill_(~is_visible, torch.finfo(dtype).min)
 
 
-def group_biases(prompt_attention: Tensor, completion_mask: Tensor, num_generations: int,
-                 dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """Attention biases of the two blocks: prefix ``[B, 1, L, L]`` (causal, padded keys hidden) and continuation
-    ``[N, 1, T', L + T']`` (its prompt's real keys, then its own completion keys s <= t with ``completion_mask``)."""
-    (B, L), (N, T) = prompt_attention.shape, completion_mask.shape
+def prefix_bias(prompt_attention: Tensor, dtype: torch.dtype) -> Tensor:
+    """``[B, 1, L, L]``: causal over the prompts' real tokens."""
+    L = prompt_attention.shape[1]
     prompt_keys = prompt_attention.bool()  # [B, L]
     causal = torch.ones(L, L, dtype=torch.bool, device=prompt_keys.device).tril()  # [L, L]
-    prefix = causal[None, None] & prompt_keys[:, None, None, :]  # [B, 1, L, L]
-    own = torch.ones(T, T, dtype=torch.bool, device=prompt_keys.device).tril()[None] & completion_mask.bool()[:, None]
-    seen_prompt = prompt_keys.repeat_interleave(num_generations, 0)[:, None].expand(N, T, L)  # [N, T', L]
-    continuation = torch.cat([seen_prompt, own], dim=2)[:, None]  # [N, 1, T', L + T']
-    return additive_bias(prefix, dtype), additive_bias(continuation, dtype)
+    return additive_bias(causal[None, None] & prompt_keys[:, None, None, :], dtype)
 
 
-def _layer_on_group(layer: nn.Module, num_generations: int, prefix_kwargs: dict, continuation_kwargs: dict,
-                    h_prefix: Tensor, h_continuation: Tensor,
-                    prefix_addition: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """One decoder layer on the prefix ``[B, L, D]`` then on the continuation ``[N, T', D]`` that reads its keys;
-    ``prefix_addition [B, L, D]`` is added to the prefix's output (Qwen3-VL's deepstack features: the continuation
-    reads the layer's keys before it, as in transformers)."""
-    store = GroupKV(num_generations)
+def branch_bias(prefix_visible: Tensor, mask: Tensor, rows_per_prefix: int, dtype: torch.dtype) -> Tensor:
+    """``[R, 1, T, L + T]``: row r sees prefix row r // G's visible keys ``[B, L]``, then its own keys s <= t
+    where ``mask [R, T]``."""
+    (R, T), L = mask.shape, prefix_visible.shape[1]
+    own = torch.ones(T, T, dtype=torch.bool, device=mask.device).tril()[None] & mask.bool()[:, None]  # [R, T, T]
+    seen_prefix = prefix_visible.bool().repeat_interleave(rows_per_prefix, 0)[:, None].expand(R, T, L)  # [R, T, L]
+    return additive_bias(torch.cat([seen_prefix, own], dim=2)[:, None], dtype)
+
+
+def _layer_on_group(layer: nn.Module, group_sizes: tuple[int, ...], prefix_kwargs: dict, branch_kwargs: tuple,
+                    h_prefix: Tensor, *h_branches: Tensor,
+                    prefix_addition: Tensor | None = None) -> tuple[Tensor, ...]:
+    """One decoder layer on the prefix ``[B, L, D]``, then on each branch ``[R_i, T_i, D]`` that reads its keys;
+    ``prefix_addition [B, L, D]`` is added to the prefix's output (Qwen3-VL's deepstack features: the branches read
+    the layer's keys before it, as in transformers)."""
+    store = GroupKV(1)
     h_prefix = run_decoder_layer(layer, h_prefix, store, use_cache=True, **prefix_kwargs)  # [B, L, D]
     if prefix_addition is not None:
         h_prefix = h_prefix + prefix_addition.to(h_prefix.dtype)
-    if h_continuation.shape[1] == 0:  # one-token completions: c_0 is scored from the prefix alone
-        return h_prefix, h_continuation
-    h_continuation = run_decoder_layer(layer, h_continuation, store, use_cache=True,
-                                       **continuation_kwargs)  # [N, T', D]
-    return h_prefix, h_continuation
+    outputs = [h_prefix]
+    for group_size, kwargs, h_branch in zip(group_sizes, branch_kwargs, h_branches):
+        if h_branch.shape[1] == 0:  # one-token completions: c_0 is scored from the prefix alone
+            outputs.append(h_branch)
+            continue
+        store.group_size = group_size
+        outputs.append(run_decoder_layer(layer, h_branch, store, use_cache=True, **kwargs))  # [R, T, D]
+    return tuple(outputs)
 
 
 def compile_group_layers(lm: nn.Module, backend: str | None = "inductor") -> None:
@@ -201,42 +228,69 @@ def grouped_hidden(lm: nn.Module, prompt_embeds: Tensor, prompt_attention: Tenso
         prefix_additions: per decoder layer (the first ``len`` ones) ``[B, L, D]`` added to the prompts' states
             after it (Qwen3-VL's deepstack).
     """
-    G, (B, L), T_in = num_generations, prompt_attention.shape, continuation_ids.shape[1]
-    body, _ = decoder_and_head(lm)
-    prefix_bias, continuation_bias = group_biases(prompt_attention, completion_mask[:, :T_in], G, prompt_embeds.dtype)
+    continuation = completion_branch(lm, prompt_embeds, prompt_attention, continuation_ids, completion_mask,
+                                     num_generations, prompt_positions)
+    last, (states,) = branched_hidden(lm, prompt_embeds, prompt_attention, [continuation], prompt_positions,
+                                      prefix_additions, final_norm)
+    return last, states
+
+
+def completion_branch(lm: nn.Module, prompt_embeds: Tensor, prompt_attention: Tensor, continuation_ids: Tensor,
+                      completion_mask: Tensor, num_generations: int,
+                      prompt_positions: Tensor | None = None) -> Branch:
+    """The branch of G completion inputs ``[N, T']`` per prompt (:func:`grouped_hidden`'s arguments): their token
+    embeddings, positions going on from each prompt's, all of the prompt's real keys visible."""
+    G, L, T_in = num_generations, prompt_attention.shape[1], continuation_ids.shape[1]
+    mask = completion_mask[:, :T_in]
     if prompt_positions is None:
-        attention = torch.cat([prompt_attention.long().repeat_interleave(G, 0), completion_mask[:, :T_in].long()], 1)
-        prefix_positions = position_ids_from_attention(prompt_attention)  # [B, L]
-        next_positions = position_ids_from_attention(attention)[:, L:]  # [N, T']
+        attention = torch.cat([prompt_attention.long().repeat_interleave(G, 0), mask.long()], 1)
+        positions = position_ids_from_attention(attention)[:, L:]  # [N, T']
     else:
-        prefix_positions = prompt_positions  # [3, B, L]
-        next_positions = continuation_positions(prompt_positions, T_in, G)  # [3, N, T']
-    h_prefix = prompt_embeds  # [B, L, D]
-    h_continuation = lm.get_input_embeddings()(continuation_ids).to(prompt_embeds.dtype)  # [N, T', D]
+        positions = continuation_positions(prompt_positions, T_in, G)  # [3, N, T']
+    embeds = lm.get_input_embeddings()(continuation_ids).to(prompt_embeds.dtype)  # [N, T', D]
+    return Branch(embeds=embeds, mask=mask, rows_per_prefix=G, positions=positions)
+
+
+def branched_hidden(lm: nn.Module, prompt_embeds: Tensor, prompt_attention: Tensor, branches: list[Branch],
+                    prompt_positions: Tensor | None = None, prefix_additions: list[Tensor] | None = None,
+                    final_norm: bool = True) -> tuple[Tensor, list[Tensor]]:
+    """The prompts ``[B, L, D]`` (LEFT padded ``prompt_attention``) run once, every branch reading their keys, layer by
+    layer (module docstring): the prompts' last states ``[B, D]`` and each branch's states ``[R_i, T_i, D]``,
+    final-norm (``final_norm=False``: the last decoder layer's output). ``prompt_positions`` and ``prefix_additions``
+    as :func:`grouped_hidden`."""
+    L = prompt_attention.shape[1]
+    body, _ = decoder_and_head(lm)
+    dtype, device = prompt_embeds.dtype, prompt_embeds.device
+    prefix_positions = position_ids_from_attention(prompt_attention) if prompt_positions is None else prompt_positions
     # a layer's own position_ids are the text axis (only flash attention reads them); rotary takes them all
-    prefix_kwargs = dict(attention_mask=prefix_bias, position_ids=_text_axis(prefix_positions),
-                         cache_position=torch.arange(L, device=prompt_embeds.device),
-                         position_embeddings=body.rotary_emb(h_prefix, prefix_positions))
-    continuation_kwargs = dict(attention_mask=continuation_bias,
-                               position_ids=_text_axis(next_positions),
-                               cache_position=torch.arange(L, L + T_in, device=prompt_embeds.device),
-                               position_embeddings=body.rotary_emb(h_continuation, next_positions))
+    prefix_kwargs = dict(attention_mask=prefix_bias(prompt_attention, dtype), position_ids=_text_axis(prefix_positions),
+                         cache_position=torch.arange(L, device=device),
+                         position_embeddings=body.rotary_emb(prompt_embeds, prefix_positions))
+    branch_kwargs = tuple(dict(
+        attention_mask=branch_bias(prompt_attention if branch.prefix_visible is None else branch.prefix_visible,
+                                   branch.mask, branch.rows_per_prefix, dtype),
+        position_ids=_text_axis(branch.positions),
+        cache_position=torch.arange(L, L + branch.mask.shape[1], device=device),
+        position_embeddings=body.rotary_emb(branch.embeds, branch.positions)) for branch in branches)
+    group_sizes = tuple(branch.rows_per_prefix for branch in branches)
     use_checkpoint = torch.is_grad_enabled() and body.training and getattr(body, "gradient_checkpointing", False)
     num_layers = body.config.num_hidden_layers
     # the last layers are the first backward reaches: their kept activations are freed before any recompute allocates
     first_kept = num_layers - getattr(body, UNCHECKPOINTED_ATTRIBUTE, 0)
     additions = list(prefix_additions or [])
     layer_call = _layer_call(body)
+    states = (prompt_embeds, *(branch.embeds.to(dtype) for branch in branches))
     for index, layer in enumerate(body.layers[:num_layers]):
-        step = partial(layer_call, layer, G, prefix_kwargs, continuation_kwargs,
+        step = partial(layer_call, layer, group_sizes, prefix_kwargs, branch_kwargs,
                        prefix_addition=additions[index] if index < len(additions) else None)
         if use_checkpoint and index < first_kept:
-            h_prefix, h_continuation = checkpoint(step, h_prefix, h_continuation, use_reentrant=False)
+            states = checkpoint(step, *states, use_reentrant=False)
         else:
-            h_prefix, h_continuation = step(h_prefix, h_continuation)
+            states = step(*states)
+    h_prefix, *h_branches = states
     if not final_norm:
-        return h_prefix[:, -1], h_continuation
-    return body.norm(h_prefix[:, -1]), body.norm(h_continuation)  # [B, D], [N, T', D]
+        return h_prefix[:, -1], h_branches
+    return body.norm(h_prefix[:, -1]), [body.norm(h) for h in h_branches]  # [B, D], [R_i, T_i, D]
 
 
 def grouped_completion_hidden(lm: nn.Module, prompt_embeds: Tensor, prompt_attention: Tensor, completion_ids: Tensor,
@@ -304,7 +358,7 @@ def grouped_completion_logprobs(
         )
     if temperature <= 0:
         raise ValueError(f"grouped_completion_logprobs: temperature must be > 0, got {temperature}.")
-    score = logprob_head_function(logprob_head, "grouped_completion_logprobs")
+    logprob_head_function(logprob_head, "grouped_completion_logprobs")  # a bad name fails before any work
     T = completion_ids.shape[1]
     if not supports_grouping(lm, L + T):
         if prompt_positions is not None or prefix_additions is not None:
@@ -314,12 +368,24 @@ def grouped_completion_logprobs(
                                    completion_ids, completion_mask, temperature=temperature,
                                    max_logit_bytes=max_logit_bytes, return_hidden=return_hidden,
                                    logprob_head=logprob_head)
-    _, head = decoder_and_head(lm)
     last, continuation = grouped_hidden(lm, prompt_embeds, prompt_attention, completion_ids[:, :-1], completion_mask, G,
                                         prompt_positions, prefix_additions)
-    hidden = torch.cat([last.repeat_interleave(G, 0)[:, None], continuation], dim=1)  # [N, T, D]
-    token_logp = score(head, hidden, completion_ids, completion_mask, temperature=temperature,
-                       max_logit_bytes=max_logit_bytes)  # [N, T]
+    token_logp = completion_logprobs_from_states(lm, last, continuation, completion_ids, completion_mask, G,
+                                                 temperature=temperature, max_logit_bytes=max_logit_bytes,
+                                                 logprob_head=logprob_head)  # [N, T]
     if return_hidden:  # state at input c_t: the continuation's t-th state; c_{T-1} was never fed
         return token_logp, torch.cat([continuation, torch.zeros_like(continuation[:, :1])], dim=1)  # [N, T, D]
     return token_logp
+
+
+def completion_logprobs_from_states(lm: nn.Module, last: Tensor, continuation: Tensor, completion_ids: Tensor,
+                                    completion_mask: Tensor, num_generations: int, *, temperature: float = 1.0,
+                                    max_logit_bytes: int | None = MAX_LOGIT_BYTES,
+                                    logprob_head: str = "reference") -> Tensor:
+    """The head's part of :func:`grouped_completion_logprobs`: ``token_logp [N, T]`` from the prompts' last states
+    ``[B, D]`` (scoring c_0) and the continuation's states ``[N, T - 1, D]`` (scoring c_1 ..)."""
+    score = logprob_head_function(logprob_head, "grouped_completion_logprobs")
+    _, head = decoder_and_head(lm)
+    hidden = torch.cat([last.repeat_interleave(num_generations, 0)[:, None], continuation], dim=1)  # [N, T, D]
+    return score(head, hidden, completion_ids, completion_mask, temperature=temperature,
+                 max_logit_bytes=max_logit_bytes)  # [N, T]
