@@ -310,6 +310,9 @@ def parse_args(argv=None):
                         help="ours: each decoder layer of the grouped log-prob passes through torch.compile "
                              "(GRPOConfig.compile_loss_layers); default: STEP_DEFAULTS of the device; sweep key "
                              "loss=compiled|eager")
+    parser.add_argument("--joint-loop-scoring", action=argparse.BooleanOptionalAction, default=True,
+                        help="ours: both loops' log-prob passes over one image prefix per sample "
+                             "(GRPOConfig.joint_loop_scoring); sweep key joint=on|off")
     parser.add_argument("--uncheckpointed-layers", type=int, default=0,
                         help="ours: the last k decoder layers of the grouped log-prob passes keep their activations "
                              "instead of being checkpointed (GRPOConfig.uncheckpointed_layers); sweep key keep=k")
@@ -409,9 +412,10 @@ def refuse_for_qwen_vl(parser, args) -> None:
 # sweep keys -> argument names; tiles -> image (width, height) on the 448 px presets (1..12 tiles + thumbnail)
 SWEEP_KEYS = {"G": "num_generations", "T": "max_new_tokens", "B": "batch", "backend": "decode_backend",
               "tiles": "tiles", "amp": "amp_dtype", "logprob": "logprob_head", "ema": "ema_update",
-              "loss": "compile_loss_layers", "keep": "uncheckpointed_layers"}
-TEXT_KEYS = ("backend", "amp", "logprob", "ema", "loss")
+              "loss": "compile_loss_layers", "keep": "uncheckpointed_layers", "joint": "joint_loop_scoring"}
+TEXT_KEYS = ("backend", "amp", "logprob", "ema", "loss", "joint")
 LOSS_LAYERS = {"compiled": True, "eager": False}  # sweep loss= value -> compile_loss_layers
+JOINT_SCORING = {"on": True, "off": False}  # sweep joint= value -> joint_loop_scoring
 TILE_IMAGES = {1: (448, 448), 5: (896, 896), 10: (1344, 1344), 13: (1792, 1344)}
 
 
@@ -433,6 +437,10 @@ def sweep_point(text: str) -> dict:
         if point["compile_loss_layers"] not in LOSS_LAYERS:
             raise ValueError(f"--sweep: loss={point['compile_loss_layers']}; use one of {sorted(LOSS_LAYERS)}")
         point["compile_loss_layers"] = LOSS_LAYERS[point["compile_loss_layers"]]
+    if "joint_loop_scoring" in point:
+        if point["joint_loop_scoring"] not in JOINT_SCORING:
+            raise ValueError(f"--sweep: joint={point['joint_loop_scoring']}; use one of {sorted(JOINT_SCORING)}")
+        point["joint_loop_scoring"] = JOINT_SCORING[point["joint_loop_scoring"]]
     if point.get("uncheckpointed_layers", 0) < 0:
         raise ValueError(f"--sweep: keep={point['uncheckpointed_layers']}; use a layer count >= 0")
     if point.get("tiles", 5) not in TILE_IMAGES:
@@ -486,7 +494,7 @@ def make_algo(model, processor, weights, args, decode_backend: str) -> CycleGRPO
                   mask_policy=args.mask_policy, generation_chunk_size=args.generation_chunk_size,
                   decode_backend=decode_backend, logprob_head=args.logprob_head, video_mllm_frames=args.mllm_frames,
                   compile_loss_layers=args.compile_loss_layers, uncheckpointed_layers=args.uncheckpointed_layers,
-                  prompt_length_multiple=args.prompt_length_multiple,
+                  joint_loop_scoring=args.joint_loop_scoring, prompt_length_multiple=args.prompt_length_multiple,
                   completion_length_multiple=args.completion_length_multiple)
     for name in LOOP_NAMES:  # a loop with weight 0 is not run
         config[f"{name}_weight"] = 1.0 if args.loops in ("both", name) else 0.0
@@ -675,6 +683,7 @@ def run_sweep(args, model, processor, weights, optimizer, params, clock, out: di
                           "logprob_head": settings.logprob_head,
                           "compile_loss_layers": settings.compile_loss_layers,
                           "uncheckpointed_layers": settings.uncheckpointed_layers,
+                          "joint_loop_scoring": settings.joint_loop_scoring,
                           "ema_update": "async" if weights.async_update else "sync",
                           "amp_dtype": str(point_amp).removeprefix("torch.") if point_amp else "none",
                           "caption_lengths": forced.caption_lengths if forced is not None else None,
