@@ -236,13 +236,19 @@ def test_the_gpu_step_defaults_are_the_released_size_configs_settings():
     GRPOConfig's defaults; 0 turns a length bucket off."""
     from mmengine.config import Config
 
-    from projects.llava_sam2.rl_train.benchmarks.rl_step import STEP_DEFAULTS, fill_step_defaults, parse_args
+    from projects.llava_sam2.rl_train.benchmarks.rl_step import (
+        PRESET_STEP_DEFAULTS, STEP_DEFAULTS, fill_step_defaults, parse_args)
     from projects.llava_sam2.rl_train.grpo.config import GRPOConfig
 
     root = Path(__file__).resolve().parents[1] / "projects/llava_sam2/configs/rl"
-    for name in ("sa2va_1b_grpo_cycle.py", "sa2va_4b_grpo_cycle.py", "sa2va_8b_grpo_cycle.py"):
+    for preset in ("1b", "4b", "8b"):
+        name = f"sa2va_{preset}_grpo_cycle.py"
         released = Config.fromfile(str(root / name)).train_cfg["algorithm"]["config"]
         assert {k: released.get(k) for k in STEP_DEFAULTS["cuda"]} == STEP_DEFAULTS["cuda"], name
+        own = PRESET_STEP_DEFAULTS.get(preset, {})
+        assert released.get("uncheckpointed_layers") == own.get("uncheckpointed_layers", 0), name
+        args = fill_step_defaults(parse_args(["--preset", preset]), "cuda")
+        assert args.uncheckpointed_layers == released.get("uncheckpointed_layers"), name
     defaults = GRPOConfig()
     assert STEP_DEFAULTS["cpu"] == {k: getattr(defaults, k) for k in STEP_DEFAULTS["cpu"]}
     args = fill_step_defaults(parse_args(["--completion-length-multiple", "0", "--decode-backend", "fast"]), "cuda")

@@ -95,6 +95,7 @@ from projects.llava_sam2.rl_train.data.collate import PreprocessingCollate
 from projects.llava_sam2.rl_train.data.shapes import ShapesWorld
 from projects.llava_sam2.rl_train.data.shapes_video import ShapesVideoWorld
 from projects.llava_sam2.rl_train.grpo import cycle
+from projects.llava_sam2.rl_train.grpo.config import GRPOConfig
 from projects.llava_sam2.rl_train.grpo.mask_policy import MASK_POLICIES
 from projects.llava_sam2.rl_train.grpo.trainer import CycleGRPO
 from projects.llava_sam2.rl_train.grpo.weights import WeightSets
@@ -313,9 +314,10 @@ def parse_args(argv=None):
     parser.add_argument("--joint-loop-scoring", action=argparse.BooleanOptionalAction, default=True,
                         help="ours: both loops' log-prob passes over one image prefix per sample "
                              "(GRPOConfig.joint_loop_scoring); sweep key joint=on|off")
-    parser.add_argument("--uncheckpointed-layers", type=int, default=0,
+    parser.add_argument("--uncheckpointed-layers", type=int, default=None,
                         help="ours: the last k decoder layers of the grouped log-prob passes keep their activations "
-                             "instead of being checkpointed (GRPOConfig.uncheckpointed_layers); sweep key keep=k")
+                             "instead of being checkpointed (GRPOConfig.uncheckpointed_layers); default: "
+                             "PRESET_STEP_DEFAULTS on CUDA, else 0; sweep key keep=k")
     parser.add_argument("--prompt-length-multiple", type=int, default=None,
                         help="ours: left-pad every prompt batch to a multiple of this (GRPOConfig."
                              "prompt_length_multiple); 0: no buckets; default: STEP_DEFAULTS of the device")
@@ -545,12 +547,20 @@ STEP_DEFAULTS = {
                 completion_length_multiple=None, compile_loss_layers=False),
 }
 
+# On CUDA, what the released config of a preset's size sets on top (configs/rl/sa2va_<preset>_grpo_cycle.py, kept
+# equal by tests/test_bench_rl_step.py); a setting not named here is GRPOConfig's default.
+PRESET_STEP_DEFAULTS = {"4b": dict(uncheckpointed_layers=8)}
+
 
 def fill_step_defaults(args, device_type: str):
-    """Flags left out (None) take ``STEP_DEFAULTS[device_type]``; a length multiple of 0 means no buckets."""
-    for name, value in STEP_DEFAULTS[device_type].items():
+    """Flags left out (None) take ``STEP_DEFAULTS[device_type]`` (on CUDA with ``PRESET_STEP_DEFAULTS`` of the
+    preset), then GRPOConfig's defaults; a length multiple of 0 means no buckets."""
+    preset = PRESET_STEP_DEFAULTS.get(getattr(args, "preset", None), {}) if device_type == "cuda" else {}
+    for name, value in {**STEP_DEFAULTS[device_type], **preset}.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
+    if args.uncheckpointed_layers is None:
+        args.uncheckpointed_layers = GRPOConfig().uncheckpointed_layers
     for name in ("prompt_length_multiple", "completion_length_multiple"):
         if getattr(args, name) == 0:
             setattr(args, name, None)
@@ -606,8 +616,7 @@ def run_benchmark(argv: list[str] | None = None) -> dict:
     forced = forced_answers(args, processor, model, clock)
     with instrumented(clock, weights, texts, forced, model):
         algo = make_algo(model, processor, weights, args, args.decode_backend)
-        for loop in algo.loops:
-            clock.wrap_loop(loop)
+        clock.wrap_algorithm(algo)
         result.update(run_variant(algo, model, optimizer, params, batch, clock, args.warmup, args.iters, amp))
         save()
         run_baselines(args, algo, model, processor, weights, optimizer, params, batch, clock, texts,
@@ -632,8 +641,7 @@ def run_baselines(args, algo, model, processor, weights, optimizer, params, batc
     names = list(filter(None, args.baselines.split(",")))
     if "generate" in names:
         generate = make_algo(model, processor, weights, args, HF_GENERATE)
-        for loop in generate.loops:
-            clock.wrap_loop(loop)
+        clock.wrap_algorithm(generate)
         out["generate"] = run_variant(generate, model, optimizer, params, batch, clock, args.baseline_warmup,
                                       args.baseline_iters, amp)
         save()
@@ -673,8 +681,7 @@ def run_sweep(args, model, processor, weights, optimizer, params, clock, out: di
                 weights.wait_for_update()
                 weights.async_update = point["ema_update"] == "async" and weights.storage_device == "cpu"
             algo = make_algo(model, processor, weights, settings, settings.decode_backend)
-            for loop in algo.loops:
-                clock.wrap_loop(loop)
+            clock.wrap_algorithm(algo)
             point_amp = amp_dtype(point["amp_dtype"]) if "amp_dtype" in point else amp
             summary = run_variant(algo, model, optimizer, params, batch, clock, args.sweep_warmup, args.sweep_iters,
                                   point_amp)

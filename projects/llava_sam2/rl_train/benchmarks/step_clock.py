@@ -89,6 +89,18 @@ class PhaseClock:
                 return rollout(*args, **kwargs)
         loop.rollout = timed
 
+    def wrap_algorithm(self, algo) -> None:
+        """Time each loop's rollout (:meth:`wrap_loop`) and, under ``rollout/joint_reference_scoring``, the reference
+        pass that scores both loops at once after their rollouts (``CycleGRPO.joint_reference``)."""
+        for loop in algo.loops:
+            self.wrap_loop(loop)
+        joint_reference = algo.joint_reference
+
+        def timed(*args, **kwargs):
+            self.loop = "joint"
+            return joint_reference(*args, **kwargs)
+        algo.joint_reference = timed
+
 
 @dataclass
 class ForcedAnswers:

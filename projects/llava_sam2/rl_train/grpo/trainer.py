@@ -288,7 +288,7 @@ class CycleGRPO:
         if joins:
             rollouts = self._with_caption_prefix(rollouts)
             if self.config.beta > 0:
-                rollouts = self._joint_reference(loop_features[MaskToCaptionLoop.name], rollouts)
+                rollouts = self.joint_reference(loop_features[MaskToCaptionLoop.name], rollouts)
         if rescores:
             rollouts = self._old_logp_from_the_loss_graph(features, rollouts)
         return SampledStep(features=features, rollouts=rollouts, reward_inputs=tuple(out.reward_inputs for out in outs),
@@ -331,7 +331,7 @@ class CycleGRPO:
         return {MaskToCaptionLoop.name: caption_logp, CaptionToMaskLoop.name: mask_logp}
 
     @torch.no_grad()
-    def _joint_reference(self, features: StepFeatures, rollouts: tuple[Rollout, ...]) -> tuple[Rollout, ...]:
+    def joint_reference(self, features: StepFeatures, rollouts: tuple[Rollout, ...]) -> tuple[Rollout, ...]:
         """Copies of ``rollouts`` with ``ref_logp`` of both loops scored together under the reference weights, in
         chunks of ``generation_chunk_size`` groups (the loops' own reference passes are skipped); ``features``: the
         loops' (common) share of the step."""
