@@ -29,7 +29,8 @@ train_cfg.algorithm.config.update(num_generations=8, max_completion_length=32)  
 # log-prob and the fused decode on the split prompt cache, so `check gpu` trains the path a GPU user runs (the loss
 # pass's layers eager, as in the released configs)
 train_cfg.algorithm.config.update(prompt_length_multiple=64, completion_length_multiple=32,  # noqa: F405
-                                  logprob_head="fused", decode_backend="fast_fused_split", compile_loss_layers=False)
+                                  logprob_head="fused", decode_backend="fast_fused_split_compiled",
+                                  compile_loss_layers=False)
 # loop 1 also asks the judge about the policy's own caption: with random weights the partner never answers with
 # [SEG], so its IoU is 0 for every rollout, and the judge (answers that vary with the caption, from the check's
 # stub server) gives the step a non-zero loss for the parity and resume comparisons

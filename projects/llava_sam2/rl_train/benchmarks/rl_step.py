@@ -541,7 +541,7 @@ def forced_answers(args, processor, model, clock) -> ForcedAnswers | None:
 # (configs/rl/_base_/sa2va_grpo_cycle_dlc.py, kept equal by tests/test_bench_rl_step.py), so the bench times the step
 # a GPU user trains with; on CPU GRPOConfig's defaults (the CPU configs' exact path).
 STEP_DEFAULTS = {
-    "cuda": dict(decode_backend="fast_fused_split", logprob_head="fused", prompt_length_multiple=64,
+    "cuda": dict(decode_backend="fast_fused_split_compiled", logprob_head="fused", prompt_length_multiple=64,
                  completion_length_multiple=32, compile_loss_layers=False),
     "cpu": dict(decode_backend="fast", logprob_head="reference", prompt_length_multiple=None,
                 completion_length_multiple=None, compile_loss_layers=False),

@@ -27,9 +27,11 @@ train_cfg["algorithm"]["config"]["logprob_head"] = "fused"  # noqa: F405
 train_cfg["algorithm"]["config"].update(prompt_length_multiple=64, completion_length_multiple=32)  # noqa: F405
 # decode on merged LoRA weights with joined q|k|v and gate|up GEMMs, the head padded to a multiple of 64 rows, and
 # each prompt's (or shared image prefix's) cache read once per step for all its rows by prefix_attention's Triton
-# kernels (model/decoding/decode_plan.py): the same tokens as 'fast' in fp32; on an H100 the bare 4b decode goes from
-# 6.9k to 7.4k tokens/s and holds ~4 GiB less than the full-row cache (docs/speed.md)
-train_cfg["algorithm"]["config"]["decode_backend"] = "fast_fused_split"  # noqa: F405
+# kernels (model/decoding/decode_plan.py), the step compiled by torch.compile before its graph capture: the same tokens
+# as 'fast' in fp32 (Inductor may reorder float math); on an H100 the bare 4b decode goes from 6.9k to 9.4k tokens/s and
+# holds ~4 GiB less than the full-row cache, and the 4b step's two long decodes take ~0.4 s less (docs/speed.md); the
+# first decode compiles (a minute or less), later lengths reuse the graph
+train_cfg["algorithm"]["config"]["decode_backend"] = "fast_fused_split_compiled"  # noqa: F405
 # the loss pass's decoder layers stay eager: compiled (compile_loss_layers=True, ~0.4 s a 4b step less on one H100)
 # they trained on one GPU, but DDP and DeepSpeed ZeRO-2 failed at the first compile on 2 H100s (docs/benchmarks.md,
 # Round 5); the fixes since are not yet run on GPUs
