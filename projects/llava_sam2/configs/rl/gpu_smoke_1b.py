@@ -26,8 +26,8 @@ model.update(  # noqa: F405
 )
 train_cfg.algorithm.config.update(num_generations=8, max_completion_length=32)  # noqa: F405
 # the released-size configs' step (_base_/sa2va_grpo_cycle_dlc.py, docs/speed.md): length buckets, the fused LM-head
-# log-prob and the fused decode on the split prompt cache, so `check gpu` trains the path a GPU user runs (the loss
-# pass's layers eager, as in the released configs)
+# log-prob and the compiled fused decode on the split prompt cache, so `check gpu` trains the path a GPU user runs
+# (the loss pass's layers eager, as in the released configs)
 train_cfg.algorithm.config.update(prompt_length_multiple=64, completion_length_multiple=32,  # noqa: F405
                                   logprob_head="fused", decode_backend="fast_fused_split_compiled",
                                   compile_loss_layers=False)

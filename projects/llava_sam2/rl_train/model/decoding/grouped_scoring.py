@@ -13,6 +13,11 @@ prompt keys/values live only inside it), so under activation checkpointing (``gr
 train mode, grad enabled) it is checkpointed whole and its recompute in backward builds the same keys again. The
 gradient of a prompt token sums over the G completions that read it (the repeat's backward). Cost: B·L + N·T' tokens.
 
+More than one block can read the prefix (:func:`branched_hidden`, :class:`Branch`): each branch has its own rows per
+prompt, its own positions and the prefix keys it may see. The cycle's joint pass (``grpo.cycle.joint_action_logps``)
+runs loop 1's captions and loop 2's RES prompts (from the end of their image block on) as two branches of loop 1's
+prompts, so each image block runs once for both loops.
+
 Partial checkpointing (:func:`keep_last_layers_activations`, ``GRPOConfig.uncheckpointed_layers``): the last k layers
 run outside the checkpoint and keep their activations for backward, so backward recomputes k layers fewer, at the
 memory of k layers' activations. The last ones, because backward reaches them first: their activations are freed
