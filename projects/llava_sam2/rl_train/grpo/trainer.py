@@ -330,22 +330,29 @@ class CycleGRPO:
                                                      samples)
         return {MaskToCaptionLoop.name: caption_logp, CaptionToMaskLoop.name: mask_logp}
 
+    def _joint_logps_in_chunks(self, model, features: StepFeatures, tile_embeds: Tensor, rollouts: Sequence[Rollout],
+                               chunk_size: int | None) -> dict[str, Tensor]:
+        """``{loop name: detached action log-probs [N, T]}`` of both loops, one joint pass per chunk of groups."""
+        captions, masks = (self._rollout_of(rollouts, name) for name in (MaskToCaptionLoop.name, CaptionToMaskLoop.name))
+        parts: dict[str, list[Tensor]] = {captions.loop: [], masks.loop: []}
+        for b0, b1 in group_chunks(features.num_samples, self.config.num_generations, chunk_size):
+            logps = self._joint_logps(model, features, tile_embeds, slice_groups(captions, b0, b1),
+                                      slice_groups(masks, b0, b1), range(b0, b1))
+            for name, logp in logps.items():
+                parts[name].append(logp.detach())
+        return {name: torch.cat(chunks) for name, chunks in parts.items()}
+
     @torch.no_grad()
     def joint_reference(self, features: StepFeatures, rollouts: tuple[Rollout, ...]) -> tuple[Rollout, ...]:
         """Copies of ``rollouts`` with ``ref_logp`` of both loops scored together under the reference weights, in
         chunks of ``generation_chunk_size`` groups (the loops' own reference passes are skipped); ``features``: the
         loops' (common) share of the step."""
-        model, G = self.model, self.config.num_generations
-        captions, masks = (self._rollout_of(rollouts, name) for name in (MaskToCaptionLoop.name, CaptionToMaskLoop.name))
-        parts: dict[str, list[Tensor]] = {MaskToCaptionLoop.name: [], CaptionToMaskLoop.name: []}
+        model = self.model
         with eval_mode(model), self.weights.reference(model):
             tile_embeds = model.project_vision(features.vit_tokens)
-            for b0, b1 in group_chunks(features.num_samples, G, self.config.generation_chunk_size):
-                logps = self._joint_logps(model, features, tile_embeds, slice_groups(captions, b0, b1),
-                                          slice_groups(masks, b0, b1), range(b0, b1))
-                for name, logp in logps.items():
-                    parts[name].append(logp)
-        return tuple(replace(r, ref_logp=torch.cat(parts[r.loop])) if r.loop in parts else r for r in rollouts)
+            ref_logp = self._joint_logps_in_chunks(model, features, tile_embeds, rollouts,
+                                                   self.config.generation_chunk_size)
+        return tuple(replace(r, ref_logp=ref_logp[r.loop]) for r in rollouts)
 
     def _joint_parts(self, parts: Sequence[LoopBatch]) -> tuple[LoopBatch, LoopBatch] | None:
         """The (loop 1, loop 2) parts of a minibatch when one pass scores them (:meth:`_joins_loops` held at rollout
@@ -381,17 +388,10 @@ class CycleGRPO:
         rescored = []
         with torch.enable_grad():
             tile_embeds = model.project_vision(features.vit_tokens)  # as policy_loss: with grad through mlp1
-            masks = next((r for r in rollouts if r.loop == CaptionToMaskLoop.name), None)
-            if getattr(masks and masks.replay, "caption_prefix", None) is not None:  # both loops in one pass, as the loss
-                captions = self._rollout_of(rollouts, MaskToCaptionLoop.name)
-                share = shares[captions.loop]
-                parts: dict[str, list[Tensor]] = {captions.loop: [], masks.loop: []}
-                for b0, b1 in group_chunks(share.num_samples, G, self.minibatch_size):
-                    logps = self._joint_logps(model, share, tile_embeds, slice_groups(captions, b0, b1),
-                                              slice_groups(masks, b0, b1), range(b0, b1))
-                    for name, logp in logps.items():
-                        parts[name].append(logp.detach())
-                return tuple(replace(r, old_logp=torch.cat(parts[r.loop])) for r in rollouts)
+            if any(getattr(r.replay, "caption_prefix", None) is not None for r in rollouts):  # one pass, as the loss
+                old_logp = self._joint_logps_in_chunks(model, shares[MaskToCaptionLoop.name], tile_embeds, rollouts,
+                                                       self.minibatch_size)
+                return tuple(replace(r, old_logp=old_logp[r.loop]) for r in rollouts)
             for rollout in rollouts:
                 loop, share = self._loop_of(rollout), shares[rollout.loop]
                 chunks = group_chunks(share.num_samples, G, self.minibatch_size)
