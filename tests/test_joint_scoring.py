@@ -130,3 +130,13 @@ def test_the_loops_are_scored_apart_where_they_cannot_share(overrides):
     assert getattr(masks.replay, "caption_prefix", None) is None
     out = step_loss(algo, model, step)
     assert torch.isfinite(out["loss"])
+
+
+def test_bench_switches_joint_scoring_by_flag_and_sweep_key():
+    from projects.llava_sam2.rl_train.benchmarks import rl_step as bench
+
+    assert bench.parse_args([]).joint_loop_scoring
+    assert not bench.parse_args(["--no-joint-loop-scoring"]).joint_loop_scoring
+    assert bench.sweep_point("joint=off,keep=8") == {"joint_loop_scoring": False, "uncheckpointed_layers": 8}
+    with pytest.raises(ValueError, match="joint=maybe"):
+        bench.sweep_point("joint=maybe")

@@ -309,7 +309,7 @@ class CycleGRPO:
 
     def _with_caption_prefix(self, rollouts: tuple[Rollout, ...]) -> tuple[Rollout, ...]:
         """The rollouts with loop 2's ``MaskReplay.caption_prefix`` set against loop 1's region prompts."""
-        captions, masks = (self._rollout_of(rollouts, name) for name in (MaskToCaptionLoop.name, CaptionToMaskLoop.name))
+        captions, masks = self._caption_and_mask_rollouts(rollouts)
         G = self.config.num_generations
         regions, grounding = captions.replay, masks.replay
         L1, L2 = regions.prompt_ids.shape[1], grounding.prompt_ids.shape[1]
@@ -320,8 +320,10 @@ class CycleGRPO:
         return tuple(masks if r.loop == masks.loop else r for r in rollouts)
 
     @staticmethod
-    def _rollout_of(rollouts: Sequence[Rollout], name: str) -> Rollout:
-        return next(r for r in rollouts if r.loop == name)
+    def _caption_and_mask_rollouts(rollouts: Sequence[Rollout]) -> tuple[Rollout, Rollout]:
+        """Loop 1's and loop 2's rollouts of a step that runs both."""
+        by_loop = {r.loop: r for r in rollouts}
+        return by_loop[MaskToCaptionLoop.name], by_loop[CaptionToMaskLoop.name]
 
     def _joint_logps(self, model, features: StepFeatures, tile_embeds: Tensor, captions: Rollout, masks: Rollout,
                      samples: Sequence[int]) -> dict[str, Tensor]:
@@ -333,7 +335,7 @@ class CycleGRPO:
     def _joint_logps_in_chunks(self, model, features: StepFeatures, tile_embeds: Tensor, rollouts: Sequence[Rollout],
                                chunk_size: int | None) -> dict[str, Tensor]:
         """``{loop name: detached action log-probs [N, T]}`` of both loops, one joint pass per chunk of groups."""
-        captions, masks = (self._rollout_of(rollouts, name) for name in (MaskToCaptionLoop.name, CaptionToMaskLoop.name))
+        captions, masks = self._caption_and_mask_rollouts(rollouts)
         parts: dict[str, list[Tensor]] = {captions.loop: [], masks.loop: []}
         for b0, b1 in group_chunks(features.num_samples, self.config.num_generations, chunk_size):
             logps = self._joint_logps(model, features, tile_embeds, slice_groups(captions, b0, b1),

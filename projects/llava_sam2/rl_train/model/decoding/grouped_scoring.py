@@ -84,7 +84,7 @@ class GroupKV:
         return self._join(self.prefix[0], key), self._join(self.prefix[1], value)  # [R, Hkv, L + T', hd]
 
     def _join(self, prefix: Tensor, own: Tensor) -> Tensor:
-        """``[B, Hkv, L, hd]`` and ``[R, Hkv, T', hd]`` → ``[R, Hkv, L + T', hd]``, prompt b's slots before each of its G
+        """``[B, Hkv, L, hd]``, ``[R, Hkv, T', hd]`` → ``[R, Hkv, L + T', hd]``, prompt b's slots before each of its G
         rows' own: one copy (the broadcast prompt and the rows' slots written side by side). An expand, not
         ``repeat_interleave(G)``: a compiled layer whose G is a symbolic size traces it as a view."""
         B, G = prefix.shape[0], self.group_size
