@@ -91,3 +91,14 @@ def step_loss(algo, model, advantaged):
         out = algo.policy_loss(model, minibatch)
         out["loss"].backward()
     return out
+
+
+class RecordedLogp:
+    """Wraps a loop's ``loss_fn``: keeps each call's (logp, the rollout's old_logp), then computes the loss."""
+
+    def __init__(self, loss_fn):
+        self.loss_fn, self.seen = loss_fn, []
+
+    def __call__(self, logp, rollout, **kwargs):
+        self.seen.append((logp.detach(), rollout.old_logp))
+        return self.loss_fn(logp, rollout, **kwargs)

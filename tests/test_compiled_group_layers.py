@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from grpo_tiny import build_tiny, make_algo, one_thread, run_rollout, shapes_batch, step_loss
+from grpo_tiny import RecordedLogp, build_tiny, make_algo, one_thread, run_rollout, shapes_batch, step_loss
 from projects.llava_sam2.rl_train.grpo.cycle import caption_logp
 from projects.llava_sam2.rl_train.model.decoding.text_decoding import eval_mode
 from projects.llava_sam2.rl_train.benchmarks import rl_step as bench
@@ -124,17 +124,6 @@ def no_grad_graphs_perturbed(graph, example_inputs):
     def perturbed(*args):
         return [out + 1e-3 if torch.is_tensor(out) and out.is_floating_point() else out for out in graph(*args)]
     return perturbed
-
-
-class RecordedLogp:
-    """Wraps a loop's ``loss_fn``: keeps each call's (logp, the rollout's old_logp), then computes the loss."""
-
-    def __init__(self, loss_fn):
-        self.loss_fn, self.seen = loss_fn, []
-
-    def __call__(self, logp, rollout, **kwargs):
-        self.seen.append((logp.detach(), rollout.old_logp))
-        return self.loss_fn(logp, rollout, **kwargs)
 
 
 def test_old_logp_with_compiled_layers_is_the_loss_pass_bit_for_bit():

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from grpo_tiny import build_tiny, make_algo, one_thread, run_rollout, shapes_batch, step_loss
+from grpo_tiny import RecordedLogp, build_tiny, make_algo, one_thread, run_rollout, shapes_batch, step_loss
 from projects.llava_sam2.rl_train.grpo.cycle import caption_prefix_lengths
 from projects.llava_sam2.rl_train.model.decoding.grouped_scoring import compile_group_layers, uses_compiled_layers
 from projects.llava_sam2.rl_train.grpo.rollout import AdvantagedStep
@@ -91,17 +91,6 @@ def test_joint_reference_equals_each_loops_own_reference_pass():
         torch.testing.assert_close(joint.ref_logp, alone.ref_logp, rtol=0, atol=1e-5)
 
 
-class RecordedLoss:
-    """A loop's PolicyLoss that records (logp, old_logp) of every call."""
-
-    def __init__(self, loss_fn):
-        self.loss_fn, self.seen = loss_fn, []
-
-    def __call__(self, logp, rollout, **kwargs):
-        self.seen.append((logp.detach(), rollout.old_logp))
-        return self.loss_fn(logp, rollout, **kwargs)
-
-
 @pytest.mark.parametrize("compiled", [False, True])
 def test_old_logp_of_a_joint_step_is_the_loss_pass_bit_for_bit_over_minibatches(compiled):
     """Three minibatches make the rollout keep old_logp; the joint loss pass must see the first ratio exactly 1, so
@@ -112,7 +101,7 @@ def test_old_logp_of_a_joint_step_is_the_loss_pass_bit_for_bit_over_minibatches(
     model, algo, step = _step(minibatch_size=4, compiled=compiled)
     assert uses_compiled_layers(model.language_model) == compiled
     for loop in algo.loops:
-        loop.loss_fn = RecordedLoss(loop.loss_fn)
+        loop.loss_fn = RecordedLogp(loop.loss_fn)
     step_loss(algo, model, step)
     for loop in algo.loops:
         assert len(loop.loss_fn.seen) == 3  # three minibatches of one group
