@@ -10,7 +10,6 @@ import torch
 
 from grpo_tiny import RecordedLogp, build_tiny, make_algo, one_thread, run_rollout, shapes_batch, step_loss
 from projects.llava_sam2.rl_train.grpo.cycle import caption_prefix_lengths
-from projects.llava_sam2.rl_train.model.decoding.grouped_scoring import compile_group_layers, uses_compiled_layers
 from projects.llava_sam2.rl_train.grpo.rollout import AdvantagedStep
 
 _one_thread = pytest.fixture(autouse=True)(one_thread)
@@ -28,14 +27,12 @@ def test_caption_prefix_is_the_common_start_of_the_real_tokens():
     assert same.tolist() == [[5, 0]]  # the whole prompt in common: only the answer is left to the branch
 
 
-def _step(beta: float = 0.0, compiled: bool = False, **overrides):
+def _step(beta: float = 0.0, **overrides):
     model, processor = build_tiny()
     model.float()  # fp32: the joint and separate passes then differ only by float order, far below 1e-5
     model.language_model.gradient_checkpointing_enable()
     model.train()
     algo, weights = make_algo(model, processor, REWARDS, beta=beta, **overrides)
-    if compiled:  # dynamo with eager kernels: the layer calls, branches included, go through torch.compile
-        compile_group_layers(model.language_model, "eager")
     return model, algo, run_rollout(algo, shapes_batch(3))
 
 
@@ -91,15 +88,10 @@ def test_joint_reference_equals_each_loops_own_reference_pass():
         torch.testing.assert_close(joint.ref_logp, alone.ref_logp, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("compiled", [False, True])
-def test_old_logp_of_a_joint_step_is_the_loss_pass_bit_for_bit_over_minibatches(compiled):
+def test_old_logp_of_a_joint_step_is_the_loss_pass_bit_for_bit_over_minibatches():
     """Three minibatches make the rollout keep old_logp; the joint loss pass must see the first ratio exactly 1, so
-    old_logp is scored by the joint pass too (the loops' own passes round differently), also through compiled layer
-    calls (dynamo with eager kernels: the branches go through the compiled function)."""
-    if compiled:
-        torch._dynamo.reset()
-    model, algo, step = _step(minibatch_size=4, compiled=compiled)
-    assert uses_compiled_layers(model.language_model) == compiled
+    old_logp is scored by the joint pass too (the loops' own passes round differently)."""
+    model, algo, step = _step(minibatch_size=4)
     for loop in algo.loops:
         loop.loss_fn = RecordedLogp(loop.loss_fn)
     step_loss(algo, model, step)

@@ -120,6 +120,13 @@ def test_the_knob_is_validated_and_reaches_the_scoring_lm():
 def test_bench_flag_and_sweep_key_keep():
     assert bench.sweep_point("keep=12,G=4") == {"uncheckpointed_layers": 12, "num_generations": 4}
     assert bench.parse_args(["--uncheckpointed-layers", "3"]).uncheckpointed_layers == 3
-    assert bench.parse_args([]).uncheckpointed_layers == 0
+    # left out: the preset's released config on CUDA (the 4b one keeps 8), GRPOConfig's 0 elsewhere
+    assert bench.parse_args([]).uncheckpointed_layers is None
+    assert bench.fill_step_defaults(bench.parse_args([]), "cpu").uncheckpointed_layers == 0
+    assert bench.fill_step_defaults(bench.parse_args(["--preset", "4b"]), "cpu").uncheckpointed_layers == 0
+    assert bench.fill_step_defaults(bench.parse_args(["--preset", "4b"]), "cuda").uncheckpointed_layers == 8
+    assert bench.fill_step_defaults(bench.parse_args(["--preset", "8b"]), "cuda").uncheckpointed_layers == 0
+    assert bench.fill_step_defaults(bench.parse_args(["--preset", "4b", "--uncheckpointed-layers", "2"]),
+                                    "cuda").uncheckpointed_layers == 2
     with pytest.raises(ValueError, match="keep=-1"):
         bench.sweep_point("keep=-1")

@@ -66,6 +66,7 @@ from ..model.pipeline.qwen_vl_prompts import qwen_vl_prompt_inputs, qwen_vl_samp
 from ..model.pipeline.region_chain import MaskChain
 from ..model.pipeline.video import largest_mask_frames, masklet_masks, video_masklet_logits
 from ..model.sft.sft_loss import mask_loss_per_mask, resize_gt_masks
+from ..model.text.lengths import bucket_length
 from ..rewards.base import RewardInputs
 from ..rewards.video_metrics import score_masklets
 from .dense import best_in_group, dense_rollout_weights, weighted_mean
@@ -554,17 +555,19 @@ def caption_prefix_lengths(region_ids: Tensor, region_attention: Tensor, groundi
 
 
 def _grounding_branch(model, features: StepFeatures, tile_embeds: Tensor, replay: MaskReplay,
-                      region_attention: Tensor, images: Sequence[int], group_size: int) -> tuple[Branch, Tensor]:
+                      region_attention: Tensor, images: Sequence[int], group_size: int,
+                      length_multiple: int | None) -> tuple[Branch, Tensor]:
     """Loop 2's b groups as a branch over loop 1's b region prompts (``region_attention [b, L1]``): per sample, its
     RES prompt's S tokens after the common start, then the forced answer, at positions P, P + 1, ..; the rows read
-    the first P real keys of the region prompt. Returns the branch and each row's ``[SEG]`` column ``[b]``."""
+    the first P real keys of the region prompt. The branch is right padded to a multiple of ``length_multiple`` (the
+    prompts' length buckets). Returns the branch and each row's ``[SEG]`` column ``[b]``."""
     G, device = group_size, region_attention.device
     common, own = replay.caption_prefix[::G].unbind(1)  # [b] each, host
     ids, answers = replay.prompt_ids[::G], replay.answer_ids[::G]  # [b, L2], [b, A]
     L2, A = ids.shape[1], answers.shape[1]
     prompt = prompt_embeds(model, features, tile_embeds, ids, images)  # [b, L2, D]
     embeds = torch.cat([prompt, model.language_model.get_input_embeddings()(answers).to(prompt.dtype)], 1)
-    offsets = torch.arange(int(own.max()) + A)  # [T] host
+    offsets = torch.arange(bucket_length(int(own.max()) + A, length_multiple))  # [T] host
     is_real = offsets[None] < (own + A)[:, None]  # [b, T]
     columns = torch.where(is_real, L2 - own[:, None] + offsets[None], 0)  # [b, T] into [prompt | answer]
     columns, is_real, positions, common, own = (host_to_device([t], device) for t in (
@@ -595,7 +598,8 @@ def joint_action_logps(ctx: CycleContext, model, features: StepFeatures, tile_em
     attention = regions.prompt_attention[::G]  # [b, L1]
     completion_ids, completion_mask = regions.completion_ids, captions.action_mask  # [n, T1]
     caption_branch = completion_branch(lm, embeds, attention, completion_ids[:, :-1], completion_mask, G)
-    seg_branch, seg_columns = _grounding_branch(model, features, tile_embeds, grounding, attention, images, G)
+    seg_branch, seg_columns = _grounding_branch(model, features, tile_embeds, grounding, attention, images, G,
+                                                ctx.processor.prompt_length_multiple)
     last, (caption_states, seg_states) = branched_hidden(lm, embeds, attention, [caption_branch, seg_branch])
     caption_logp = completion_logprobs_from_states(lm, last, caption_states, completion_ids, completion_mask, G,
                                                    temperature=cfg.temperature, logprob_head=cfg.logprob_head)
