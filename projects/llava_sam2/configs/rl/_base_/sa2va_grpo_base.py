@@ -36,6 +36,7 @@ train_cfg = dict(
             logprob_head="reference",  # LM-head log-probs: reference | fused (real tokens only, docs/speed.md)
             compile_loss_layers=False,  # torch.compile each decoder layer of the log-prob passes (docs/speed.md)
             uncheckpointed_layers=0,  # last decoder layers kept out of activation checkpointing (docs/speed.md)
+            joint_loop_scoring=True,  # both loops' log-prob passes over one image prefix per sample (docs/speed.md)
             # rewards
             scale_rewards="group",  # group | batch | none
             mask_to_caption_weight=1.0,  # loop 1 (mask -> caption -> mask', IoU); 0 switches it off
