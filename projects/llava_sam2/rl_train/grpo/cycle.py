@@ -181,12 +181,18 @@ def caption_logp(model, features: StepFeatures, tile_embeds: Tensor, replay: Cap
                                            temperature=temperature, logprob_head=logprob_head,
                                            prompt_positions=inputs.positions,
                                            prefix_additions=inputs.layer_additions)  # [n, T]
-    cells = features.region_cells[list(samples)]  # [b, g, g]
-    embeds = prompt_embeds(model, features, tile_embeds, replay.prompt_ids[::G],
-                           [features.image_of(s) for s in samples], list(cells))  # [b, L, D]
+    embeds = region_prompt_embeds(model, features, tile_embeds, replay, samples, G)  # [b, L, D]
     return grouped_completion_logprobs(model.language_model, embeds, replay.prompt_attention[::G],
                                        replay.completion_ids, completion_mask, num_generations=G,
                                        temperature=temperature, logprob_head=logprob_head)  # [n, T]
+
+
+def region_prompt_embeds(model, features: StepFeatures, tile_embeds: Tensor, replay: CaptionReplay,
+                         samples: Sequence[int], group_size: int) -> Tensor:
+    """The b distinct region prompts of a (sliced) loop-1 replay as embeddings ``[b, L, D]``: image tokens from
+    ``tile_embeds``, region tokens from the samples' gt cells."""
+    return prompt_embeds(model, features, tile_embeds, replay.prompt_ids[::group_size],
+                         [features.image_of(s) for s in samples], list(features.region_cells[list(samples)]))
 
 
 class MaskToCaptionLoop:
@@ -593,11 +599,10 @@ def joint_action_logps(ctx: CycleContext, model, features: StepFeatures, tile_em
     cfg, G, lm = ctx.config, captions.group_size, model.language_model
     regions, grounding = captions.replay, masks.replay
     images = [features.image_of(s) for s in samples]
-    embeds = prompt_embeds(model, features, tile_embeds, regions.prompt_ids[::G], images,
-                           list(features.region_cells[list(samples)]))  # [b, L1, D]
+    embeds = region_prompt_embeds(model, features, tile_embeds, regions, samples, G)  # [b, L1, D]
     attention = regions.prompt_attention[::G]  # [b, L1]
     completion_ids, completion_mask = regions.completion_ids, captions.action_mask  # [n, T1]
-    caption_branch = completion_branch(lm, embeds, attention, completion_ids[:, :-1], completion_mask, G)
+    caption_branch = completion_branch(lm, attention, completion_ids[:, :-1], completion_mask, G)
     seg_branch, seg_columns = _grounding_branch(model, features, tile_embeds, grounding, attention, images, G,
                                                 ctx.processor.prompt_length_multiple)
     last, (caption_states, seg_states) = branched_hidden(lm, embeds, attention, [caption_branch, seg_branch])

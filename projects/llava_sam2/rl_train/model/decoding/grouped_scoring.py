@@ -68,13 +68,13 @@ class GroupKV:
 
     The attention calls ``update(key, value, ...)`` once per block: the first call (prefix, ``[B, Hkv, L, hd]``) is
     kept and returned as is; each later call (a branch, ``[R, Hkv, T', hd]``, ``group_size`` rows per prompt, set
-    before the call) returns the prefix repeated to its R rows (row ``b·G + g`` ← prompt b) followed by the branch's
+    by the caller before the branch's layer call) returns the prefix repeated to its R rows (row ``b·G + g`` ← prompt b) followed by the branch's
     own: ``[R, Hkv, L + T', hd]``. Built inside the (checkpointed) layer function, so a recompute starts from an empty
     store.
     """
 
-    def __init__(self, group_size: int):
-        self.group_size = group_size
+    def __init__(self):
+        self.group_size = 1
         self.prefix: tuple[Tensor, Tensor] | None = None
 
     def update(self, key: Tensor, value: Tensor, layer_idx: int, cache_kwargs=None) -> tuple[Tensor, Tensor]:
@@ -143,7 +143,7 @@ def _layer_on_group(layer: nn.Module, group_sizes: tuple[int, ...], prefix_kwarg
     """One decoder layer on the prefix ``[B, L, D]``, then on each branch ``[R_i, T_i, D]`` that reads its keys;
     ``prefix_addition [B, L, D]`` is added to the prefix's output (Qwen3-VL's deepstack features: the branches read
     the layer's keys before it, as in transformers)."""
-    store = GroupKV(1)
+    store = GroupKV()
     h_prefix = run_decoder_layer(layer, h_prefix, store, use_cache=True, **prefix_kwargs)  # [B, L, D]
     if prefix_addition is not None:
         h_prefix = h_prefix + prefix_addition.to(h_prefix.dtype)
@@ -233,16 +233,15 @@ def grouped_hidden(lm: nn.Module, prompt_embeds: Tensor, prompt_attention: Tenso
         prefix_additions: per decoder layer (the first ``len`` ones) ``[B, L, D]`` added to the prompts' states
             after it (Qwen3-VL's deepstack).
     """
-    continuation = completion_branch(lm, prompt_embeds, prompt_attention, continuation_ids, completion_mask,
-                                     num_generations, prompt_positions)
+    continuation = completion_branch(lm, prompt_attention, continuation_ids, completion_mask, num_generations,
+                                     prompt_positions)
     last, (states,) = branched_hidden(lm, prompt_embeds, prompt_attention, [continuation], prompt_positions,
                                       prefix_additions, final_norm)
     return last, states
 
 
-def completion_branch(lm: nn.Module, prompt_embeds: Tensor, prompt_attention: Tensor, continuation_ids: Tensor,
-                      completion_mask: Tensor, num_generations: int,
-                      prompt_positions: Tensor | None = None) -> Branch:
+def completion_branch(lm: nn.Module, prompt_attention: Tensor, continuation_ids: Tensor, completion_mask: Tensor,
+                      num_generations: int, prompt_positions: Tensor | None = None) -> Branch:
     """The branch of G completion inputs ``[N, T']`` per prompt (:func:`grouped_hidden`'s arguments): their token
     embeddings, positions going on from each prompt's, all of the prompt's real keys visible."""
     G, L, T_in = num_generations, prompt_attention.shape[1], continuation_ids.shape[1]
@@ -252,7 +251,7 @@ def completion_branch(lm: nn.Module, prompt_embeds: Tensor, prompt_attention: Te
         positions = position_ids_from_attention(attention)[:, L:]  # [N, T']
     else:
         positions = continuation_positions(prompt_positions, T_in, G)  # [3, N, T']
-    embeds = lm.get_input_embeddings()(continuation_ids).to(prompt_embeds.dtype)  # [N, T', D]
+    embeds = lm.get_input_embeddings()(continuation_ids)  # [N, T', D]; branched_hidden casts to the prompts' dtype
     return Branch(embeds=embeds, mask=mask, rows_per_prefix=G, positions=positions)
 
 
