@@ -418,6 +418,7 @@ SWEEP_KEYS = {"G": "num_generations", "T": "max_new_tokens", "B": "batch", "back
 TEXT_KEYS = ("backend", "amp", "logprob", "ema", "loss", "joint")
 LOSS_LAYERS = {"compiled": True, "eager": False}  # sweep loss= value -> compile_loss_layers
 JOINT_SCORING = {"on": True, "off": False}  # sweep joint= value -> joint_loop_scoring
+SWITCH_VALUES = {"compile_loss_layers": ("loss", LOSS_LAYERS), "joint_loop_scoring": ("joint", JOINT_SCORING)}
 TILE_IMAGES = {1: (448, 448), 5: (896, 896), 10: (1344, 1344), 13: (1792, 1344)}
 
 
@@ -435,14 +436,11 @@ def sweep_point(text: str) -> dict:
         raise ValueError(f"--sweep: amp={point['amp_dtype']}; use bfloat16, float16 or none")
     if point.get("logprob_head", "reference") not in LOGPROB_HEADS:
         raise ValueError(f"--sweep: logprob={point['logprob_head']}; use one of {sorted(LOGPROB_HEADS)}")
-    if "compile_loss_layers" in point:
-        if point["compile_loss_layers"] not in LOSS_LAYERS:
-            raise ValueError(f"--sweep: loss={point['compile_loss_layers']}; use one of {sorted(LOSS_LAYERS)}")
-        point["compile_loss_layers"] = LOSS_LAYERS[point["compile_loss_layers"]]
-    if "joint_loop_scoring" in point:
-        if point["joint_loop_scoring"] not in JOINT_SCORING:
-            raise ValueError(f"--sweep: joint={point['joint_loop_scoring']}; use one of {sorted(JOINT_SCORING)}")
-        point["joint_loop_scoring"] = JOINT_SCORING[point["joint_loop_scoring"]]
+    for name, (key, values) in SWITCH_VALUES.items():  # on/off switches spelled as words
+        if name in point:
+            if point[name] not in values:
+                raise ValueError(f"--sweep: {key}={point[name]}; use one of {sorted(values)}")
+            point[name] = values[point[name]]
     if point.get("uncheckpointed_layers", 0) < 0:
         raise ValueError(f"--sweep: keep={point['uncheckpointed_layers']}; use a layer count >= 0")
     if point.get("tiles", 5) not in TILE_IMAGES:

@@ -30,11 +30,10 @@ train_cfg["algorithm"]["config"].update(prompt_length_multiple=64, completion_le
 # kernels (model/decoding/decode_plan.py), the step compiled by torch.compile before its graph capture: the same tokens
 # as 'fast' in fp32 (Inductor may reorder float math); on an H100 the bare 4b decode goes from 6.9k to 9.4k tokens/s and
 # holds ~4 GiB less than the full-row cache, and the 4b step's two long decodes take ~0.4 s less (docs/speed.md); the
-# first decode compiles (a minute or less), later lengths reuse the graph
+# first step's decodes compile (~80 s at 1b on an H100), later lengths reuse the graph
 train_cfg["algorithm"]["config"]["decode_backend"] = "fast_fused_split_compiled"  # noqa: F405
-# the loss pass's decoder layers stay eager: compiled (compile_loss_layers=True, ~0.4 s a 4b step less on one H100)
-# they trained on one GPU, but DDP and DeepSpeed ZeRO-2 failed at the first compile on 2 H100s (docs/benchmarks.md,
-# Round 5); the fixes since are not yet run on GPUs
+# the loss pass's decoder layers stay eager: compiled (compile_loss_layers=True) they train on one GPU, under DDP and
+# under DeepSpeed ZeRO-2 on 2 H100s, but the 4b step was not faster with them (docs/benchmarks.md, Round 7)
 train_cfg["algorithm"]["config"]["compile_loss_layers"] = False  # noqa: F405
 warmup_iters = int(0.05 * max_iters)
 param_scheduler = [
