@@ -361,3 +361,29 @@ def test_shared_prefix_prefill_equals_the_joined_prompts(do_sample):
     ref = sample_completions(lm, *per_row(*whole, 2), generator=torch.Generator().manual_seed(1), **kw)
     assert_same_completions(fast, ref)
     assert prefix.rows(1, 3).index.tolist() == [1, 0] and prefix.rows(1, 2).embeds.shape[0] == 1
+
+
+@pytest.mark.parametrize("plan", [{}, dict(fuse_layers=True, pad_head=True, split_prompt_cache=True)])
+def test_no_host_wait_between_the_prefill_and_the_decode_loop(monkeypatch, plan):
+    """Once the prefill is queued the host must not wait for the device until the loop's stop checks: on CUDA it
+    warms up and records the step's graph while the prefill still runs. A host list copied to the device (the stop
+    ids) used to block there, leaving the GPU idle for the warm-up's and the capture's launches."""
+    from projects.llava_sam2.rl_train.benchmarks.host_syncs import HostSyncCounter
+    from projects.llava_sam2.rl_train.model.decoding import fast_generation
+
+    phase, queued = ["call start"], fast_generation.prefill
+
+    def prefill(*args, **kwargs):
+        out = queued(*args, **kwargs)
+        phase[0] = "prefill queued"
+        return out
+
+    monkeypatch.setattr(fast_generation, "prefill", prefill)
+    lm = tiny_lm()
+    embeds, attention = prompts(lm, [5, 9, 7])
+    with HostSyncCounter(phase=lambda: phase[0]) as syncs:
+        fast_sample_completions(lm, embeds, attention, num_generations=2, max_new_tokens=9, stop_token_ids=[NEVER],
+                                stop_check_interval=4, generator=torch.Generator().manual_seed(0), **plan)
+    after = sorted({(kind, place.rsplit(" ", 1)[1]) for p, kind, place in syncs.counts if p == "prefill queued"})
+    assert after == [("bool", "fast_sample_completions"), ("int", "_completions")], syncs.table()
+    assert syncs.total(phase="prefill queued", where="fast_sample_completions") == 2  # steps 4 and 8

@@ -269,6 +269,9 @@ def fast_sample_completions(
               top_p=top_p, stop_token_ids=stop_token_ids, stop_check_interval=stop_check_interval,
               device=device, generator=generator, do_sample=do_sample, use_cuda_graph=use_cuda_graph)
     _check_prompt(inputs_embeds, attention_mask, "prompt")
+    # made before the prefill is queued: a host list copied to the device blocks the host until the stream drains,
+    # and past this point the host must stay ahead of the prefill to record the step's graph meanwhile
+    stop_ids = torch.as_tensor(list(stop_token_ids), device=device)
     parts = DecoderParts.of(lm)
     if prompt_positions is not None and prefix is not None:
         raise ValueError("fast_sample_completions: prompt_positions (a family's own positions) cannot be joined to a "
@@ -305,7 +308,7 @@ def fast_sample_completions(
                        first_position=first_position, hidden_after_norm=hidden_after_norm)
     choose = TokenChooser(
         do_sample=do_sample, top_p=TopPLogitsWarper(top_p) if top_p < 1.0 else None,
-        stop_ids=torch.as_tensor(list(stop_token_ids), device=device), pad_token_id=pad_token_id,
+        stop_ids=stop_ids, pad_token_id=pad_token_id,
         generator=generator,
     )
     choose(first_logits.repeat_interleave(G, 0), state)  # column 0 from the shared prefill, [N, V]
