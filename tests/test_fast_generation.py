@@ -387,3 +387,32 @@ def test_no_host_wait_between_the_prefill_and_the_decode_loop(monkeypatch, plan)
     after = sorted({(kind, place.rsplit(" ", 1)[1]) for p, kind, place in syncs.counts if p == "prefill queued"})
     assert after == [("bool", "fast_sample_completions"), ("int", "_completions")], syncs.table()
     assert syncs.total(phase="prefill queued", where="fast_sample_completions") == 2  # steps 4 and 8
+
+
+def test_compiled_choice_draws_the_eager_tokens_and_compiles_once(monkeypatch):
+    """With compile_step (top-p off) the token choice runs compiled (fast_decode_step.compiled_record_choice): the
+    same draws from the same generator as the eager choice, and one trace for calls of other rows and lengths."""
+    from projects.llava_sam2.rl_train.model.decoding import fast_decode_step
+
+    choice_graphs = []
+
+    def counting_backend(graph_module, example_inputs):
+        inputs = [node.name for node in graph_module.graph.nodes if node.op == "placeholder"]
+        if any("noise" in name for name in inputs):
+            choice_graphs.append(graph_module)
+        return graph_module.forward
+
+    monkeypatch.setattr(fast_decode_step, "COMPILE_BACKEND", counting_backend)
+    torch.compiler.reset()
+    try:
+        lm = tiny_lm()
+        for lengths, G, T in (([5, 9, 7], 2, 6), ([4, 60], 3, 9)):
+            embeds, attention = prompts(lm, lengths)
+            kw = dict(num_generations=G, max_new_tokens=T, temperature=0.8, stop_token_ids=[NEVER])
+            eager = fast_sample_completions(lm, embeds, attention, generator=torch.Generator().manual_seed(4), **kw)
+            compiled = fast_sample_completions(lm, embeds, attention, compile_step=True,
+                                               generator=torch.Generator().manual_seed(4), **kw)
+            assert_same_completions(compiled, eager)
+        assert len(choice_graphs) == 1
+    finally:
+        torch.compiler.reset()

@@ -309,7 +309,7 @@ def fast_sample_completions(
     choose = TokenChooser(
         do_sample=do_sample, top_p=TopPLogitsWarper(top_p) if top_p < 1.0 else None,
         stop_ids=stop_ids, pad_token_id=pad_token_id,
-        generator=generator,
+        generator=generator, compiled=compile_step,
     )
     choose(first_logits.repeat_interleave(G, 0), state)  # column 0 from the shared prefill, [N, V]
 
