@@ -114,11 +114,14 @@ def prefill():
     flops = 2 * sum(p.numel() for n, p in lm.model.layers.named_parameters()) * B * L
     cases = [("padded, default", attention, None), ("padded, efficient", attention, [SDPBackend.EFFICIENT_ATTENTION]),
              ("padded, cudnn", attention, [SDPBackend.CUDNN_ATTENTION]),
-             ("unpadded, default", flat, None), ("unpadded, flash", flat, [SDPBackend.FLASH_ATTENTION])]
+             ("unpadded, default", flat, None), ("unpadded, flash", flat, [SDPBackend.FLASH_ATTENTION]),
+             ("padded, grouped layers (inductor)", attention, "grouped")]
     with torch.no_grad():
         for label, mask, backends in cases:
             try:
                 def run():
+                    if backends == "grouped":
+                        return fast_generation.prefill(parts, embeds, mask, lm=lm, layer_backend="inductor")
                     if backends is None:
                         return fast_generation.prefill(parts, embeds, mask)
                     with sdpa_kernel(backends):

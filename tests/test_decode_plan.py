@@ -192,14 +192,29 @@ def test_attention_kinds_equal_repeat_kv_sdpa(attention_fn):
     torch.testing.assert_close(out, expected, atol=1e-6, rtol=0)
 
 
+class GraphList(list):
+    def __init__(self):
+        super().__init__()
+        self.others: list[str] = []
+
+
+def graph_kind(graph_module) -> str:
+    """What a traced graph of a compiled decode call is, by its inputs' names: the step (reads the decode state), a
+    prefill layer call (reads the prompts' states) or the token choice (reads the logits)."""
+    inputs = " ".join(node.name for node in graph_module.graph.nodes if node.op == "placeholder")
+    return "layer" if "h_prefix" in inputs else "choice" if "logits" in inputs else "step"
+
+
 @pytest.fixture
 def step_graphs(monkeypatch):
-    """The graphs the compiled decode step traces, in order (its backend swapped for one that counts them); the test
-    starts and ends with no compiled code."""
-    graphs = []
+    """The graphs the compiled decode step traces, in order (its backend swapped for one that counts them; the
+    prefill's layer calls and the token choice, compiled with it, are counted apart in ``.others``); the test starts
+    and ends with no compiled code."""
+    graphs = GraphList()
 
     def counting_backend(graph_module, example_inputs):
-        graphs.append(graph_module)
+        kind = graph_kind(graph_module)
+        (graphs if kind == "step" else graphs.others).append(kind)
         return graph_module.forward
 
     monkeypatch.setattr(fast_decode_step, "COMPILE_BACKEND", counting_backend)
@@ -248,6 +263,8 @@ def test_compiled_step_compiles_once_for_calls_of_every_shape(backend, step_grap
         assert_same_completions(got, eager)
         torch.testing.assert_close(got.hidden, eager.hidden, atol=1e-5, rtol=0)
         assert len(step_graphs) == 1, f"{backend}: call {lengths, G, T} compiled graph {len(step_graphs)}"
+        # the prefill's layer call: one graph for every shape too (top-p on: the choice stays eager)
+        assert step_graphs.others == ["layer"], step_graphs.others
 
 
 def test_bench_decode_runs_the_switched_modes_on_cpu():

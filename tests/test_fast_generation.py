@@ -416,3 +416,47 @@ def test_compiled_choice_draws_the_eager_tokens_and_compiles_once(monkeypatch):
         assert len(choice_graphs) == 1
     finally:
         torch.compiler.reset()
+
+
+def test_compiled_prefill_runs_the_grouped_prompt_pass_with_the_lms_values(monkeypatch):
+    """With a layer backend the prefill runs grouped_scoring's prompt pass, each layer call compiled: the last state
+    and every layer's keys/values at the real tokens equal the LM's own forward's (fp32, aot_eager), and a decode on
+    it (plain and shared-prefix prompts) draws the reference's tokens."""
+    from projects.llava_sam2.rl_train.model.decoding import fast_decode_step, fast_generation
+    from projects.llava_sam2.rl_train.model.decoding.generation import SharedPrefix
+    from projects.llava_sam2.rl_train.model.network.transformers_seams import cache_tensors
+
+    lm = tiny_lm()
+    embeds, attention = prompts(lm, [5, 9, 7])
+    parts = fast_decode_step.DecoderParts.of(lm)
+    passes, grouped = [], fast_generation.branched_hidden
+    monkeypatch.setattr(fast_generation, "branched_hidden",
+                        lambda *args, **kwargs: passes.append(kwargs["layer_backend"]) or grouped(*args, **kwargs))
+    torch.compiler.reset()
+    try:
+        with torch.no_grad():
+            want_hidden, want_cache = fast_generation.prefill(parts, embeds, attention)
+            hidden, cache = fast_generation.prefill(parts, embeds, attention, lm=lm, layer_backend="aot_eager")
+        torch.testing.assert_close(hidden, want_hidden, atol=1e-5, rtol=0)
+        real = attention.bool()[:, None, :, None]  # [B, 1, L, 1]: pad slots are never read
+        for got, want in zip(cache_tensors(cache), cache_tensors(want_cache), strict=True):
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g * real, w * real, atol=1e-5, rtol=0)
+
+        monkeypatch.setattr(fast_decode_step, "COMPILE_BACKEND", "aot_eager")
+        kw = dict(max_new_tokens=5, temperature=0.9, stop_token_ids=[NEVER])
+        fast = fast_sample_completions(lm, embeds, attention, num_generations=2, compile_step=True,
+                                       generator=torch.Generator().manual_seed(2), **kw)
+        ref = sample_completions(lm, *per_row(embeds, attention, 2), generator=torch.Generator().manual_seed(2), **kw)
+        assert_same_completions(fast, ref)
+        heads = left_padded_embeds(lm, [torch.arange(1, 7), torch.arange(3, 7)])
+        prefix = SharedPrefix(*heads, torch.tensor([0, 1, 0]))
+        rest = left_padded_embeds(lm, [torch.arange(8, 11), torch.arange(20, 25), torch.arange(30, 32)])
+        fast = fast_sample_completions(lm, *rest, num_generations=2, prefix=prefix, compile_step=True,
+                                       generator=torch.Generator().manual_seed(2), **kw)
+        ref = sample_completions(lm, *per_row(*prefix.full_prompts(*rest), 2),
+                                 generator=torch.Generator().manual_seed(2), **kw)
+        assert_same_completions(fast, ref)
+        assert passes == ["aot_eager"] * 3  # the direct prefill, the plain call's, the shared prefixes'
+    finally:
+        torch.compiler.reset()

@@ -67,6 +67,7 @@ from .fast_decode_step import (CACHE_ALIGN, GQA_DECODE_ATTENTION, DecodeState, D
                                rope_table)
 from .generation import (Completions, SharedPrefix, _check_prompt, check_group_size, check_sampling_args,
                          continuation_positions, position_ids_from_attention, sample_completions)
+from .grouped_scoring import branched_hidden, supports_grouping
 from ..network.transformers_seams import cache_tensors, full_static_cache, select_cache_rows, using_attention
 
 
@@ -86,10 +87,24 @@ def _validate(*, num_generations, max_new_tokens, temperature, top_p, stop_token
 
 
 def prefill(parts: DecoderParts, inputs_embeds: Tensor, attention_mask: Tensor, positions: Tensor | None = None,
-            body_kwargs: dict | None = None) -> tuple[Tensor, DynamicCache]:
-    """Reference prefill of B prompts: final-norm hidden ``[B, D]`` at the last position, and the cache.
+            body_kwargs: dict | None = None, *, lm: nn.Module | None = None,
+            layer_backend: str | None = None) -> tuple[Tensor, DynamicCache]:
+    """Prefill of B prompts: final-norm hidden ``[B, D]`` at the last position, and the cache.
     ``positions``: the family's own (Qwen-VL's M-RoPE ``[3, B, L]``), else 1-D over the attention; ``body_kwargs``:
-    extra keyword arguments of the decoder body (Qwen3-VL's deepstack features)."""
+    extra keyword arguments of the decoder body (Qwen3-VL's deepstack features).
+
+    ``layer_backend`` (with ``lm``, 1-D positions, an LM the grouped passes support): the decoder layers run as the
+    scoring passes' prompt pass (``grouped_scoring.branched_hidden`` with no branch), each layer call compiled by that
+    ``torch.compile`` backend: one graph for every layer, its norms, rotary and MLP products fused (the body's own
+    forward runs ~15 elementwise passes per layer over the prompts). Same values up to float rounding. Otherwise the
+    LM's own forward (the reference)."""
+    L = inputs_embeds.shape[1]
+    if layer_backend is not None and lm is not None and positions is None and not body_kwargs \
+            and supports_grouping(lm, L):
+        cache = DynamicCache()
+        hidden, _ = branched_hidden(lm, inputs_embeds, attention_mask, [], prefix_cache=cache,
+                                    layer_backend=layer_backend)
+        return hidden, cache
     cache = DynamicCache()
     attention = attention_mask.long()  # [B, L]
     hidden = parts.body(
@@ -105,15 +120,17 @@ def prefill(parts: DecoderParts, inputs_embeds: Tensor, attention_mask: Tensor, 
     return hidden, cache
 
 
-def prefill_shared(parts: DecoderParts, prefix: SharedPrefix, inputs_embeds: Tensor,
-                   attention_mask: Tensor) -> tuple[Tensor, DynamicCache, Tensor]:
+def prefill_shared(parts: DecoderParts, prefix: SharedPrefix, inputs_embeds: Tensor, attention_mask: Tensor, *,
+                   lm: nn.Module | None = None, layer_backend: str | None = None) -> tuple[Tensor, DynamicCache, Tensor]:
     """Prefill of n rows ``[prefix | own tokens]`` that runs each distinct prefix once.
 
     The U prefixes ``[U, P, D]`` fill a cache, whose rows are gathered to the n rows (``prefix.index``); the rows' own
     tokens ``[n, S, D]`` then run as a continuation of it (U·P + n·S tokens instead of n·(P + S)). Returns the
     last position's final-norm hidden ``[n, D]``, the cache of ``P + S`` slots and the joined attention ``[n, P + S]``.
+    ``lm``, ``layer_backend``: the prefixes' pass as :func:`prefill`'s.
     """
-    _, cache = prefill(parts, prefix.embeds, prefix.attention)  # cache rows [U, Hkv, P, hd]
+    _, cache = prefill(parts, prefix.embeds, prefix.attention, lm=lm,
+                       layer_backend=layer_backend)  # cache rows [U, Hkv, P, hd]
     select_cache_rows(cache, prefix.index)  # -> [n, Hkv, P, hd]
     P = prefix.attention.shape[1]
     attention = torch.cat([prefix.attention[prefix.index].long(), attention_mask.long()], dim=1)  # [n, P + S]
@@ -237,7 +254,8 @@ def fast_sample_completions(
         use_cuda_graph: capture the decode step in a CUDA graph; None = on CUDA only.
         compile_step: run the step through ``torch.compile`` (``fast_decode_step.compiled_decode_logits``) before
             the graph capture: fewer, fused kernels per step; compiles on the process's first call, with symbolic
-            sizes that later calls of other shapes reuse.
+            sizes that later calls of other shapes reuse. Also compiles the token choice (top-p off) and runs the
+            prefill's layers compiled (:func:`prefill`).
         return_step_probs: also return the sampling distribution of every step ``[N, T, V]`` float32
             (``softmax(top_p(logits / temperature))``; debug/tests, it costs N·T·V floats).
         return_hidden: keep each fed-back token's final-norm state (``Completions.hidden``, N·T·D values).
@@ -278,12 +296,13 @@ def fast_sample_completions(
                          "shared prefix; pass whole prompts (prefix=None).")
     first_position = None if prompt_positions is None else \
         continuation_positions(prompt_positions, 1)[0, :, 0]  # [B], the same on every M-RoPE axis
+    layers = dict(lm=lm, layer_backend=fast_decode_step.COMPILE_BACKEND if compile_step else None)
     if prefix is None:
         hidden, prompt_cache = prefill(parts, inputs_embeds, attention_mask, prompt_positions,
-                                       prefill_kwargs)  # [B, D]
+                                       prefill_kwargs, **layers)  # [B, D]
     else:
         _check_prompt(prefix.embeds, prefix.attention, "shared prefix")
-        hidden, prompt_cache, attention_mask = prefill_shared(parts, prefix, inputs_embeds, attention_mask)
+        hidden, prompt_cache, attention_mask = prefill_shared(parts, prefix, inputs_embeds, attention_mask, **layers)
     L, G, T = attention_mask.shape[1], num_generations, max_new_tokens
     num_slots = -(-(L + T) // CACHE_ALIGN) * CACHE_ALIGN
     table_length = num_slots if first_position is None else max(num_slots, int(first_position.max()) + T)

@@ -52,6 +52,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
+from transformers.cache_utils import Cache
 
 from .generation import MAX_LOGIT_BYTES, _check_completion, completion_hidden, completion_logprobs, \
     continuation_positions, decoder_and_head, logprob_head_function, position_ids_from_attention
@@ -139,10 +140,11 @@ def branch_bias(prefix_visible: Tensor, mask: Tensor, rows_per_prefix: int, dtyp
 
 def _layer_on_group(layer: nn.Module, group_sizes: tuple[int, ...], prefix_kwargs: dict, branch_kwargs: tuple,
                     h_prefix: Tensor, *h_branches: Tensor,
-                    prefix_addition: Tensor | None = None) -> tuple[Tensor, ...]:
+                    prefix_addition: Tensor | None = None, keep_prefix: bool = False) -> tuple[Tensor, ...]:
     """One decoder layer on the prefix ``[B, L, D]``, then on each branch ``[R_i, T_i, D]`` that reads its keys;
     ``prefix_addition [B, L, D]`` is added to the prefix's output (Qwen3-VL's deepstack features: the branches read
-    the layer's keys before it, as in transformers)."""
+    the layer's keys before it, as in transformers). ``keep_prefix``: the prefix's keys and values
+    ``[B, Hkv, L, hd]`` follow the outputs."""
     store = GroupKV()
     h_prefix = run_decoder_layer(layer, h_prefix, store, use_cache=True, **prefix_kwargs)  # [B, L, D]
     if prefix_addition is not None:
@@ -154,7 +156,7 @@ def _layer_on_group(layer: nn.Module, group_sizes: tuple[int, ...], prefix_kwarg
             continue
         store.group_size = group_size
         outputs.append(run_decoder_layer(layer, h_branch, store, use_cache=True, **kwargs))  # [R, T, D]
-    return tuple(outputs)
+    return (*outputs, *store.prefix) if keep_prefix else tuple(outputs)
 
 
 def compile_group_layers(lm: nn.Module, backend: str | None = "inductor") -> None:
@@ -185,9 +187,10 @@ def uses_compiled_layers(lm: nn.Module) -> bool:
 _COMPILED_LAYER_CALLS: dict[str, Callable] = {}  # backend -> the compiled layer call (one per process)
 
 
-def _layer_call(body: nn.Module) -> Callable:
-    """The layer call :func:`grouped_hidden` uses on ``body``: compiled per :func:`compile_group_layers`, or eager."""
-    backend = getattr(body, COMPILE_ATTRIBUTE, None)
+def _layer_call(body: nn.Module, backend: str | None = None) -> Callable:
+    """The layer call :func:`grouped_hidden` uses on ``body``: compiled by ``backend`` if given, else per
+    :func:`compile_group_layers`, or eager."""
+    backend = backend or getattr(body, COMPILE_ATTRIBUTE, None)
     if backend is None:
         return _layer_on_group
     if backend not in _COMPILED_LAYER_CALLS:
@@ -257,11 +260,14 @@ def completion_branch(lm: nn.Module, prompt_attention: Tensor, continuation_ids:
 
 def branched_hidden(lm: nn.Module, prompt_embeds: Tensor, prompt_attention: Tensor, branches: list[Branch],
                     prompt_positions: Tensor | None = None, prefix_additions: list[Tensor] | None = None,
-                    final_norm: bool = True) -> tuple[Tensor, list[Tensor]]:
+                    final_norm: bool = True, prefix_cache: Cache | None = None,
+                    layer_backend: str | None = None) -> tuple[Tensor, list[Tensor]]:
     """The prompts ``[B, L, D]`` (LEFT padded ``prompt_attention``) run once, every branch reading their keys, layer by
     layer (module docstring): the prompts' last states ``[B, D]`` and each branch's states ``[R_i, T_i, D]``,
     final-norm (``final_norm=False``: the last decoder layer's output). ``prompt_positions`` and ``prefix_additions``
-    as :func:`grouped_hidden`."""
+    as :func:`grouped_hidden`. ``prefix_cache`` (no gradients): a transformers cache that receives every layer's
+    prompt keys/values, as the LM's own forward would fill it. ``layer_backend``: the ``torch.compile`` backend of the
+    layer calls for this pass (None: :func:`compile_group_layers`' setting)."""
     L = prompt_attention.shape[1]
     body, _ = decoder_and_head(lm)
     dtype, device = prompt_embeds.dtype, prompt_embeds.device
@@ -281,16 +287,22 @@ def branched_hidden(lm: nn.Module, prompt_embeds: Tensor, prompt_attention: Tens
     num_layers = body.config.num_hidden_layers
     # the last layers are the first backward reaches: their kept activations are freed before any recompute allocates
     first_kept = num_layers - getattr(body, UNCHECKPOINTED_ATTRIBUTE, 0)
+    if prefix_cache is not None and torch.is_grad_enabled():
+        raise ValueError("branched_hidden: prefix_cache fills a decode cache; call it under torch.no_grad().")
     additions = list(prefix_additions or [])
-    layer_call = _layer_call(body)
+    layer_call = _layer_call(body, layer_backend)
     states = (prompt_embeds, *(branch.embeds.to(dtype) for branch in branches))
     for index, layer in enumerate(body.layers[:num_layers]):
         step = partial(layer_call, layer, group_sizes, prefix_kwargs, branch_kwargs,
-                       prefix_addition=additions[index] if index < len(additions) else None)
+                       prefix_addition=additions[index] if index < len(additions) else None,
+                       keep_prefix=prefix_cache is not None)
         if use_checkpoint and index < first_kept:
             states = checkpoint(step, *states, use_reentrant=False)
         else:
             states = step(*states)
+        if prefix_cache is not None:
+            *states, key, value = states
+            prefix_cache.update(key, value, index)
     h_prefix, *h_branches = states
     if not final_norm:
         return h_prefix[:, -1], h_branches
