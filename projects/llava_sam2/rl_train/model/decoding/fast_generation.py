@@ -7,7 +7,8 @@ g-th sample of prompt b (prompt-major, as :mod:`grpo.advantages` groups them).
 How one call runs (docs/speed.md):
 
 1. **Prefill once per prompt.** The B prompts go through the decoder body with a ``DynamicCache``, exactly
-   as the reference prefills; their keys/values are then copied G times into a static cache
+   as the reference prefills (with ``compile_step``: the scoring passes' compiled layer calls, :func:`prefill`); their
+   keys/values are then copied G times into a static cache
    (transformers ``StaticLayer``s) of N rows and ``S = L + max_new_tokens`` slots (rounded up to :data:`CACHE_ALIGN`).
    The G samples of a prompt share its prefix, so prefill costs B rows, not N. Rows that begin with a common
    block (``prefix=SharedPrefix``: the image block of rows about one image) prefill each distinct block once
@@ -24,7 +25,7 @@ How one call runs (docs/speed.md):
    exactly the reference's distribution. It is also how ``torch.multinomial(p, 1)`` draws (torch 2.11,
    ``Distributions.cpp``), minus that function's ``.item()`` validity checks (two host syncs per step):
    with the same generator the fast path draws the reference's tokens (up to float-level differences in
-   p). The sampler's ~20 kernels are
+   p). The sampler's ~15 kernels (a few, compiled, with ``compile_step``) are
    queued eagerly behind each replay (the GPU step takes milliseconds, the launches microseconds), which
    keeps sorting (top-p) and RNG out of the captured graph. ``generator`` must be on the prompts' device.
 4. **Stops on device.** A row finishes on a token of ``stop_token_ids`` (a device-side flag); it keeps
