@@ -420,8 +420,8 @@ def test_compiled_choice_draws_the_eager_tokens_and_compiles_once(monkeypatch):
 
 def test_compiled_prefill_runs_the_grouped_prompt_pass_with_the_lms_values(monkeypatch):
     """With a layer backend the prefill runs grouped_scoring's prompt pass, each layer call compiled: the last state
-    and every layer's keys/values at the real tokens equal the LM's own forward's (fp32, aot_eager), and a decode on
-    it (plain and shared-prefix prompts) draws the reference's tokens."""
+    and every layer's keys/values at the real tokens equal the LM's own forward's (fp32, aot_eager), and a decode of
+    shared-prefix prompts on it draws the reference's tokens."""
     from projects.llava_sam2.rl_train.model.decoding import fast_decode_step, fast_generation
     from projects.llava_sam2.rl_train.model.decoding.generation import SharedPrefix
     from projects.llava_sam2.rl_train.model.network.transformers_seams import cache_tensors
@@ -445,10 +445,6 @@ def test_compiled_prefill_runs_the_grouped_prompt_pass_with_the_lms_values(monke
 
         monkeypatch.setattr(fast_decode_step, "COMPILE_BACKEND", "aot_eager")
         kw = dict(max_new_tokens=5, temperature=0.9, stop_token_ids=[NEVER])
-        fast = fast_sample_completions(lm, embeds, attention, num_generations=2, compile_step=True,
-                                       generator=torch.Generator().manual_seed(2), **kw)
-        ref = sample_completions(lm, *per_row(embeds, attention, 2), generator=torch.Generator().manual_seed(2), **kw)
-        assert_same_completions(fast, ref)
         heads = left_padded_embeds(lm, [torch.arange(1, 7), torch.arange(3, 7)])
         prefix = SharedPrefix(*heads, torch.tensor([0, 1, 0]))
         rest = left_padded_embeds(lm, [torch.arange(8, 11), torch.arange(20, 25), torch.arange(30, 32)])
@@ -457,6 +453,7 @@ def test_compiled_prefill_runs_the_grouped_prompt_pass_with_the_lms_values(monke
         ref = sample_completions(lm, *per_row(*prefix.full_prompts(*rest), 2),
                                  generator=torch.Generator().manual_seed(2), **kw)
         assert_same_completions(fast, ref)
-        assert passes == ["aot_eager"] * 3  # the direct prefill, the plain call's, the shared prefixes'
+        assert passes == ["aot_eager"] * 2  # the direct prefill, the shared prefixes' (plain prompts: the tests of
+        # compile_step, e.g. test_compiled_step_equals_the_reference, decode on this prefill)
     finally:
         torch.compiler.reset()
