@@ -99,14 +99,12 @@ def prefill(parts: DecoderParts, inputs_embeds: Tensor, attention_mask: Tensor, 
     ``torch.compile`` backend: one graph for every layer, its norms, rotary and MLP products fused (the body's own
     forward runs ~15 elementwise passes per layer over the prompts). Same values up to float rounding. Otherwise the
     LM's own forward (the reference)."""
-    L = inputs_embeds.shape[1]
+    cache = DynamicCache()
     if layer_backend is not None and lm is not None and positions is None and not body_kwargs \
-            and supports_grouping(lm, L):
-        cache = DynamicCache()
+            and supports_grouping(lm, inputs_embeds.shape[1]):
         hidden, _ = branched_hidden(lm, inputs_embeds, attention_mask, [], prefix_cache=cache,
                                     layer_backend=layer_backend)
         return hidden, cache
-    cache = DynamicCache()
     attention = attention_mask.long()  # [B, L]
     hidden = parts.body(
         inputs_embeds=inputs_embeds, attention_mask=attention,
@@ -122,7 +120,8 @@ def prefill(parts: DecoderParts, inputs_embeds: Tensor, attention_mask: Tensor, 
 
 
 def prefill_shared(parts: DecoderParts, prefix: SharedPrefix, inputs_embeds: Tensor, attention_mask: Tensor, *,
-                   lm: nn.Module | None = None, layer_backend: str | None = None) -> tuple[Tensor, DynamicCache, Tensor]:
+                   lm: nn.Module | None = None,
+                   layer_backend: str | None = None) -> tuple[Tensor, DynamicCache, Tensor]:
     """Prefill of n rows ``[prefix | own tokens]`` that runs each distinct prefix once.
 
     The U prefixes ``[U, P, D]`` fill a cache, whose rows are gathered to the n rows (``prefix.index``); the rows' own
@@ -297,13 +296,14 @@ def fast_sample_completions(
                          "shared prefix; pass whole prompts (prefix=None).")
     first_position = None if prompt_positions is None else \
         continuation_positions(prompt_positions, 1)[0, :, 0]  # [B], the same on every M-RoPE axis
-    layers = dict(lm=lm, layer_backend=fast_decode_step.COMPILE_BACKEND if compile_step else None)
+    prefill_layers = dict(lm=lm, layer_backend=fast_decode_step.COMPILE_BACKEND if compile_step else None)
     if prefix is None:
         hidden, prompt_cache = prefill(parts, inputs_embeds, attention_mask, prompt_positions,
-                                       prefill_kwargs, **layers)  # [B, D]
+                                       prefill_kwargs, **prefill_layers)  # [B, D]
     else:
         _check_prompt(prefix.embeds, prefix.attention, "shared prefix")
-        hidden, prompt_cache, attention_mask = prefill_shared(parts, prefix, inputs_embeds, attention_mask, **layers)
+        hidden, prompt_cache, attention_mask = prefill_shared(parts, prefix, inputs_embeds, attention_mask,
+                                                                 **prefill_layers)
     L, G, T = attention_mask.shape[1], num_generations, max_new_tokens
     num_slots = -(-(L + T) // CACHE_ALIGN) * CACHE_ALIGN
     table_length = num_slots if first_position is None else max(num_slots, int(first_position.max()) + T)
