@@ -560,28 +560,28 @@ def caption_prefix_lengths(region_ids: Tensor, region_attention: Tensor, groundi
     return torch.tensor(lengths, dtype=torch.long).reshape(-1, 2)
 
 
-def _grounding_branch(model, features: StepFeatures, tile_embeds: Tensor, replay: MaskReplay,
-                      region_attention: Tensor, images: Sequence[int], group_size: int,
+def _grounding_branch(model, replay: MaskReplay, region_attention: Tensor, group_size: int,
                       length_multiple: int | None) -> tuple[Branch, Tensor]:
     """Loop 2's b groups as a branch over loop 1's b region prompts (``region_attention [b, L1]``): per sample, its
     RES prompt's S tokens after the common start, then the forced answer, at positions P, P + 1, ..; the rows read
     the first P real keys of the region prompt. The branch is right padded to a multiple of ``length_multiple`` (the
-    prompts' length buckets). Returns the branch and each row's ``[SEG]`` column ``[b]``."""
+    prompts' length buckets). Returns the branch and each row's ``[SEG]`` column ``[b]``.
+
+    The image block lies in the common start (:func:`caption_prefix_lengths`), so the branch's tokens are text: their
+    embeddings are the LM's token embeddings, with no image rows to fill and drop."""
     G, device = group_size, region_attention.device
     common, own = replay.caption_prefix[::G].unbind(1)  # [b] each, host
     ids, answers = replay.prompt_ids[::G], replay.answer_ids[::G]  # [b, L2], [b, A]
     L2, A = ids.shape[1], answers.shape[1]
-    prompt = prompt_embeds(model, features, tile_embeds, ids, images)  # [b, L2, D]
-    embeds = torch.cat([prompt, model.language_model.get_input_embeddings()(answers).to(prompt.dtype)], 1)
     offsets = torch.arange(bucket_length(int(own.max()) + A, length_multiple))  # [T] host
     is_real = offsets[None] < (own + A)[:, None]  # [b, T]
     columns = torch.where(is_real, L2 - own[:, None] + offsets[None], 0)  # [b, T] into [prompt | answer]
     columns, is_real, positions, common, own = (host_to_device([t], device) for t in (
         columns, is_real, common[:, None] + offsets[None], common, own))
-    branch_embeds = embeds.gather(1, columns[..., None].expand(-1, -1, embeds.shape[-1]))  # [b, T, D]
+    branch_ids = torch.cat([ids, answers], 1).gather(1, columns)  # [b, T]
     visible = region_attention.bool() & (region_attention.long().cumsum(1) <= common[:, None])  # [b, L1]
-    branch = Branch(embeds=branch_embeds, mask=is_real, rows_per_prefix=1, positions=positions,
-                    prefix_visible=visible)
+    branch = Branch(embeds=model.language_model.get_input_embeddings()(branch_ids), mask=is_real,
+                    rows_per_prefix=1, positions=positions, prefix_visible=visible)
     return branch, own + replay.seg_index[::G]
 
 
@@ -598,17 +598,15 @@ def joint_action_logps(ctx: CycleContext, model, features: StepFeatures, tile_em
     Needs ``masks.replay.caption_prefix``."""
     cfg, G, lm = ctx.config, captions.group_size, model.language_model
     regions, grounding = captions.replay, masks.replay
-    images = [features.image_of(s) for s in samples]
     embeds = region_prompt_embeds(model, features, tile_embeds, regions, samples, G)  # [b, L1, D]
     attention = regions.prompt_attention[::G]  # [b, L1]
     completion_ids, completion_mask = regions.completion_ids, captions.action_mask  # [n, T1]
     caption_branch = completion_branch(lm, attention, completion_ids[:, :-1], completion_mask, G)
-    seg_branch, seg_columns = _grounding_branch(model, features, tile_embeds, grounding, attention, images, G,
-                                                ctx.processor.prompt_length_multiple)
+    seg_branch, seg_columns = _grounding_branch(model, grounding, attention, G, ctx.processor.prompt_length_multiple)
     last, (caption_states, seg_states) = branched_hidden(lm, embeds, attention, [caption_branch, seg_branch])
     caption_logp = completion_logprobs_from_states(lm, last, caption_states, completion_ids, completion_mask, G,
                                                    temperature=cfg.temperature, logprob_head=cfg.logprob_head)
-    rows = torch.arange(len(images), device=seg_states.device)
+    rows = torch.arange(len(samples), device=seg_states.device)
     group_prompt = model.seg_hidden_to_prompt(seg_states[rows, seg_columns])  # [b, C]
     head = grouped_mask_head(model, features, grounding, group_prompt, G)
     return caption_logp, ctx.mask_policy.log_prob(head, grounding.action)
